@@ -1,0 +1,142 @@
+"""The `rlrollout` command: validate, export, delta, apply, make-base, clauses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 512MiB, 1000000)")
+    unit = (m.group(2) or "").upper().replace("I", "").rstrip("B")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.validator import load_signal, validate
+
+    signal = load_signal(args.signal) if args.signal else None
+    report = validate(
+        args.snapshot,
+        base=args.base,
+        parent=args.parent,
+        signal=signal,
+        identity=args.identity,
+        base_model=tuple(args.base_model),
+        hf_config=not args.no_transformers,
+    )
+    if args.format == "json":
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.text())
+    return EXIT_OK if report.ok(args.level.upper()) else EXIT_FINDINGS
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pytest_rlrollout import factory
+
+    dst = factory.export_checkpoint(args.src, args.dst, max_bytes=args.max_shard_size)
+    print(f"wrote {dst}")
+    return EXIT_OK
+
+
+def _cmd_delta(args: argparse.Namespace) -> int:
+    from pytest_rlrollout import factory
+
+    signal = factory.make_incremental(args.parent, args.target, args.out, threads=args.threads)
+    print(json.dumps(signal, indent=2))
+    return EXIT_OK
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    from pytest_rlrollout import factory
+
+    print(f"wrote {factory.apply_incremental(args.parent, args.diff, args.out, threads=args.threads)}")
+    return EXIT_OK
+
+
+def _cmd_make_base(args: argparse.Namespace) -> int:
+    from pytest_rlrollout import refmodel
+
+    path = refmodel.make_base(args.dir)
+    print(f"wrote {path} (model {refmodel.MODEL_NAME})")
+    return EXIT_OK
+
+
+def _cmd_clauses(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.catalogue import catalogue
+
+    for c in catalogue():
+        if args.area is None or c.area == args.area.upper():
+            print(f"{c.id:24} {c.level:6} {c.rule}")
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check a snapshot directory against every SNAP clause (reads only)")
+    v.add_argument("snapshot", type=Path)
+    v.add_argument("--base", type=Path, help="the base model snapshot (enables config/coverage/tokenizer comparisons)")
+    v.add_argument("--parent", type=Path, help="the parent snapshot: SNAPSHOT is an ARC2 diff of it")
+    v.add_argument("--signal", type=Path, help="the hot-load request body (JSON) that will announce the snapshot")
+    v.add_argument("--identity", help="the identity it will be signalled under (default: the directory name)")
+    v.add_argument("--base-model", action="append", default=[], help="a name adapter_config.json may use for the base")
+    v.add_argument("--level", choices=["must", "should"], default="should", help="fail on MUST findings only, or on SHOULD too")
+    v.add_argument("--format", choices=["text", "json"], default="text")
+    v.add_argument("--no-transformers", action="store_true", help="do not ask transformers whether config.json loads")
+    v.set_defaults(run=_cmd_validate)
+
+    e = sub.add_parser("export", help="re-lay a Hugging Face checkpoint as a hot-load snapshot")
+    e.add_argument("src", type=Path)
+    e.add_argument("dst", type=Path)
+    e.add_argument("--max-shard-size", type=_size, default=5 * 1024**3, help="size cap per shard (default 5GiB)")
+    e.set_defaults(run=_cmd_export)
+
+    d = sub.add_parser("delta", help="write the ARC2 diff PARENT -> TARGET into OUT and print its signal body")
+    d.add_argument("parent", type=Path)
+    d.add_argument("target", type=Path)
+    d.add_argument("out", type=Path)
+    d.add_argument("--threads", type=int)
+    d.set_defaults(run=_cmd_delta)
+
+    a = sub.add_parser("apply", help="materialise the full snapshot an ARC2 diff describes")
+    a.add_argument("parent", type=Path)
+    a.add_argument("diff", type=Path)
+    a.add_argument("out", type=Path)
+    a.add_argument("--threads", type=int)
+    a.set_defaults(run=_cmd_apply)
+
+    m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
+    m.add_argument("dir", type=Path)
+    m.set_defaults(run=_cmd_make_base)
+
+    c = sub.add_parser("clauses", help="list the contract's clauses")
+    c.add_argument("--area")
+    c.set_defaults(run=_cmd_clauses)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from pytest_rlrollout.arc2 import DeltaError
+    from pytest_rlrollout.factory import SnapshotError
+
+    try:
+        return args.run(args)
+    except (SnapshotError, DeltaError, NotADirectoryError, FileNotFoundError, ValueError, OSError) as e:
+        print(f"rlrollout {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

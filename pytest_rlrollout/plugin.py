@@ -1,0 +1,157 @@
+"""The pytest plugin: options, the `rl_clause` marker, and the snapshot fixtures.
+
+`pytest --rl-snapshot=DIR` with no test paths runs the installed SNAP conformance tests on
+DIR (the exporter gate); `rl_validate_snapshot` lets users call the validator from their own
+tests. Without `--rl-snapshot` the SNAP tests check the bundled reference snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+OUTCOME_PREFIXES = ("not-applicable", "inconclusive")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rlrollout", "RL-rollout deployment contract")
+    group.addoption("--rl-snapshot", metavar="DIR", help="validate this snapshot directory (the exporter gate)")
+    group.addoption("--rl-base", metavar="DIR", help="the base model snapshot the deployment serves")
+    group.addoption("--rl-parent", metavar="DIR", help="the parent snapshot: --rl-snapshot is an ARC2 diff of it")
+    group.addoption("--rl-signal", metavar="FILE", help="the hot-load request body (JSON) announcing the snapshot")
+    group.addoption("--rl-base-model", metavar="NAME", action="append", default=[],
+                    help="a name adapter_config.json may use for the base model")  # fmt: skip
+    group.addoption("--rl-level", choices=["must", "should"], default="should",
+                    help="'must': failures of SHOULD clauses do not fail the run")  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rl_clause(*ids): the contract clauses a test checks (IDs from SPEC.md)")
+    if config.getoption("rl_snapshot") and config.args_source != pytest.Config.ArgsSource.ARGS:
+        from pytest_rlrollout.catalogue import data_dir
+
+        config.args[:] = [str(data_dir("conformance") / "test_snap.py")]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from pytest_rlrollout.catalogue import catalogue
+
+    cat = catalogue()
+    for item in items:
+        for mark in item.iter_markers("rl_clause"):
+            unknown = [c for c in mark.args if c not in cat]
+            if unknown or not mark.args:
+                raise pytest.UsageError(f"{item.nodeid}: rl_clause names unknown clause(s) {unknown or '(none)'}")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    snapshot = config.getoption("rl_snapshot")
+    if snapshot:
+        return [f"rlrollout: snapshot {snapshot} (base: {config.getoption('rl_base') or 'none'})"]
+    return []
+
+
+# --------------------------------------------------------------------------- fixtures for users
+
+
+@pytest.fixture
+def rl_validate_snapshot() -> Callable[..., Any]:
+    """`rl_validate_snapshot(path, base=..., parent=..., signal=...)` → a validator Report."""
+    from pytest_rlrollout.validator import validate
+
+    return validate
+
+
+def assert_valid(report: Any, level: str = "SHOULD") -> None:
+    """Fail a test with every finding of `report` at `level`, one per line."""
+    failures = report.failures(level.upper())
+    if failures:
+        pytest.fail("\n".join([f"{report.snapshot}: {len(failures)} finding(s)", *map(str, failures)]), pytrace=False)
+
+
+# --------------------------------------------------------------------------- the SNAP conformance subject
+
+
+@dataclass
+class SnapshotUnderTest:
+    """A validated snapshot; `expect(clause)` turns the clause's outcome into a test outcome."""
+
+    name: str
+    report: Any
+    level: str
+
+    def expect(self, clause: str) -> None:
+        from pytest_rlrollout.catalogue import catalogue
+
+        outcome = self.report.outcomes.get(clause)
+        if outcome is None:
+            pytest.fail(f"the validator has no check for {clause}", pytrace=False)
+        if outcome.status in OUTCOME_PREFIXES:
+            pytest.skip(f"{outcome.status}: {outcome.reason}")
+        findings = self.report.of(clause)
+        if outcome.status == "fail":
+            c = catalogue()[clause]
+            if c.level == "SHOULD" and self.level == "must":
+                pytest.skip(f"not judged: {clause} is a SHOULD clause and --rl-level=must")
+            lines = [f"{clause} [{c.level}] {c.rule}", f"snapshot: {self.report.snapshot}", *(f"  {f}" for f in findings)]
+            pytest.fail("\n".join(lines), pytrace=False)
+        assert not findings, findings
+
+
+def _subjects(config: pytest.Config) -> list[str]:
+    return ["given"] if config.getoption("rl_snapshot") else ["full", "incremental", "lora", "quantized"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "rl_snapshot_under_test" in metafunc.fixturenames:
+        metafunc.parametrize("rl_snapshot_under_test", _subjects(metafunc.config), indirect=True)
+
+
+@pytest.fixture(scope="session")
+def rl_reference_cases(tmp_path_factory: pytest.TempPathFactory):
+    """Valid reference snapshots of every kind (full, incremental, lora, quantized)."""
+    from pytest_rlrollout.broken import ReferenceCases
+
+    return ReferenceCases(tmp_path_factory.mktemp("rl-reference"))
+
+
+@pytest.fixture(scope="session")
+def _rl_snapshot_reports() -> dict[str, SnapshotUnderTest]:
+    return {}
+
+
+@pytest.fixture
+def rl_snapshot_under_test(request: pytest.FixtureRequest, _rl_snapshot_reports) -> SnapshotUnderTest:
+    """The snapshot the SNAP conformance tests judge, validated once per session."""
+    key = request.param
+    level = request.config.getoption("rl_level")
+    _reports = _rl_snapshot_reports
+    if key not in _reports:
+        if key == "given":
+            _reports[key] = SnapshotUnderTest(key, _validate_given(request.config), level)
+        else:
+            case = request.getfixturevalue("rl_reference_cases")[key]
+            _reports[key] = SnapshotUnderTest(key, case.validate(), level)
+    return _reports[key]
+
+
+def _validate_given(config: pytest.Config) -> Any:
+    from pytest_rlrollout.validator import validate
+
+    path = Path(config.getoption("rl_snapshot"))
+    if not path.is_dir():
+        raise pytest.UsageError(f"--rl-snapshot {path}: not a directory")
+    signal_file = config.getoption("rl_signal")
+    signal = json.loads(Path(signal_file).read_text()) if signal_file else None
+    return validate(
+        path,
+        base=config.getoption("rl_base"),
+        parent=config.getoption("rl_parent"),
+        signal=signal,
+        base_model=tuple(config.getoption("rl_base_model")),
+    )

@@ -1,0 +1,31 @@
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_rlrollout.broken import ReferenceCases
+
+pytest_plugins = ["pytester"]
+
+SPEC_MD = Path(__file__).resolve().parents[2] / "shared" / "contract" / "SPEC.md"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> ReferenceCases:
+    """Valid reference snapshots of every kind; tests copy before they change anything."""
+    return ReferenceCases(tmp_path_factory.mktemp("reference"))
+
+
+def tree_hash(root: Path) -> str:
+    """Names, modes, sizes, mtimes and contents of everything under root (symlinks not followed)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + dirnames):
+            p = Path(dirpath) / name
+            st = p.lstat()
+            h.update(f"{p.relative_to(root)}|{st.st_mode}|{st.st_size}|{st.st_mtime_ns}".encode())
+            if p.is_file() and not p.is_symlink() and st.st_size < (64 << 20):
+                h.update(p.read_bytes())
+    return h.hexdigest()

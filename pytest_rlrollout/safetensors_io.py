@@ -147,7 +147,7 @@ class Tensor:
         return self.data.nbytes
 
     def buffer(self) -> memoryview:
-        return memoryview(np.ascontiguousarray(self.data)).cast("B")
+        return memoryview(np.ascontiguousarray(self.data).reshape(-1).view(np.uint8))
 
     def float32(self) -> np.ndarray:
         """The values as float32 (BF16 widened exactly)."""

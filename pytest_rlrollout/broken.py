@@ -66,7 +66,11 @@ class ReferenceCases:
         self.cases = {
             "full": Case(step, base=self.base),
             "incremental": Case(root / "step-2-diff", base=self.base, parent=self.base, signal=signal),
-            "lora": Case(factory.make_lora(self.base, root / "lora-1", base_model=refmodel.MODEL_NAME), base=self.base, base_model=names),
+            "lora": Case(
+                factory.make_lora(self.base, root / "lora-1", base_model=refmodel.MODEL_NAME),
+                base=self.base,
+                base_model=names,
+            ),
             "quantized": Case(factory.quantize_fp8(self.base, root / "fp8-1"), base=self.base),
         }
 
@@ -212,7 +216,9 @@ def _(case: Case, dst: Path) -> Case:
 @breaker("SNAP-INDEX-3a", "full", "a stray shard no weight_map entry references")
 def _(case: Case, dst: Path) -> Case:
     case = _copy(case, dst)
-    st.write_file(dst / "model-stray.safetensors", st.entries_of({"stray.weight": st.Tensor.of(np.zeros(4, np.float32))}))
+    st.write_file(
+        dst / "model-stray.safetensors", st.entries_of({"stray.weight": st.Tensor.of(np.zeros(4, np.float32))})
+    )
     return case
 
 
@@ -255,7 +261,9 @@ def _(case: Case, dst: Path) -> Case:
         f.write(len(raw).to_bytes(8, "little") + raw)
         f.truncate(8 + len(raw) + n)
     _edit_json(dst / INDEX, lambda d: d["weight_map"].update({"model.layers.0.huge.weight": name}))
-    _edit_json(dst / SPEC, lambda d: d["tensor_map"].update({"model.layers.0.huge.weight": {"shape": [n], "dtype": "U8"}}))
+    _edit_json(
+        dst / SPEC, lambda d: d["tensor_map"].update({"model.layers.0.huge.weight": {"shape": [n], "dtype": "U8"}})
+    )
     return case
 
 

@@ -91,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--signal", type=Path, help="the hot-load request body (JSON) that will announce the snapshot")
     v.add_argument("--identity", help="the identity it will be signalled under (default: the directory name)")
     v.add_argument("--base-model", action="append", default=[], help="a name adapter_config.json may use for the base")
-    v.add_argument("--level", choices=["must", "should"], default="should", help="fail on MUST findings only, or on SHOULD too")
+    v.add_argument(
+        "--level", choices=["must", "should"], default="should", help="fail on MUST findings only, or on SHOULD too"
+    )
     v.add_argument("--format", choices=["text", "json"], default="text")
     v.add_argument("--no-transformers", action="store_true", help="do not ask transformers whether config.json loads")
     v.set_defaults(run=_cmd_validate)

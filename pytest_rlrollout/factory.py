@@ -39,7 +39,7 @@ def plan_shards(entries: list[st.Entry], max_bytes: int = MAX_SHARD_BYTES) -> li
     groups: dict[int | None, list[st.Entry]] = defaultdict(list)
     for e in entries:
         groups[layer_of(e.name)].append(e)
-    order = sorted((k for k in groups if k is not None)) + ([None] if None in groups else [])
+    order = sorted(k for k in groups if k is not None) + ([None] if None in groups else [])
     shards: list[list[st.Entry]] = []
     for key in order:
         current: list[st.Entry] = []
@@ -201,7 +201,9 @@ def derive(
     return dst
 
 
-def perturbed(src: str | os.PathLike[str], *, seed: int, scale: float = 1e-2, only: str | None = None) -> dict[str, st.Tensor]:
+def perturbed(
+    src: str | os.PathLike[str], *, seed: int, scale: float = 1e-2, only: str | None = None
+) -> dict[str, st.Tensor]:
     """Training-step-like updates: every floating tensor (or those whose name contains `only`)
     plus Gaussian noise of relative size `scale`."""
     rng = np.random.default_rng(seed)
@@ -254,7 +256,9 @@ def make_incremental(
             p = ph.tensors.get(name)
             if p is None or (p.dtype, p.shape) != (t.dtype, t.shape):
                 was = f"{p.dtype}{list(p.shape)}" if p else "absent"
-                raise SnapshotError(f"SNAP-INC-2: {name} is {t.dtype}{list(t.shape)} in the target, {was} in the parent")
+                raise SnapshotError(
+                    f"SNAP-INC-2: {name} is {t.dtype}{list(t.shape)} in the target, {was} in the parent"
+                )
     _empty_destination(out)
     try:
         for file in files:
@@ -269,7 +273,11 @@ def make_incremental(
 
 
 def apply_incremental(
-    parent: str | os.PathLike[str], diff: str | os.PathLike[str], out: str | os.PathLike[str], *, threads: int | None = None
+    parent: str | os.PathLike[str],
+    diff: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    threads: int | None = None,
 ) -> Path:
     """Materialise the full snapshot a diff describes (what a deployment does on load)."""
     parent, diff, out = Path(parent), Path(diff), Path(out)
@@ -362,7 +370,12 @@ def make_lora(
 
 
 EXPERT_WEIGHT = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
-QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+QUANTIZATION_CONFIG = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
 
 
 def quantize_fp8(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:

@@ -98,7 +98,11 @@ class SnapshotUnderTest:
             c = catalogue()[clause]
             if c.level == "SHOULD" and self.level == "must":
                 pytest.skip(f"not judged: {clause} is a SHOULD clause and --rl-level=must")
-            lines = [f"{clause} [{c.level}] {c.rule}", f"snapshot: {self.report.snapshot}", *(f"  {f}" for f in findings)]
+            lines = [
+                f"{clause} [{c.level}] {c.rule}",
+                f"snapshot: {self.report.snapshot}",
+                *(f"  {f}" for f in findings),
+            ]
             pytest.fail("\n".join(lines), pytrace=False)
         assert not findings, findings
 

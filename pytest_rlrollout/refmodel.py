@@ -27,13 +27,14 @@ CHAT_TEMPLATE = (
 # Training text for the byte-level BPE: deterministic, small, and varied enough for real merges.
 _WORDS = (
     "the policy samples a rollout from the deployment and the trainer scores each token "
-    "weights move to a new snapshot while streams continue on the old one until the swap "
-    "an expert router picks two experts for every token in every sparse layer of the model "
-    "cache blocks of sixteen tokens are reused when the same session returns with a longer prompt "
-    "reward advantage value gradient step batch epoch sample temperature logit probability "
-    "alpha beta gamma delta one two three four five six seven eight nine ten hello world "
-    "what is the answer to this question please think step by step and explain your reasoning "
-    "user assistant system tool call result stop length error retry session replica identity"
+    "weights move to a new snapshot while streams continue on the old one until the swap an "
+    "expert router picks two experts for every token in every sparse layer of the model "
+    "cache blocks of sixteen tokens are reused when the same session returns with a longer "
+    "prompt reward advantage value gradient step batch epoch sample temperature logit "
+    "probability alpha beta gamma delta one two three four five six seven eight nine ten "
+    "hello world what is the answer to this question please think step by step and explain "
+    "your reasoning user assistant system tool call result stop length error retry session "
+    "replica identity "
 ).split()
 
 
@@ -92,7 +93,9 @@ def moe_layers(cfg: dict[str, Any]) -> list[int]:
     first_dense = cfg.get("first_k_dense_replace") or 0
     freq = cfg.get("moe_layer_freq") or 1
     return [
-        i for i in range(n) if i not in dense and (i + 1) % step == 0 and i >= first_dense and (i - first_dense) % freq == 0
+        i
+        for i in range(n)
+        if i not in dense and (i + 1) % step == 0 and i >= first_dense and (i - first_dense) % freq == 0
     ]
 
 

@@ -199,7 +199,9 @@ def header_bytes(entries: list[Entry], metadata: Mapping[str, str] | None = None
     return raw, ordered
 
 
-def write_file(path: str | os.PathLike[str], entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> None:
+def write_file(
+    path: str | os.PathLike[str], entries: Iterable[Entry], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write a safetensors file; FileRange sources are copied in bounded chunks."""
     raw, ordered = header_bytes(list(entries), metadata)
     tmp = Path(f"{path}.partial")

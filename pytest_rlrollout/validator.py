@@ -506,10 +506,16 @@ def _one_layer_per_file(s: Subject) -> Iterator[Problem]:
     for file, g in sorted(groups.items()):
         if len(g) > 1:
             layers = sorted(x for x in g if x is not None)
-            parts = ([f"layers {', '.join(map(str, layers))}"] if len(layers) > 1 else [group_name(layers[0])]) if layers else []
+            parts = (
+                ([f"layers {', '.join(map(str, layers))}"] if len(layers) > 1 else [group_name(layers[0])])
+                if layers
+                else []
+            )
             if None in g:
                 parts.append("non-layer tensors")
-            yield Problem(file, f"mixes {' and '.join(parts)}; each shard must hold one layer (or only non-layer tensors)")
+            yield Problem(
+                file, f"mixes {' and '.join(parts)}; each shard must hold one layer (or only non-layer tensors)"
+            )
 
 
 @check("SNAP-INDEX-3", WEIGHTS)
@@ -560,7 +566,9 @@ def _spec(s: Subject) -> Iterator[Problem]:
     with _suppress(Inconclusive):
         uncovered = [t for t in s.weight_map() if t not in value["tensor_map"]]
         if uncovered:
-            yield Problem(SPEC, f"tensor_map does not describe {_names(uncovered)} ({len(uncovered)} weight_map tensors)")
+            yield Problem(
+                SPEC, f"tensor_map does not describe {_names(uncovered)} ({len(uncovered)} weight_map tensors)"
+            )
 
 
 @check("SNAP-SPEC-2", frozenset({"full"}))
@@ -625,7 +633,11 @@ def _covers_base(s: Subject) -> Iterator[Problem]:
     for name in sorted(set(mine) & set(theirs)):
         (dt, shape), (bdt, bshape) = mine[name], theirs[name]
         if shape != bshape:
-            hint = " (a tensor-parallel slice?)" if len(shape) == len(bshape) and math.prod(shape) < math.prod(bshape) else ""
+            hint = (
+                " (a tensor-parallel slice?)"
+                if len(shape) == len(bshape) and math.prod(shape) < math.prod(bshape)
+                else ""
+            )
             yield Problem(None, f"{name}: shape {list(shape)}, the base has {list(bshape)}{hint}")
         elif dt != bdt and not dtypes.BY_CODE[dt].quantized:
             yield Problem(None, f"{name}: dtype {dt}, the base has {bdt}")
@@ -701,9 +713,7 @@ def _quantized_only_when_declared(s: Subject) -> Iterator[Problem]:
     quantized = sorted(n for n, (dt, _) in s.tensors.items() if dtypes.BY_CODE[dt].quantized)
     if quantized:
         dts = sorted({s.tensors[n][0] for n in quantized})
-        yield Problem(
-            None, f"{_names(quantized)} are {'/'.join(dts)}, but config.json declares no quantization_config"
-        )
+        yield Problem(None, f"{_names(quantized)} are {'/'.join(dts)}, but config.json declares no quantization_config")
 
 
 # --------------------------------------------------------------------------- incremental (ARC2)
@@ -731,7 +741,9 @@ def _keeps_parent_index(s: Subject) -> Iterator[Problem]:
     mine_files = set(s.dir.safetensors_files)
     if mine_files != parent_files:
         missing, extra = sorted(parent_files - mine_files), sorted(mine_files - parent_files)
-        detail = "; ".join(x for x in (missing and f"missing {_names(missing)}", extra and f"extra {_names(extra)}") if x)
+        detail = "; ".join(
+            x for x in (missing and f"missing {_names(missing)}", extra and f"extra {_names(extra)}") if x
+        )
         yield Problem(None, f"holds {len(mine_files)} diff file(s), the parent {len(parent_files)}: {detail}")
     for file in sorted(mine_files & parent_files):
         mine_h, parent_h = s.headers.get(file), parent.headers.get(file)
@@ -781,7 +793,9 @@ def _incremental_signal(s: Subject) -> Iterator[Problem]:
         raise NotApplicable("no signal given (pass --signal)")
     meta = s.incremental_metadata
     if meta is None:
-        yield Problem(None, "the signal has no incremental_snapshot_metadata; the diff would be loaded as a full snapshot")
+        yield Problem(
+            None, "the signal has no incremental_snapshot_metadata; the diff would be loaded as a full snapshot"
+        )
         return
     if str(meta.get("compression_format")).lower() != "arc_v2":
         yield Problem(None, f"compression_format is {meta.get('compression_format')!r}, not 'arc_v2'")
@@ -829,7 +843,11 @@ def _full_after_reset(s: Subject) -> Iterator[Problem]:
 @check("SNAP-LORA-1")
 def _lora_kind(s: Subject) -> Iterator[Problem]:
     if s.kind == "lora":
-        stray = [n for n in s.dir.listing if n == INDEX or (n.endswith(".safetensors") and n not in s.dir.adapter_weight_files)]
+        stray = [
+            n
+            for n in s.dir.listing
+            if n == INDEX or (n.endswith(".safetensors") and n not in s.dir.adapter_weight_files)
+        ]
         if stray:
             yield Problem(ADAPTER_CONFIG, f"makes this a LoRA adapter, so {_names(stray)} would be ignored")
     elif s.dir.adapter_weight_files:
@@ -842,7 +860,10 @@ def _lora_kind(s: Subject) -> Iterator[Problem]:
 @check("SNAP-LORA-2", frozenset({"lora"}))
 def _lora_weights(s: Subject) -> Iterator[Problem]:
     if not s.dir.adapter_weight_files:
-        yield Problem(None, "no adapter weights: expected adapter_model.safetensors, adapter_model-*.safetensors or adapter_model.bin")
+        yield Problem(
+            None,
+            "no adapter weights: expected adapter_model.safetensors, adapter_model-*.safetensors or adapter_model.bin",
+        )
 
 
 def _adapter_target(key: str) -> tuple[str, str] | None:
@@ -869,7 +890,9 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
         return
     name = cfg.get("base_model_name_or_path")
     if isinstance(name, str) and name and s.ctx.base_model and name not in s.ctx.base_model:
-        yield Problem(ADAPTER_CONFIG, f"base_model_name_or_path is {name!r}; the deployment serves {_names(s.ctx.base_model)}")
+        yield Problem(
+            ADAPTER_CONFIG, f"base_model_name_or_path is {name!r}; the deployment serves {_names(s.ctx.base_model)}"
+        )
     if s.base is None:
         return  # module and shape checks need the base
     try:
@@ -878,7 +901,11 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
         raise Inconclusive("the base snapshot's tensors could not be read") from None
     targets = cfg.get("target_modules")
     if isinstance(targets, list):
-        absent = [t for t in targets if isinstance(t, str) and not any(f".{t}.weight" in b or b.startswith(f"{t}.") for b in base)]
+        absent = [
+            t
+            for t in targets
+            if isinstance(t, str) and not any(f".{t}.weight" in b or b.startswith(f"{t}.") for b in base)
+        ]
         if absent:
             yield Problem(ADAPTER_CONFIG, f"target_modules {absent} match no module of the base model")
     r = cfg.get("r") if not cfg.get("rank_pattern") else None
@@ -901,7 +928,9 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
             rank = r if isinstance(r, int) else (t.shape[0] if part == "A" else t.shape[-1])
             want = (rank, in_f) if part == "A" else (out_f, rank)
             if t.shape != want:
-                yield Problem(file, f"{key}: shape {list(t.shape)}, rank {rank} on {module} {list(base_t[1])} needs {list(want)}")
+                yield Problem(
+                    file, f"{key}: shape {list(t.shape)}, rank {rank} on {module} {list(base_t[1])} needs {list(want)}"
+                )
 
 
 # --------------------------------------------------------------------------- entry point
@@ -941,7 +970,9 @@ def validate(
     subject = Subject(snapshot, ctx)
     cat = catalogue()
     report = Report(str(snapshot), subject.kind, subject.identity)
-    looks_like_adapter = subject.kind != "lora" and subject.dir.adapter_weight_files and CONFIG not in subject.dir.listing
+    looks_like_adapter = (
+        subject.kind != "lora" and subject.dir.adapter_weight_files and CONFIG not in subject.dir.listing
+    )
     for clause, chk in CHECKS.items():
         if looks_like_adapter and clause != "SNAP-LORA-1":
             report.outcomes[clause] = Outcome("inconclusive", "the directory looks like a LoRA adapter (SNAP-LORA-1)")

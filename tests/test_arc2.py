@@ -49,7 +49,11 @@ def test_verify_only_reads(tmp_path):
     p, t = pair(tmp_path)
     arc2.encode_file(p, t, tmp_path / "diff.safetensors")
     arc2.verify_file(p, tmp_path / "diff.safetensors")
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["diff.safetensors", "parent.safetensors", "target.safetensors"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == [
+        "diff.safetensors",
+        "parent.safetensors",
+        "target.safetensors",
+    ]
 
 
 def rewrite_payload(path, name, transform, metadata=None):
@@ -121,7 +125,9 @@ def test_arc_v1_zlib_payloads_decode(tmp_path):
     parent, target = st.load_file(p), st.load_file(t)
     payloads, meta = {}, {}
     for name in parent:
-        x = np.bitwise_xor(np.frombuffer(parent[name].buffer(), np.uint8), np.frombuffer(target[name].buffer(), np.uint8))
+        x = np.bitwise_xor(
+            np.frombuffer(parent[name].buffer(), np.uint8), np.frombuffer(target[name].buffer(), np.uint8)
+        )
         payloads[name] = st.Tensor.of(np.frombuffer(zlib.compress(x.tobytes()), np.uint8).copy())
         meta[name] = str(zlib.adler32(target[name].buffer()))
     st.write_file(tmp_path / "v1.safetensors", st.entries_of(payloads), meta)

@@ -11,7 +11,9 @@ from .conftest import tree_hash
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "pytest_rlrollout.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_rlrollout.cli", *map(str, args)], capture_output=True, text=True
+    )
 
 
 def test_validate_exit_codes(reference, tmp_path, capsys):

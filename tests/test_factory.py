@@ -61,12 +61,12 @@ def test_size_cap_splits_a_layer_but_never_mixes_layers(reference, tmp_path):
 
 def test_export_refuses_bad_sources_and_non_empty_destinations(reference, tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(factory.SnapshotError, match="no config.json"):
+    with pytest.raises(factory.SnapshotError, match=r"no config\.json"):
         factory.export_checkpoint(tmp_path / "empty", tmp_path / "o1")
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "config.json").write_text("{}")
     (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"x")
-    with pytest.raises(factory.SnapshotError, match="pytorch_model.bin"):
+    with pytest.raises(factory.SnapshotError, match=r"pytorch_model\.bin"):
         factory.export_checkpoint(tmp_path / "bin", tmp_path / "o2")
     with pytest.raises(factory.SnapshotError, match="not empty"):
         factory.export_checkpoint(reference.base, reference["full"].snapshot)

@@ -6,7 +6,9 @@ from pytest_rlrollout import broken
 
 
 def test_rl_snapshot_runs_the_snap_conformance_tests_on_a_valid_snapshot(pytester, reference):
-    result = pytester.runpytest_subprocess(f"--rl-snapshot={reference['full'].snapshot}", f"--rl-base={reference.base}", "-rs")
+    result = pytester.runpytest_subprocess(
+        f"--rl-snapshot={reference['full'].snapshot}", f"--rl-base={reference.base}", "-rs"
+    )
     result.assert_outcomes(passed=16, skipped=10)
     result.stdout.fnmatch_lines(["*rlrollout: snapshot*", "*not-applicable: does not apply to full snapshots*"])
 
@@ -50,7 +52,7 @@ def test_validation_fixture_in_user_tests(pytester, reference, tmp_path):
         from pytest_rlrollout.plugin import assert_valid
 
         def test_exporter_output(rl_validate_snapshot):
-            assert_valid(rl_validate_snapshot({str(reference['full'].snapshot)!r}, base={str(reference.base)!r}))
+            assert_valid(rl_validate_snapshot({str(reference["full"].snapshot)!r}, base={str(reference.base)!r}))
 
         def test_broken_output(rl_validate_snapshot):
             assert_valid(rl_validate_snapshot({str(bad.snapshot)!r}, base={str(reference.base)!r}))

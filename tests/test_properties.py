@@ -61,7 +61,9 @@ def models(draw):
     """A random layered model: per layer a few named tensors, plus non-layer tensors."""
     layers = draw(hs.integers(2, 4))
     hidden = draw(hs.sampled_from([4, 8, 12]))
-    kinds = draw(hs.lists(hs.sampled_from(["q_proj", "k_proj", "up_proj", "norm", "gate"]), min_size=1, max_size=4, unique=True))
+    kinds = draw(
+        hs.lists(hs.sampled_from(["q_proj", "k_proj", "up_proj", "norm", "gate"]), min_size=1, max_size=4, unique=True)
+    )
     dtype = draw(hs.sampled_from(["BF16", "F32", "F16"]))
     rng = np.random.default_rng(draw(hs.integers(0, 2**32 - 1)))
     out = {}
@@ -188,7 +190,7 @@ def test_malformed_bytes_become_findings(model, target, garbage):
 @SETTINGS
 @given(hs.recursive(hs.none() | hs.booleans() | hs.integers() | hs.text(max_size=5),
                     lambda c: hs.lists(c, max_size=3) | hs.dictionaries(hs.text(max_size=5), c, max_size=3), max_leaves=10),
-       hs.sampled_from(JSON_FILES + ["adapter_config.json"]))  # fmt: skip
+       hs.sampled_from([*JSON_FILES, "adapter_config.json"]))  # fmt: skip
 def test_arbitrary_json_documents_never_crash_the_validator(doc, target):
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)

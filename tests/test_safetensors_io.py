@@ -18,7 +18,9 @@ def raw_file(path, header: dict | bytes, data: bytes = b"", length: int | None =
 def test_writer_matches_the_safetensors_library_byte_for_byte(tmp_path):
     arrays = {"b": np.arange(6, dtype=np.uint8), "a": np.ones((2, 3), np.float32), "c": np.zeros(4, np.int64)}
     safetensors.numpy.save_file(arrays, tmp_path / "lib.safetensors", metadata={"format": "pt"})
-    st.write_file(tmp_path / "ours.safetensors", st.entries_of({k: st.Tensor.of(v) for k, v in arrays.items()}), {"format": "pt"})
+    st.write_file(
+        tmp_path / "ours.safetensors", st.entries_of({k: st.Tensor.of(v) for k, v in arrays.items()}), {"format": "pt"}
+    )
     assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
 
 
@@ -51,7 +53,8 @@ def test_bf16_rounds_to_nearest_even_and_widens_exactly():
         ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, None, "needs 8"),
         ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "leaves a gap"),
         (
-            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+             "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
             b"\0" * 8, None, "overlaps",
         ),
         ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9, None, "account for 4"),
@@ -79,7 +82,8 @@ def test_library_opinion_reports_what_the_library_refuses(tmp_path):
     assert st.library_opinion(bad) is not None
 
 
-@pytest.mark.parametrize(("name", "code"), [("bfloat16", "BF16"), ("torch.float16", "F16"), ("F8_E4M3", "F8_E4M3"),
+@pytest.mark.parametrize(("name", "code"), [("bfloat16", "BF16"), ("torch.float16", "F16"),
+                                            ("F8_E4M3", "F8_E4M3"),
                                             ("float8_e4m3fn", "F8_E4M3"), ("float32", "F32"), ("int64", "I64"), ("nope", None)])  # fmt: skip
 def test_dtype_names_normalise(name, code):
     assert dtypes.normalise(name) == code

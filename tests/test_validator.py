@@ -67,7 +67,9 @@ def edit_index(path, fn):
     (path / "model.safetensors.index.json").write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("target", ["../model-00001-of-00005.safetensors", "sub/x.safetensors", "/etc/passwd", "..", "x.bin"])
+@pytest.mark.parametrize(
+    "target", ["../model-00001-of-00005.safetensors", "sub/x.safetensors", "/etc/passwd", "..", "x.bin"]
+)
 def test_weight_map_paths_leaving_the_snapshot(reference, tmp_path, target):
     snap = copy_full(reference, tmp_path)
     edit_index(snap, lambda wm: wm.update({next(iter(wm)): target}))
@@ -110,7 +112,9 @@ def test_fifo_and_huge_header_lengths_do_not_hang_or_crash(reference, tmp_path):
 
 
 def test_unknown_signal_field_uses_the_sdk_wording(reference):
-    report = validate(reference.base, signal={"identity": refmodel.BASE_IDENTITY, "reset_prompt_cache": True, "force": 1})
+    report = validate(
+        reference.base, signal={"identity": refmodel.BASE_IDENTITY, "reset_prompt_cache": True, "force": 1}
+    )
     [f] = report.findings
     assert f.clause == "HL-POST-2" and f.message == "Extra inputs are not permitted, field: 'force'"
     report = validate(reference.base, signal={"identity": refmodel.BASE_IDENTITY, "reset_prompt_cache": "sometimes"})
@@ -141,7 +145,10 @@ def test_config_differences_use_the_documented_wording():
         "Extra base model config options: ['dtype']",
         "Config value mismatch for hidden_size: snapshot 32, base 64",
     ]
-    assert config_differences({"model_type": "qwen3_moe", "hidden_size": 32, "dtype": "bfloat16"}, base, ["hidden_size"]) == []
+    assert (
+        config_differences({"model_type": "qwen3_moe", "hidden_size": 32, "dtype": "bfloat16"}, base, ["hidden_size"])
+        == []
+    )
     assert config_differences({**base, "quantization_config": {"quant_method": "fp8"}}, base) == []
 
 

@@ -107,13 +107,25 @@ class SnapshotUnderTest:
         assert not findings, findings
 
 
-def _subjects(config: pytest.Config) -> list[str]:
-    return ["given"] if config.getoption("rl_snapshot") else ["full", "incremental", "lora", "quantized"]
+# The bundled reference snapshots and the snapshot kind each one is.
+REFERENCE_SUBJECTS = {"full": "full", "incremental": "incremental", "lora": "lora", "quantized": "full"}
+
+
+def _subjects(metafunc: pytest.Metafunc) -> list[str]:
+    """A given snapshot is judged on every clause (its report lists the not-applicable ones);
+    the reference snapshots only on the clauses that apply to their kind."""
+    if metafunc.config.getoption("rl_snapshot"):
+        return ["given"]
+    from pytest_rlrollout.validator import CHECKS
+
+    marker = metafunc.definition.get_closest_marker("rl_clause")
+    kinds = CHECKS[marker.args[0]].kinds if marker and marker.args and marker.args[0] in CHECKS else None
+    return [s for s, kind in REFERENCE_SUBJECTS.items() if kinds is None or kind in kinds]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "rl_snapshot_under_test" in metafunc.fixturenames:
-        metafunc.parametrize("rl_snapshot_under_test", _subjects(metafunc.config), indirect=True)
+        metafunc.parametrize("rl_snapshot_under_test", _subjects(metafunc), indirect=True)
 
 
 @pytest.fixture(scope="session")

@@ -79,18 +79,39 @@ def _write_json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
+def as_tensor(value: Any) -> st.Tensor:
+    """A Tensor from a Tensor, a numpy array or a torch tensor (bf16 and fp8 kept bit-exact)."""
+    if isinstance(value, st.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return st.Tensor.of(value)
+    torch_dtype = str(getattr(value, "dtype", ""))
+    if torch_dtype.startswith("torch."):  # duck-typed so torch stays optional
+        import torch
+
+        code = dtypes.normalise(torch_dtype)
+        if code is None or dtypes.BY_CODE[code].numpy is None:
+            raise SnapshotError(f"cannot store a {torch_dtype} tensor")
+        t = value.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().view(dtypes.BY_CODE[code].numpy)
+        return st.Tensor(code, tuple(t.shape), raw.reshape(tuple(t.shape)).copy())
+    raise SnapshotError(f"cannot store a {type(value).__name__} as a tensor")
+
+
 def write_snapshot(
     dst: str | os.PathLike[str],
-    tensors: Mapping[str, st.Tensor],
+    tensors: Mapping[str, Any],
     config: Mapping[str, Any],
     files: Mapping[str, bytes] | None = None,
     *,
     max_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
-    """A full snapshot from in-memory tensors, a config and extra files (tokenizer, ...)."""
+    """A full snapshot from a state dict (Tensors, numpy arrays or torch tensors), a config and
+    extra files (tokenizer, ...)."""
     dst = Path(dst)
+    converted = {name: as_tensor(value) for name, value in tensors.items()}
     _empty_destination(dst)
-    write_layout(dst, st.entries_of(dict(tensors)), max_bytes=max_bytes)
+    write_layout(dst, st.entries_of(converted), max_bytes=max_bytes)
     _write_json(dst / CONFIG, dict(config))
     for name, data in (files or {}).items():
         (dst / name).write_bytes(data)

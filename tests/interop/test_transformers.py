@@ -83,3 +83,19 @@ def test_config_loads_check_uses_transformers(reference, tmp_path):
     (snap / "config.json").write_text(json.dumps(cfg))
     [finding] = validate(snap).of("SNAP-CONFIG-1")
     assert "not known to transformers" in finding.message
+
+
+def test_state_dict_snapshots_keep_bits_and_expose_the_fused_expert_trap(reference, tmp_path):
+    """A torch state dict goes in bit-exact; transformers 5's in-memory state dict fuses MoE
+    experts, so a snapshot written from it does not cover the per-expert base (SNAP-COVER-1)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(reference.base, dtype=torch.bfloat16)
+    cfg = json.loads((reference.base / "config.json").read_text())
+    files = {n: (reference.base / n).read_bytes() for n in ("tokenizer.json", "tokenizer_config.json")}
+    snap = factory.write_snapshot(tmp_path / "from-state-dict", model.state_dict(), cfg, files)
+    ours = factory.read_snapshot(snap)
+    emb = model.model.embed_tokens.weight.detach()
+    assert ours["model.embed_tokens.weight"].dtype == "BF16"
+    assert np.array_equal(ours["model.embed_tokens.weight"].data, emb.view(torch.int16).numpy().view(np.uint16))
+    cover = validate(snap, base=reference.base).of("SNAP-COVER-1")
+    messages = " ".join(f.message for f in cover)
+    assert "mlp.experts.0.gate_proj.weight" in messages and "mlp.experts.gate_up_proj" in messages

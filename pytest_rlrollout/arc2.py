@@ -133,27 +133,25 @@ class _ZlibStream(io.RawIOBase):
 
 
 def _check_frame(job: _Job, fmt: str) -> None:
-    head = bytearray(min(len(ARC3_MAGIC), job.payload.nbytes))
-    if head:
-        _read_exact(job.diff_fd, memoryview(head), job.payload.start)
-    if bytes(head).startswith(ARC3_MAGIC):
+    buf = bytearray(min(18, job.payload.nbytes))  # a zstd frame header is at most 18 bytes
+    if buf:
+        _read_exact(job.diff_fd, memoryview(buf), job.payload.start)
+    head = bytes(buf)
+    if head.startswith(ARC3_MAGIC):
         raise DeltaError("payload is an arc_v3 pickle envelope; it is never decoded", file=job.file, tensor=job.name)
     if fmt == "arc_v2":
-        if not bytes(head).startswith(ZSTD_MAGIC):
+        if not head.startswith(ZSTD_MAGIC):
             raise DeltaError("payload is not a zstd frame", file=job.file, tensor=job.name)
-        if job.payload.nbytes >= 18:
-            first = bytearray(18)
-            _read_exact(job.diff_fd, memoryview(first), job.payload.start)
-            try:
-                declared = zstandard.frame_content_size(bytes(first))
-            except zstandard.ZstdError:
-                declared = -1
-            if declared not in (-1, job.parent.nbytes):
-                raise DeltaError(
-                    f"zstd frame declares {declared} bytes, the parent tensor has {job.parent.nbytes}",
-                    file=job.file,
-                    tensor=job.name,
-                )
+        try:
+            declared = zstandard.frame_content_size(head)
+        except zstandard.ZstdError:
+            declared = -1
+        if declared not in (-1, job.parent.nbytes):
+            raise DeltaError(
+                f"zstd frame declares {declared} bytes, the parent tensor has {job.parent.nbytes}",
+                file=job.file,
+                tensor=job.name,
+            )
 
 
 def _run(job: _Job, fmt: str) -> None:

@@ -145,15 +145,14 @@ def _rl_snapshot_reports() -> dict[str, SnapshotUnderTest]:
 def rl_snapshot_under_test(request: pytest.FixtureRequest, _rl_snapshot_reports) -> SnapshotUnderTest:
     """The snapshot the SNAP conformance tests judge, validated once per session."""
     key = request.param
-    level = request.config.getoption("rl_level")
-    _reports = _rl_snapshot_reports
-    if key not in _reports:
+    reports = _rl_snapshot_reports
+    if key not in reports:
         if key == "given":
-            _reports[key] = SnapshotUnderTest(key, _validate_given(request.config), level)
+            report = _validate_given(request.config)
         else:
-            case = request.getfixturevalue("rl_reference_cases")[key]
-            _reports[key] = SnapshotUnderTest(key, case.validate(), level)
-    return _reports[key]
+            report = request.getfixturevalue("rl_reference_cases")[key].validate()
+        reports[key] = SnapshotUnderTest(key, report, request.config.getoption("rl_level"))
+    return reports[key]
 
 
 def _validate_given(config: pytest.Config) -> Any:

@@ -13,6 +13,7 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -204,8 +205,10 @@ class Subject:
 
     def _json(self, name: str) -> tuple[Any, str | None]:
         if name not in self.dir.listing:
-            if self.kind == "incremental" and self.parent is not None:
-                return self.parent._json(name)
+            if self.kind == "incremental":
+                if self.parent is not None:
+                    return self.parent._json(name)
+                return None, "is missing; a diff inherits it from its parent, so pass --parent to check it"
             return None, "is missing"
         try:
             return self.dir.read_json(name), None
@@ -310,7 +313,7 @@ class Subject:
                 for name, t in h.tensors.items():
                     table[name] = (t.dtype, t.shape)
         if not table:
-            with _suppress(Inconclusive):
+            with suppress(Inconclusive):
                 return self.tensor_map()
         return table
 
@@ -322,17 +325,6 @@ class Subject:
         except Inconclusive:
             return set()
         return {t for t, f in wm.items() if f in self.header_errors}
-
-
-class _suppress:
-    def __init__(self, *exc):
-        self.exc = exc
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, et, ev, tb):
-        return et is not None and issubclass(et, self.exc)
 
 
 def _int_list(x: object) -> bool:
@@ -499,7 +491,7 @@ def _one_layer_per_file(s: Subject) -> Iterator[Problem]:
     for file, h in s.headers.items():
         for tensor in h.tensors:
             groups[file].add(layer_of(tensor))
-    with _suppress(Inconclusive):
+    with suppress(Inconclusive):
         for tensor, file in s.weight_map().items():
             if file in s.header_errors:  # what the file holds is unknown; trust the index
                 groups[file].add(layer_of(tensor))
@@ -563,7 +555,7 @@ def _spec(s: Subject) -> Iterator[Problem]:
         yield Problem(SPEC, problem.message)
     if not (isinstance(value, dict) and isinstance(value.get("tensor_map"), dict)):
         return
-    with _suppress(Inconclusive):
+    with suppress(Inconclusive):
         uncovered = [t for t in s.weight_map() if t not in value["tensor_map"]]
         if uncovered:
             yield Problem(
@@ -961,6 +953,8 @@ def validate(
     SNAP-TOK-1a, SNAP-LORA-3); `parent` marks the directory as an ARC2 diff of that
     snapshot; `signal` is the hot-load request body that would announce it.
     """
+    if context is not None and (base or parent or signal is not None or context_fields):
+        raise TypeError("pass either context= or the individual fields, not both")
     ctx = context or Context(
         base=Path(base) if base else None,
         parent=Path(parent) if parent else None,
@@ -991,8 +985,8 @@ def validate(
         level = cat[clause].level
         report.findings += [Finding(clause, level, p.file, p.message) for p in problems]
         report.outcomes[clause] = Outcome("fail" if problems else "pass")
-    if signal is not None or ctx.signal is not None:
-        extra = _signal_findings(ctx.signal or {})
+    if ctx.signal is not None:
+        extra = _signal_findings(ctx.signal)
         report.findings += extra
         for f in extra:
             report.outcomes[f.clause] = Outcome("fail")

@@ -217,3 +217,17 @@ def test_lora_shape_mismatch_and_unknown_module(reference, tmp_path):
     assert any("['wq'] match no module" in m for m in msgs)
     assert any("rank 8" in m and "needs [8, 64]" in m for m in msgs)
     assert {f.clause for f in report.findings} == {"SNAP-LORA-3"}
+
+
+def test_context_and_loose_fields_do_not_mix(reference):
+    inc = reference["incremental"]
+    with pytest.raises(TypeError, match="either context"):
+        validate(inc.snapshot, context=inc.context(), signal=inc.signal)
+
+
+def test_a_diff_missing_files_without_parent_says_how_to_check_it(reference, tmp_path):
+    dst = tmp_path / "diff"
+    shutil.copytree(reference["incremental"].snapshot, dst)
+    (dst / "config.json").unlink()
+    [finding] = validate(dst, signal=reference["incremental"].signal).of("SNAP-CONFIG-1")
+    assert "pass --parent" in finding.message

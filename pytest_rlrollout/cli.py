@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -71,6 +72,38 @@ def _cmd_make_base(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import tempfile
+    import threading
+
+    from pytest_rlrollout.deployment import reference_deployment
+
+    bucket = args.bucket or Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
+    options = dict(
+        replicas=args.replicas,
+        transition=args.transition.upper(),
+        api_key=args.api_key,
+        faults=frozenset(args.fault),
+        load_delay=args.load_delay,
+        swap_delay=args.swap_delay,
+        token_delay=args.token_delay,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with reference_deployment(bucket, host=args.host, port=args.port, **options) as dep:
+        print(f"base URL:   {dep.base_url}")
+        print(f"deployment: {dep.name}")
+        print(f"model:      {dep.model}")
+        print(f"bucket:     {bucket}")
+        print(
+            f"serving {dep.settings.base_identity} on {args.replicas} replica(s), {options['transition']}", flush=True
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    return EXIT_OK
+
+
 def _cmd_clauses(args: argparse.Namespace) -> int:
     from pytest_rlrollout.catalogue import catalogue
 
@@ -121,6 +154,19 @@ def parser() -> argparse.ArgumentParser:
     m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
     m.add_argument("dir", type=Path)
     m.set_defaults(run=_cmd_make_base)
+
+    sv = sub.add_parser("serve", help="run the reference deployment (a hot-load deployment of the tiny MoE)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
+    sv.add_argument("--replicas", type=int, default=2)
+    sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
+    sv.add_argument("--api-key", default="rl-reference-key")
+    sv.add_argument("--fault", action="append", default=[], metavar="CLAUSE-ID", help="break one clause on purpose")
+    sv.add_argument("--load-delay", type=float, default=0.0, help="seconds each replica takes to load a snapshot")
+    sv.add_argument("--swap-delay", type=float, default=0.0, help="seconds a replica pauses at the swap")
+    sv.add_argument("--token-delay", type=float, default=0.0, help="seconds per decode step")
+    sv.set_defaults(run=_cmd_serve)
 
     c = sub.add_parser("clauses", help="list the contract's clauses")
     c.add_argument("--area")

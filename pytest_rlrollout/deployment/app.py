@@ -1,0 +1,512 @@
+"""The reference deployment's HTTP API (Starlette): hot-load control, a control-plane stub the
+official SDK can discover, and OpenAI-compatible completions and chat completions."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pytest_rlrollout.deployment.controller import Deployment, HotLoadError
+from pytest_rlrollout.deployment.replica import Job, Token, TooEarly
+from pytest_rlrollout.deployment.text import Text
+from pytest_rlrollout.engine import SamplingParams
+
+FINISH = ("stop", "length")
+UNSUPPORTED_FIELDS = ("routing_matrix_format", "top_sampling_logprobs", "top_sampling_format", "sampling_mask")
+
+
+def error(
+    status: int, message: str, code: str = "invalid_request_error", headers: dict | None = None, **extra
+) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": code, "type": code, **extra}}, status, headers=headers)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+@dataclass
+class Inference:
+    chat: bool
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    seed: int | None
+    stream: bool
+    logprobs: bool
+    echo: bool
+    echo_last: int | None
+    raw_output: bool
+    return_token_ids: bool
+    perf_metrics: bool
+    routing: bool
+    stop: list[str]
+    isolation: str | None
+    cache_max_len: int | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _typed(body: dict, key: str, kind: type | tuple, default=None, check=None, what: str = ""):
+    if key not in body or body[key] is None:
+        return default
+    value = body[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise BadRequest(f"{key}: expected {what or '/'.join(k.__name__ for k in kinds)}, got {json.dumps(value)[:40]}")
+    if check is not None and not check(value):
+        raise BadRequest(f"{key}: {json.dumps(value)[:40]} is out of range ({what})")
+    return value
+
+
+def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: int, names: set[str]) -> Inference:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for name in UNSUPPORTED_FIELDS:
+        if name in body:  # the official SDK falls back to inline routing on exactly this answer
+            raise BadRequest(f"Extra inputs are not permitted, field: '{name}'")
+    model = _typed(body, "model", str, what="a model or deployment name")
+    if model is None:
+        raise BadRequest("model is required")
+    if model not in names:
+        raise BadRequest(f"Model not found: {model}", status=404)
+    if chat:
+        messages = _typed(body, "messages", list, what="a list of messages")
+        if not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise BadRequest("messages: a non-empty list of {role: str, content: str}")
+        prompt = text.chat(messages)
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, str):
+            prompt = text.encode(raw)
+        elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            prompt = list(raw)
+        else:
+            raise BadRequest("prompt: expected a string or a list of token ids")
+    if not prompt:
+        raise BadRequest("the prompt is empty")
+    if any(t < 0 or t >= vocab for t in prompt):
+        raise BadRequest(f"prompt: token ids must be in [0, {vocab})")
+    max_tokens = _typed(body, "max_tokens", int, 16 if not chat else 128, lambda v: v >= 0, "a non-negative integer")
+    if len(prompt) + max_tokens > max_context:
+        raise BadRequest(
+            f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the context length {max_context}"
+        )
+    n = _typed(body, "n", int, 1, lambda v: v == 1, "only n=1 is served")
+    assert n == 1
+    temperature = float(_typed(body, "temperature", (int, float), 1.0, lambda v: 0 <= v <= 2, "0 to 2"))
+    top_p = float(_typed(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"))
+    top_k = _typed(body, "top_k", int, 0, lambda v: v >= 0, "a non-negative integer")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, (bool, int)) or (
+        isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs < 0
+    ):
+        raise BadRequest("logprobs: expected a boolean")
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise BadRequest("stop: expected a string or a list of strings")
+    flags = {
+        k: _typed(body, k, bool, False)
+        for k in (
+            "stream",
+            "echo",
+            "raw_output",
+            "return_token_ids",
+            "perf_metrics_in_response",
+            "include_routing_matrix",
+        )
+    }
+    iso = _typed(body, "prompt_cache_isolation_key", str)
+    return Inference(
+        chat=chat,
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        params=SamplingParams(temperature, top_p, top_k),
+        seed=_typed(body, "seed", int),
+        stream=flags["stream"],
+        logprobs=bool(logprobs) or flags["include_routing_matrix"],
+        echo=flags["echo"],
+        echo_last=_typed(body, "echo_last", int, None, lambda v: v >= 0, "a non-negative integer"),
+        raw_output=flags["raw_output"],
+        return_token_ids=flags["return_token_ids"],
+        perf_metrics=flags["perf_metrics_in_response"],
+        routing=flags["include_routing_matrix"],
+        stop=stop,
+        isolation=iso,
+        cache_max_len=_typed(body, "prompt_cache_max_len", int, None, lambda v: v >= 0, "a non-negative integer"),
+    )
+
+
+# --------------------------------------------------------------------------- one running request
+
+
+class Run:
+    """Turns a job's events into OpenAI-shaped chunks or a response body."""
+
+    def __init__(self, dep: Deployment, text: Text, req: Inference, headers: dict[str, str]):
+        self.dep, self.text, self.req = dep, text, req
+        self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        self.id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.t0 = time.monotonic()
+        self.ttft: float | None = None
+        self.cached = 0
+        self.replica = ""
+        self.tokens: list[Token] = []
+        self.text_so_far = ""
+        self.finish: str | None = None
+        self.version = ""
+        loop = asyncio.get_running_loop()
+        session = headers.get("x-multi-turn-session-id")
+        replica = dep.route(session, headers.get("x-session-affinity"))
+        self.version = replica.version
+        drain = headers.get("x-fireworks-hot-load-drain-timeout")
+        try:
+            drain_timeout = float(drain) if drain is not None else dep.settings.drain_timeout
+        except ValueError:
+            raise BadRequest("x-fireworks-hot-load-drain-timeout: expected seconds") from None
+        isolation = headers.get("x-prompt-cache-isolation-key") or req.isolation
+        seed = req.seed if req.seed is not None else (hash(self.id) & 0x7FFFFFFF)
+        self.job = Job(
+            prompt=np.array(req.prompt),
+            max_tokens=req.max_tokens,
+            params=req.params,
+            rng=np.random.default_rng(seed),
+            stop_ids=text.stop_ids,
+            session=session,
+            isolation=isolation,
+            want_prompt_entries=req.echo or req.echo_last is not None,
+            emit=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev),
+            drain_timeout=drain_timeout,
+            cache_max_len=req.cache_max_len,
+        )
+        self.replica_obj = replica
+        replica.submit(self.job)  # raises TooEarly while a SYNC swap is on
+
+    async def first(self) -> tuple[str, Any]:
+        """Wait for admission (or the error that replaces it)."""
+        ev = await self.queue.get()
+        if ev[0] == "start":
+            self.cached, self.replica = ev[1]["cached_tokens"], ev[1]["replica"]
+        return ev
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-request-id": self.request_id,
+            "fireworks-backend-host": self.replica,
+            "fireworks-cached-prompt-tokens": str(self.cached),
+            "fireworks-prompt-tokens": str(len(self.req.prompt)),
+            "fireworks-deployment": self.dep.settings.deployment,
+        }
+
+    def entry(self, token: int, logprob: float, sampling_logprob: float | None, routing: np.ndarray | None) -> dict:
+        e: dict[str, Any] = {"token": self.text.piece(token), "logprob": logprob, "token_id": token}
+        e["sampling_logprob"] = sampling_logprob
+        e["top_logprobs"] = []
+        if self.req.routing and routing is not None:
+            e["routing_matrix"] = base64.b64encode(np.ascontiguousarray(routing, dtype=np.uint8).tobytes()).decode()
+        return e
+
+    def prompt_part(self, logprobs: np.ndarray, routing: np.ndarray) -> tuple[list[int], list[dict]]:
+        p = self.req.prompt
+        start = 0 if self.req.echo else max(0, len(p) - (self.req.echo_last or 0))
+        ids = p[start:]
+        entries = [self.entry(p[i], float(logprobs[i]), None, routing[i]) for i in range(start, len(p))]
+        return ids, entries
+
+    def choice(self, text: str, entries: list[dict] | None, finish: str | None) -> dict:
+        c: dict[str, Any] = {"index": 0}
+        if self.req.chat:
+            c["delta" if self.req.stream else "message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        c["logprobs"] = {"content": entries} if self.req.logprobs and entries is not None else None
+        c["finish_reason"] = finish
+        return c
+
+    def chunk(self, choice: dict, version: str, **extra) -> bytes:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.req.chat else "text_completion",
+                "created": self.created, "model": f"{self.req.model}@{version}", "choices": [choice], **extra}  # fmt: skip
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    def completion_ids(self, prompt_ids: list[int]) -> list[int]:
+        return prompt_ids + [t.id for t in self.tokens]
+
+    def usage(self) -> dict:
+        n = len(self.tokens)
+        p = len(self.req.prompt)
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": n,
+            "total_tokens": p + n,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+    def perf(self) -> dict:
+        return {
+            "prompt-tokens": len(self.req.prompt),
+            "cached-prompt-tokens": self.cached,
+            "server-time-to-first-token": round(self.ttft if self.ttft is not None else time.monotonic() - self.t0, 6),
+            "server-processing-time": round(time.monotonic() - self.t0, 6),
+            "backend-host": self.replica,
+        }
+
+    def final_extra(self, prompt_ids: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.req.raw_output:
+            out["raw_output"] = {
+                "prompt_token_ids": self.req.prompt,
+                "completion_token_ids": self.completion_ids(prompt_ids),
+                "completion": self.text_so_far,
+            }
+        if self.req.return_token_ids:
+            out["prompt_token_ids"] = self.req.prompt
+            out["token_ids"] = [t.id for t in self.tokens]
+        return out
+
+    def _stop_hit(self) -> bool:
+        for s in self.req.stop:
+            at = self.text_so_far.find(s)
+            if at >= 0:
+                self.text_so_far = self.text_so_far[:at]
+                return True
+        return False
+
+    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if ev[0] in ("end", "error"):
+                return
+
+    def take(self, tok: Token) -> str:
+        """Record a token; returns the new text it adds (stop strings cut it short)."""
+        if self.ttft is None:
+            self.ttft = time.monotonic() - self.t0
+        self.tokens.append(tok)
+        self.version = tok.version
+        if tok.id in self.text.stop_ids:
+            return ""
+        before = self.text_so_far
+        self.text_so_far = self.text.decode([t.id for t in self.tokens if t.id not in self.text.stop_ids])
+        if self._stop_hit():
+            self.finish = "stop"
+        return self.text_so_far[len(before) :] if self.text_so_far.startswith(before) else ""
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        prompt_ids: list[int] = []
+        try:
+            async for kind, value in self.events():
+                if kind == "prompt":
+                    prompt_ids, entries = self.prompt_part(*value)
+                    ptext = self.text.decode(prompt_ids) if not self.req.chat else ""
+                    yield self.chunk(self.choice(ptext, entries, None), self.version)
+                elif kind == "token":
+                    piece = self.take(value)
+                    entry = self.entry(value.id, value.logprob, value.sampling_logprob, value.routing)
+                    yield self.chunk(self.choice(piece, [entry], None), value.version)
+                    if self.finish:
+                        self.job.cancelled.set()
+                        break
+                elif kind == "end":
+                    self.finish = self.finish or value
+                elif kind == "error":
+                    status, message = value
+                    yield f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
+                    return
+            extra: dict[str, Any] = {"usage": self.usage()}
+            if self.req.perf_metrics:
+                extra["perf_metrics"] = self.perf()
+            final = self.choice("", [] if self.req.logprobs else None, self.finish or "stop") | self.final_extra(
+                prompt_ids
+            )
+            yield self.chunk(final, self.version, **extra)
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.job.cancelled.set()
+
+    async def body(self) -> dict:
+        prompt_ids: list[int] = []
+        entries: list[dict] = []
+        async for kind, value in self.events():
+            if kind == "prompt":
+                prompt_ids, pentries = self.prompt_part(*value)
+                entries += pentries
+            elif kind == "token":
+                self.take(value)
+                entries.append(self.entry(value.id, value.logprob, value.sampling_logprob, value.routing))
+                if self.finish:
+                    self.job.cancelled.set()
+                    break
+            elif kind == "end":
+                self.finish = self.finish or value
+            elif kind == "error":
+                raise BadRequest(value[1], status=value[0])
+        text = (self.text.decode(prompt_ids) if prompt_ids and not self.req.chat else "") + self.text_so_far
+        choice = self.choice(text, entries, self.finish or "stop") | self.final_extra(prompt_ids)
+        out = {"id": self.id, "object": "chat.completion" if self.req.chat else "text_completion", "created": self.created,
+               "model": f"{self.req.model}@{self.version}", "choices": [choice], "usage": self.usage()}  # fmt: skip
+        if self.req.perf_metrics:
+            out["perf_metrics"] = self.perf()
+        return out
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def create_app(dep: Deployment) -> Starlette:
+    s = dep.settings
+    base_dir = dep.full_dirs[s.base_identity]
+    text = Text(base_dir, dep.config)
+    vocab = dep.config["vocab_size"]
+    names = {s.model, s.deployment, f"{s.model}#{s.deployment}"}
+
+    def authorized(request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        return key == s.api_key
+
+    def auth_error() -> JSONResponse:
+        return error(401, "invalid or missing API key", "UNAUTHENTICATED")
+
+    async def json_body(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise BadRequest("the request body is not valid JSON") from None
+
+    def hot_load_headers(request: Request) -> JSONResponse | None:
+        if not authorized(request):
+            return auth_error()
+        if request.headers.get("fireworks-deployment") != s.deployment:
+            return error(404, f"fireworks-deployment must name {s.deployment}", "NOT_FOUND")
+        if request.headers.get("fireworks-model") not in (s.model, s.deployment):
+            return error(400, f"fireworks-model must name {s.model}", "INVALID_ARGUMENT")
+        return None
+
+    async def hot_load(request: Request) -> Response:
+        if (bad := hot_load_headers(request)) is not None:
+            return bad
+        if request.method == "GET":
+            return JSONResponse(dep.status())
+        try:
+            return JSONResponse(dep.hot_load(await json_body(request)))
+        except BadRequest as e:
+            return error(e.status, str(e))
+        except HotLoadError as e:
+            return error(e.status, e.message, **e.extra)
+
+    async def hint(request: Request) -> Response:
+        if (bad := hot_load_headers(request)) is not None:
+            return bad
+        try:
+            return JSONResponse(dep.hint(await json_body(request)))
+        except BadRequest as e:
+            return error(e.status, str(e))
+        except HotLoadError as e:
+            return error(e.status, e.message)
+
+    async def accounts(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        return JSONResponse({"accounts": [{"name": f"accounts/{s.account}", "displayName": s.account}], "totalSize": 1})
+
+    def _deployment_path_ok(request: Request) -> bool:
+        return request.path_params["account"] == s.account and request.path_params["deployment"] == s.deployment_id
+
+    async def deployment(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        if not _deployment_path_ok(request):
+            return error(404, "deployment not found", "NOT_FOUND")
+        return JSONResponse({
+            "name": s.deployment, "state": "READY", "baseModel": s.model, "enableHotLoad": True,
+            "hotLoadBucketType": "MINIO", "hotLoadBucketUrl": s.bucket.resolve().as_uri(),
+            "hotLoadTransitionType": s.transition, "minReplicaCount": s.replicas, "maxReplicaCount": s.replicas,
+        })  # fmt: skip
+
+    async def ledger(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        if not _deployment_path_ok(request):
+            return error(404, "deployment not found", "NOT_FOUND")
+        if request.method == "DELETE":
+            return JSONResponse(dep.reset_ledger())
+        return JSONResponse({"entries": dep.ledger})
+
+    def inference(chat: bool):
+        async def handler(request: Request) -> Response:
+            if not authorized(request):
+                return auth_error()
+            try:
+                req = parse_inference(await json_body(request), chat, text, vocab, s.max_context, names)
+                run = Run(dep, text, req, {k.lower(): v for k, v in request.headers.items()})
+            except BadRequest as e:
+                return error(e.status, str(e))
+            except TooEarly as e:
+                return error(425, str(e), "TOO_EARLY", headers={"Retry-After": "1"})
+            kind, value = await run.first()
+            if kind == "error":
+                status, message = value
+                return error(
+                    status,
+                    message,
+                    "TOO_EARLY" if status == 425 else "INTERNAL",
+                    headers={"Retry-After": "1"} if status == 425 else None,
+                )
+            if req.stream:
+                return StreamingResponse(run.stream(), media_type="text/event-stream", headers=run.headers())
+            try:
+                return JSONResponse(await run.body(), headers=run.headers())
+            except BadRequest as e:
+                return error(e.status, str(e))
+
+        return handler
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        return error(
+            exc.status_code, exc.detail or "not found", "NOT_FOUND" if exc.status_code == 404 else "INVALID_ARGUMENT"
+        )
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        return error(500, f"internal error: {type(exc).__name__}", "INTERNAL")
+
+    routes = [
+        Route("/hot_load/v1/models/hot_load", hot_load, methods=["GET", "POST"]),
+        Route("/hot_load/v1/models/hot_load/hint", hint, methods=["POST"]),
+        Route("/v1/accounts", accounts, methods=["GET"]),
+        Route("/v1/accounts/{account}/deployments/{deployment}", deployment, methods=["GET"]),
+        Route("/v1/accounts/{account}/deployments/{deployment}/ledger", ledger, methods=["GET", "DELETE"]),
+    ]
+    for prefix in ("/inference/v1", "/v1"):
+        routes += [
+            Route(f"{prefix}/completions", inference(False), methods=["POST"]),
+            Route(f"{prefix}/chat/completions", inference(True), methods=["POST"]),
+        ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crash})

@@ -1,0 +1,217 @@
+"""The deployment: replicas behind a session-affinity router, the bucket of snapshots, the
+ledger, and hot-load signals validated with the project's validator and loaded in the
+background on every replica."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from pytest_rlrollout import factory, refmodel
+from pytest_rlrollout.deployment.replica import PendingSwap, Replica
+from pytest_rlrollout.deployment.settings import Settings
+from pytest_rlrollout.engine import Lora, Model
+from pytest_rlrollout.validator import Context, _signal_findings, validate
+
+
+class HotLoadError(Exception):
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+RESET_POLICIES = {"all", "new_session", "none"}
+
+
+def reset_policy(value: object) -> str:
+    """reset_prompt_cache as the docs (strings) or the official SDK (booleans) send it."""
+    if value is None:
+        return "all"
+    if isinstance(value, bool):
+        return "all" if value else "none"
+    return str(value)
+
+
+class Deployment:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        bucket = settings.bucket
+        bucket.mkdir(parents=True, exist_ok=True)
+        base = bucket / settings.base_identity
+        if not base.exists():
+            refmodel.make_base(base)
+        self._workdir = Path(tempfile.mkdtemp(prefix="rlrollout-deployment-"))
+        self.full_dirs: dict[str, Path] = {settings.base_identity: base}
+        self.config = json.loads((base / "config.json").read_text())
+        model = Model.load(base)
+        self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
+        self.ledger: list[dict[str, Any]] = []
+        self.ledger_reset = False
+        self.loading: str | None = None
+        self._lock = threading.Lock()
+        self._round_robin = 0
+
+    # ----------------------------------------------------------------------- routing
+
+    def route(self, session: str | None, affinity: str | None) -> Replica:
+        """x-multi-turn-session-id decides, then x-session-affinity; otherwise the least loaded."""
+        key = session if session is not None else affinity
+        if key is not None:
+            return self.replicas[zlib.crc32(key.encode()) % len(self.replicas)]
+        with self._lock:
+            self._round_robin += 1
+            order = (
+                self.replicas[self._round_robin % len(self.replicas) :]
+                + self.replicas[: self._round_robin % len(self.replicas)]
+            )
+        return min(order, key=lambda r: r.load())
+
+    # ----------------------------------------------------------------------- hot-load
+
+    def status(self) -> dict[str, Any]:
+        return {"replicas": [r.status() for r in self.replicas]}
+
+    def hot_load(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise HotLoadError(400, "the request body must be a JSON object")
+        problems = _signal_findings(body)
+        from pytest_rlrollout.validator import identity_problem
+
+        why = identity_problem(body.get("identity"))
+        if why:
+            problems.insert(
+                0, _finding("SNAP-ID-1", f"identity {body.get('identity')!r} {why}; it must be one path segment")
+            )
+        if problems:
+            raise HotLoadError(
+                400, "; ".join(f.message for f in problems), clauses=sorted({f.clause for f in problems})
+            )
+        identity = body["identity"]
+        policy = reset_policy(body.get("reset_prompt_cache"))
+        meta = body.get("incremental_snapshot_metadata") or None
+        with self._lock:
+            if self.loading is not None:
+                raise HotLoadError(409, f"snapshot {self.loading} is still loading; signal again once it is ready")
+            if any(e["identity"] == identity for e in self.ledger):
+                raise HotLoadError(
+                    409, f"identity {identity} is already in the ledger; every snapshot needs a new identity"
+                )
+            path = self.settings.bucket / identity
+            if not path.is_dir():
+                raise HotLoadError(400, f"snapshot {identity} not found in the bucket")
+            parent = self.full_dirs.get(meta.get("previous_snapshot_identity")) if meta else None
+            ctx = Context(
+                base=self.full_dirs[self.settings.base_identity],
+                parent=parent,
+                signal=body,
+                served=tuple(r.identity for r in self.replicas),
+                ledger_reset=self.ledger_reset,
+                base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
+                hf_config=False,  # the deployment answers in milliseconds; transformers' import takes seconds
+            )
+            report = validate(path, context=ctx)
+            refused = [f for f in report.failures("MUST") if not self.settings.fault(f.clause)]
+            if refused:
+                raise HotLoadError(
+                    400, "; ".join(str(f) for f in refused[:8]), clauses=sorted({f.clause for f in refused})
+                )
+            kind = report.kind
+            if meta and parent is None:
+                raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
+            entry = {"identity": identity, "kind": kind, "signalled_at": time.time(), "replicas": {}, "error": None}
+            self.ledger.insert(0, entry)
+            self.loading = identity
+            if kind != "incremental":
+                self.ledger_reset = False
+        remaining = [len(self.replicas)]
+        for i, replica in enumerate(self.replicas):
+            threading.Thread(
+                target=self._load_on,
+                args=(replica, i, identity, path, kind, meta, policy, entry, remaining),
+                daemon=True,
+            ).start()
+        return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
+
+    def _load_on(
+        self, replica: Replica, i: int, identity: str, path: Path, kind: str, meta, policy, entry, remaining
+    ) -> None:
+        replica.set_loading("downloading", identity)
+        time.sleep(self.settings.load_delay + self.settings.stagger * i)
+        try:
+            replica.set_loading("loading", identity)
+            model, lora = None, None
+            if kind == "lora":
+                lora = Lora.load(path, identity)
+            elif kind == "incremental":
+                model = Model.load(self._materialize(identity, path, meta["previous_snapshot_identity"]))
+            else:
+                model = Model.load(path)
+                self.full_dirs[identity] = path
+        except Exception as e:  # the previous snapshot keeps serving; the status says why
+            replica.set_loading("error", identity, f"{type(e).__name__}: {e}")
+            entry["error"] = f"{replica.name}: {type(e).__name__}: {e}"
+            self._replica_finished(remaining)
+            return
+
+        def done() -> None:
+            entry["replicas"][replica.name] = time.time()
+            self._replica_finished(remaining)
+
+        replica.request_swap(PendingSwap(identity, model, lora, policy, done))
+
+    def _replica_finished(self, remaining: list[int]) -> None:
+        with self._lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                self.loading = None
+
+    def _materialize(self, identity: str, diff: Path, previous: str) -> Path:
+        """The full snapshot an ARC2 diff describes, built once and shared by the replicas."""
+        with self._lock:
+            if identity in self.full_dirs:
+                return self.full_dirs[identity]
+            out = factory.apply_incremental(self.full_dirs[previous], diff, self._workdir / identity)
+            self.full_dirs[identity] = out
+            return out
+
+    def reset_ledger(self) -> dict[str, Any]:
+        with self._lock:
+            forgotten = len(self.ledger)
+            self.ledger, self.ledger_reset = [], True
+        return {"forgotten": forgotten}
+
+    def hint(self, body: Any) -> dict[str, Any]:
+        if not (isinstance(body, dict) and isinstance(body.get("identity"), str) and isinstance(body.get("file"), str)):
+            raise HotLoadError(400, "a hint is {'identity': str, 'file': str}")
+        if set(body) - {"identity", "file"}:
+            raise HotLoadError(
+                400, f"Extra inputs are not permitted, field: '{sorted(set(body) - {'identity', 'file'})[0]}'"
+            )
+        from pytest_rlrollout.snapshot import SnapshotDir, UnsafePath
+
+        root = self.settings.bucket / body["identity"]
+        try:
+            known = root.is_dir() and SnapshotDir(root).has(body["file"])
+        except UnsafePath:
+            known = False
+        if not known:
+            raise HotLoadError(404, f"no file {body['file']!r} in snapshot {body['identity']!r}")
+        return {}
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _finding(clause: str, message: str):
+    from pytest_rlrollout.catalogue import catalogue
+    from pytest_rlrollout.validator import Finding
+
+    return Finding(clause, catalogue()[clause].level, "signal", message)

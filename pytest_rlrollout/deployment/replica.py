@@ -1,0 +1,293 @@
+"""A replica: its own weights, snapshot identity, loading state and prompt cache, and a worker
+thread that admits requests, prefills them (reusing cached prefixes), decodes every active
+request in one batched step per token, and swaps weights at a token boundary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_rlrollout.deployment.prompt_cache import Entry, PromptCache
+from pytest_rlrollout.deployment.settings import Settings
+from pytest_rlrollout.engine import Lora, Model, SamplingParams, Sequence_, log_softmax, sample
+
+
+class TooEarly(Exception):
+    """The replica is swapping weights (SYNC) or the request waited past its drain timeout."""
+
+
+@dataclass
+class Job:
+    prompt: np.ndarray
+    max_tokens: int
+    params: SamplingParams
+    rng: np.random.Generator
+    stop_ids: frozenset[int]
+    session: str | None
+    isolation: str | None
+    want_prompt_entries: bool  # echo / echo_last: report logprobs and routing of prompt tokens
+    emit: Callable[[tuple[str, Any]], None]  # thread-safe: hands events to the HTTP handler
+    drain_timeout: float
+    cache_max_len: int | None = None  # prompt_cache_max_len: reuse at most this many tokens
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # decoding state
+    seq: Sequence_ | None = None
+    tokens: list[int] = field(default_factory=list)
+    generated: int = 0
+    routing: list[np.ndarray] = field(default_factory=list)  # per fed position
+    token_logprobs: list[float] = field(default_factory=list)
+    boundary_logits: dict[int, np.ndarray] = field(default_factory=dict)
+    lora: Lora | None = None
+    served_by: str = ""  # the snapshot identity at admission
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    logprob: float
+    sampling_logprob: float
+    routing: np.ndarray  # [L, k]
+    version: str  # the policy identity that sampled it
+
+
+@dataclass
+class PendingSwap:
+    identity: str
+    model: Model | None  # None: an adapter load (base weights unchanged)
+    lora: Lora | None
+    reset_policy: str
+    on_done: Callable[[], None]
+
+
+class Replica:
+    def __init__(self, index: int, settings: Settings, model: Model, identity: str):
+        self.index, self.settings = index, settings
+        self.name = f"replica-{index}"
+        self.model, self.identity = model, identity
+        self.lora: Lora | None = None
+        self.adapters: dict[str, str] = {}  # adapter identity -> status
+        self.readiness = True
+        self.stage, self.target = "ready", identity
+        self.error: str | None = None
+        self.cache = PromptCache(settings.block_size, settings.cache_entries)
+        self.swapping = False  # inside the swap itself
+        self.draining = False  # SYNC: waiting for in-flight requests before the swap
+        self._pending: list[Job] = []
+        self._active: list[Job] = []
+        self._swap: PendingSwap | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------- outside interface
+
+    @property
+    def version(self) -> str:
+        """The policy version streamed as `model@version`: the active adapter, else the snapshot."""
+        return self.lora.identity if self.lora is not None else self.identity
+
+    def load(self) -> int:
+        with self._cond:
+            return len(self._pending) + len(self._active)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self.settings.transition == "SYNC" and (self.draining or self.swapping):
+                raise TooEarly(f"{self.name} is swapping to {self.target}; retry with the same session key")
+            self._pending.append(job)
+            self._cond.notify_all()
+
+    def request_swap(self, swap: PendingSwap) -> None:
+        with self._cond:
+            self._swap = swap
+            self._cond.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            out: dict[str, Any] = {
+                "name": self.name,
+                "readiness": self.readiness,
+                "current_snapshot_identity": self.identity,
+                "loading_state": {"stage": self.stage, "target_snapshot_identity": self.target},
+                "loaded_adapters": [{"identity": k, "status": v} for k, v in self.adapters.items()],
+            }
+            if self.error:
+                out["loading_state"]["error"] = self.error
+            return out
+
+    def set_loading(self, stage: str, target: str, error: str | None = None) -> None:
+        with self._cond:
+            self.stage, self.target, self.error = stage, target, error
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    # ----------------------------------------------------------------------- the worker
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._pending or self._active or self._swap):
+                    self._cond.wait()
+                if self._stop:
+                    for job in self._pending + self._active:
+                        job.emit(("error", (503, "the deployment is shutting down")))
+                    return
+                if self._swap is not None:
+                    if self.settings.transition == "ASYNC" or not self._active:
+                        swap = self._swap
+                        self._swap = None
+                    else:
+                        self.draining, swap = True, None  # SYNC: let in-flight requests finish first
+                else:
+                    swap = None
+                admitted = []
+                if swap is None and not self.draining:
+                    admitted, self._pending = self._pending, []
+                active = list(self._active)
+            if swap is not None:
+                self._do_swap(swap)
+                continue
+            try:
+                self._step(admitted, active)
+            except Exception as e:  # a bug must end the requests, not the replica
+                for job in admitted + active:
+                    job.emit(("error", (500, f"{type(e).__name__}: {e}")))
+                with self._cond:
+                    self._active = [j for j in self._active if j not in active]
+            if self.settings.token_delay:
+                time.sleep(self.settings.token_delay)
+
+    def _do_swap(self, swap: PendingSwap) -> None:
+        with self._cond:
+            self.swapping, self.readiness = True, False
+        deadline = time.monotonic() + self.settings.swap_delay
+        while True:  # the pause is observable: queued requests past their drain timeout get 425
+            self._expire_pending()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with self._cond:
+                self._cond.wait(timeout=min(left, 0.01))
+        with self._cond:
+            if swap.model is not None:
+                self.model, self.identity, self.lora = swap.model, swap.identity, None
+            else:
+                self.lora = swap.lora
+                self.adapters[swap.identity] = "loaded"
+            self.cache.on_swap(swap.reset_policy)
+            self.stage, self.target, self.error = "ready", swap.identity, None
+            self.swapping, self.draining, self.readiness = False, False, True
+            self._cond.notify_all()
+        swap.on_done()
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            late = [j for j in self._pending if now - j.arrived > j.drain_timeout]
+            self._pending = [j for j in self._pending if j not in late]
+        for job in late:
+            job.emit(("error", (425, "waited longer than the hot-load drain timeout")))
+
+    def _step(self, admitted: list[Job], active: list[Job]) -> None:
+        model, lora, version = self.model, self.lora, self.version
+        feeds: list[tuple[Job, list[int]]] = []
+        for job in admitted:
+            if job.cancelled.is_set():
+                continue
+            job.lora = lora
+            hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
+            cached = hit.length if hit else 0
+            if hit:
+                job.seq = model.clone_sequence(hit.entry.seq, cached)
+                job.routing = list(hit.entry.routing[:cached])
+                job.token_logprobs = list(hit.entry.token_logprobs[:cached])
+                job.boundary_logits = {b: v for b, v in hit.entry.boundary_logits.items() if b <= cached}
+                job.token_logprobs.append(float(log_softmax(hit.entry.boundary_logits[cached])[job.prompt[cached]]))
+            else:
+                job.seq = Sequence_()
+                job.token_logprobs = [0.0]  # the first token has no context
+            job.tokens = [int(t) for t in job.prompt]
+            job.served_by = self.identity
+            feeds.append((job, job.tokens[cached:]))
+            job.emit(("start", {"cached_tokens": cached, "replica": self.name}))
+        for job in active:
+            if not job.cancelled.is_set():
+                feeds.append((job, [job.tokens[-1]]))
+        if not feeds:
+            with self._cond:
+                self._active = [j for j in self._active if not j.cancelled.is_set()]
+            return
+        # requests with different adapters cannot share a batch
+        groups: dict[int, list[tuple[Job, list[int]]]] = {}
+        for f in feeds:
+            groups.setdefault(id(f[0].lora), []).append(f)
+        finished: list[Job] = []
+        for group in groups.values():
+            jobs = [j for j, _ in group]
+            outs = model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
+            for (job, fed), out in zip(group, outs, strict=True):
+                start = len(job.tokens) - len(fed)
+                lp = log_softmax(out.logits)
+                for i in range(len(fed)):
+                    job.routing.append(out.routing[i])
+                    pos = start + i  # the position whose logits these are predicts position pos + 1
+                    if (pos + 1) % self.settings.block_size == 0:
+                        job.boundary_logits[pos + 1] = out.logits[i]
+                    if pos + 1 < len(job.prompt):
+                        job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
+                if job.generated == 0 and job.want_prompt_entries:
+                    job.emit(
+                        (
+                            "prompt",
+                            (np.array(job.token_logprobs[: len(job.prompt)]), np.array(job.routing[: len(job.prompt)])),
+                        )
+                    )
+                if job.max_tokens == 0:
+                    finished.append(job)
+                    job.emit(("end", "length"))
+                    continue
+                token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
+                job.generated += 1
+                job.tokens.append(token)
+                job.token_logprobs.append(logprob)
+                job.emit(("token", Token(token, logprob, sampling_logprob, out.routing[-1], version)))
+                if token in job.stop_ids:
+                    finished.append(job)
+                    job.emit(("end", "stop"))
+                elif job.generated >= job.max_tokens:
+                    finished.append(job)
+                    job.emit(("end", "length"))
+        with self._cond:
+            keep = [j for j in self._active if j not in finished and not j.cancelled.is_set()]
+            keep += [j for j in admitted if j not in finished and not j.cancelled.is_set()]
+            self._active = keep
+        for job in finished:
+            self._remember(job)
+
+    def _remember(self, job: Job) -> None:
+        """Cache the computed positions (prompt and generated, minus the last unfed token)."""
+        if job.seq is None or job.lora is not self.lora or job.served_by != self.identity:
+            return  # a request that spanned a swap holds KV of two snapshots
+        n = job.seq.length
+        self.cache.store(
+            Entry(
+                tokens=np.array(job.tokens[:n]),
+                seq=self.model.clone_sequence(job.seq, n),
+                routing=np.array(job.routing[:n]),
+                token_logprobs=np.array(job.token_logprobs[:n]),
+                boundary_logits=dict(job.boundary_logits),
+                isolation=job.isolation,
+                session=job.session,
+            )
+        )

@@ -1,0 +1,76 @@
+"""The numpy engine against transformers: logits within 1e-4 in fp32 and identical routing."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from pytest_rlrollout import factory  # noqa: E402
+from pytest_rlrollout.engine import Lora, Model, Sequence_  # noqa: E402
+
+PROMPT = [5, 17, 300, 42, 7, 99, 1, 250, 3, 3, 3, 100, 64, 65, 66, 200]
+
+
+def ours(snapshot, lora=None):
+    out = Model.load(snapshot).step([Sequence_()], [PROMPT], lora)[0]
+    return out.logits, out.routing
+
+
+def theirs(model):
+    with torch.no_grad():
+        o = model(torch.tensor([PROMPT]), output_router_logits=True)
+    routing = np.stack([torch.topk(torch.softmax(r, -1), 2).indices.numpy() for r in o.router_logits], axis=1)
+    return o.logits[0].numpy(), routing
+
+
+def check(a, b):
+    assert np.abs(a[0] - b[0]).max() <= 1e-4
+    assert np.array_equal(a[1], b[1])
+
+
+def test_base(base_snapshot):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_snapshot, dtype=torch.float32).eval()
+    check(ours(base_snapshot), theirs(hf))
+
+
+def test_after_an_incremental_delta(base_snapshot, tmp_path):
+    target = factory.derive(base_snapshot, tmp_path / "step-1", factory.perturbed(base_snapshot, seed=3, scale=0.2))
+    factory.make_incremental(base_snapshot, target, tmp_path / "diff")
+    applied = factory.apply_incremental(base_snapshot, tmp_path / "diff", tmp_path / "applied")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    check(ours(applied), theirs(hf))
+    assert not np.array_equal(ours(applied)[0], ours(base_snapshot)[0])
+
+
+def test_with_a_peft_lora_adapter(base_snapshot, tmp_path):
+    peft = pytest.importorskip("peft")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_snapshot, dtype=torch.float32)
+    model = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    model.eval()
+    model.save_pretrained(tmp_path / "adapter")
+    lora = Lora.load(tmp_path / "adapter", "lora-1")
+    check(ours(base_snapshot, lora), theirs(model))
+    assert np.abs(ours(base_snapshot, lora)[0] - ours(base_snapshot)[0]).max() > 1e-2
+
+
+def test_batch_composition_does_not_change_greedy_tokens_or_routing(base_snapshot):
+    m = Model.load(base_snapshot)
+    alone = Sequence_()
+    solo = [m.step([alone], [PROMPT])[0]]
+    for _ in range(12):
+        solo.append(m.step([alone], [[int(np.argmax(solo[-1].logits[-1]))]])[0])
+    crowd = [Sequence_() for _ in range(7)]
+    prompts = [PROMPT, *[[(7 * i + j) % 400 for j in range(5 + 3 * i)] for i in range(6)]]
+    outs = m.step(crowd, prompts)
+    mine = [outs[0]]
+    for _ in range(12):
+        outs = m.step(crowd, [[int(np.argmax(o.logits[-1]))] for o in outs])
+        mine.append(outs[0])
+    assert [int(np.argmax(o.logits[-1])) for o in solo] == [int(np.argmax(o.logits[-1])) for o in mine]
+    assert all(np.array_equal(a.routing[-1], b.routing[-1]) for a, b in zip(solo, mine, strict=True))
+    assert max(np.abs(a.logits[-1] - b.logits[-1]).max() for a, b in zip(solo, mine, strict=True)) < 1e-4

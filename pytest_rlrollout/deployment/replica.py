@@ -21,7 +21,7 @@ class TooEarly(Exception):
     """The replica is swapping weights (SYNC) or the request waited past its drain timeout."""
 
 
-@dataclass
+@dataclass(eq=False)  # a job is its own identity; field-wise equality would compare arrays
 class Job:
     prompt: np.ndarray
     max_tokens: int
@@ -149,6 +149,7 @@ class Replica:
                         self._swap = None
                     else:
                         self.draining, swap = True, None  # SYNC: let in-flight requests finish first
+                        self.stage = "swapping"
                 else:
                     swap = None
                 admitted = []
@@ -170,7 +171,7 @@ class Replica:
 
     def _do_swap(self, swap: PendingSwap) -> None:
         with self._cond:
-            self.swapping, self.readiness = True, False
+            self.swapping, self.readiness, self.stage = True, False, "swapping"
         deadline = time.monotonic() + self.settings.swap_delay
         while True:  # the pause is observable: queued requests past their drain timeout get 425
             self._expire_pending()

@@ -1,6 +1,7 @@
 """Weight swaps under load: ASYNC pauses and resumes streams, SYNC drains and answers 425."""
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -28,7 +29,7 @@ def versions(chunks):
 
 
 def changes(seq):
-    return sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
+    return sum(1 for a, b in itertools.pairwise(seq) if a != b)
 
 
 def poll(predicate, timeout=10.0):
@@ -136,7 +137,6 @@ def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, b
 
 def test_sync_swap_every_425_is_followed_by_a_success_on_retry(start, bucket):
     dep = start(transition="SYNC", token_delay=0.01, swap_delay=0.2)
-    c = Client(dep)
     factory.derive(bucket / BASE, bucket / "step-1", factory.perturbed(bucket / BASE, seed=1))
     outcomes: list[tuple[int, str]] = []
 

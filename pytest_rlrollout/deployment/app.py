@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_rlrollout.deployment.controller import Deployment, HotLoadError
-from pytest_rlrollout.deployment.replica import Job, Token, TooEarly
+from pytest_rlrollout.deployment.replica import Job, Token, TooEarly, Unavailable
 from pytest_rlrollout.deployment.text import Text
 from pytest_rlrollout.engine import SamplingParams
 
@@ -169,6 +169,7 @@ class Run:
 
     def __init__(self, dep: Deployment, text: Text, req: Inference, headers: dict[str, str]):
         self.dep, self.text, self.req = dep, text, req
+        self.f = dep.settings.fault
         self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
         self.id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -184,7 +185,7 @@ class Run:
         loop = asyncio.get_running_loop()
         session = headers.get("x-multi-turn-session-id")
         replica = dep.route(session, headers.get("x-session-affinity"))
-        self.version = replica.version
+        self.version = self.admitted_version = replica.version
         drain = headers.get("x-fireworks-hot-load-drain-timeout")
         try:
             drain_timeout = float(drain) if drain is not None else dep.settings.drain_timeout
@@ -219,24 +220,54 @@ class Run:
         return {
             "x-request-id": self.request_id,
             "fireworks-backend-host": self.replica,
-            "fireworks-cached-prompt-tokens": str(self.cached),
+            "fireworks-cached-prompt-tokens": str(
+                self.cached + (self.dep.settings.block_size if self.f("CACHE-RPT-1") else 0)
+            ),
             "fireworks-prompt-tokens": str(len(self.req.prompt)),
             "fireworks-deployment": self.dep.settings.deployment,
         }
 
-    def entry(self, token: int, logprob: float, sampling_logprob: float | None, routing: np.ndarray | None) -> dict:
-        e: dict[str, Any] = {"token": self.text.piece(token), "logprob": logprob, "token_id": token}
-        e["sampling_logprob"] = sampling_logprob
+    def entry(
+        self,
+        token: int,
+        logprob: float,
+        sampling_logprob: float | None,
+        routing: np.ndarray | None,
+        prompt: bool = False,
+    ) -> dict:
+        f = self.f
+        e: dict[str, Any] = {
+            "token": self.text.piece(token),
+            "logprob": -logprob if f("INF-LOGPROBS-1") and not prompt else logprob,
+            "token_id": token,
+        }
+        if not f("INF-LOGPROBS-1a"):
+            e["sampling_logprob"] = sampling_logprob
         e["top_logprobs"] = []
-        if self.req.routing and routing is not None:
-            e["routing_matrix"] = base64.b64encode(np.ascontiguousarray(routing, dtype=np.uint8).tobytes()).decode()
+        if self.req.routing and routing is not None and not self._routing_dropped(prompt):
+            m = np.array(routing, dtype=np.uint8)
+            if f("R3-RANGE-1"):
+                m.reshape(-1)[-1] = self.dep.replicas[0].model.experts
+            if f("R3-DET-1"):
+                m = np.random.default_rng().permuted(m, axis=-1)
+            raw = np.ascontiguousarray(m).tobytes()
+            e["routing_matrix"] = base64.b64encode(raw[:-1] if f("R3-SHAPE-1") else raw).decode()
         return e
+
+    def _routing_dropped(self, prompt: bool) -> bool:
+        f = self.f
+        if (self.req.chat and f("R3-CHAT-1")) or (not self.req.chat and not self.req.stream and f("R3-COMP-1")):
+            return True
+        if prompt and f("R3-ECHO-1") and self.req.echo:
+            return True
+        self._streamed = getattr(self, "_streamed", 0) + (0 if prompt else 1)
+        return not prompt and self.req.stream and f("R3-STREAM-1") and self._streamed % 2 == 0
 
     def prompt_part(self, logprobs: np.ndarray, routing: np.ndarray) -> tuple[list[int], list[dict]]:
         p = self.req.prompt
-        start = 0 if self.req.echo else max(0, len(p) - (self.req.echo_last or 0))
+        start = 0 if self.req.echo or self.f("R3-ECHOLAST-1") else max(0, len(p) - (self.req.echo_last or 0))
         ids = p[start:]
-        entries = [self.entry(p[i], float(logprobs[i]), None, routing[i]) for i in range(start, len(p))]
+        entries = [self.entry(p[i], float(logprobs[i]), None, routing[i], prompt=True) for i in range(start, len(p))]
         return ids, entries
 
     def choice(self, text: str, entries: list[dict] | None, finish: str | None) -> dict:
@@ -249,16 +280,23 @@ class Run:
         c["finish_reason"] = finish
         return c
 
+    def model_name(self, version: str) -> str:
+        if (self.req.stream and self.f("VER-STREAM-1") and version != self.admitted_version) or (
+            not self.req.stream and self.f("VER-NONSTREAM-1")
+        ):
+            return self.req.model
+        return f"{self.req.model}@{version}"
+
     def chunk(self, choice: dict, version: str, **extra) -> bytes:
         body = {"id": self.id, "object": "chat.completion.chunk" if self.req.chat else "text_completion",
-                "created": self.created, "model": f"{self.req.model}@{version}", "choices": [choice], **extra}  # fmt: skip
+                "created": self.created, "model": self.model_name(version), "choices": [choice], **extra}  # fmt: skip
         return f"data: {json.dumps(body)}\n\n".encode()
 
     def completion_ids(self, prompt_ids: list[int]) -> list[int]:
         return prompt_ids + [t.id for t in self.tokens]
 
     def usage(self) -> dict:
-        n = len(self.tokens)
+        n = len(self.tokens) + (1 if self.f("INF-USAGE-1") else 0)
         p = len(self.req.prompt)
         return {
             "prompt_tokens": p,
@@ -281,10 +319,10 @@ class Run:
         if self.req.raw_output:
             out["raw_output"] = {
                 "prompt_token_ids": self.req.prompt,
-                "completion_token_ids": self.completion_ids(prompt_ids),
+                "completion_token_ids": self.completion_ids([] if self.f("INF-RAW-1") else prompt_ids),
                 "completion": self.text_so_far,
             }
-        if self.req.return_token_ids:
+        if self.req.return_token_ids and not self.f("INF-TOKENIDS-1"):
             out["prompt_token_ids"] = self.req.prompt
             out["token_ids"] = [t.id for t in self.tokens]
         return out
@@ -335,17 +373,22 @@ class Run:
                         break
                 elif kind == "end":
                     self.finish = self.finish or value
+                elif kind == "abort":  # SWAP-ASYNC-1 fault: the stream is cut at the swap
+                    yield self.chunk(self.choice("", None, "abort"), self.version)
+                    return
                 elif kind == "error":
                     status, message = value
                     yield f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
                     return
             extra: dict[str, Any] = {"usage": self.usage()}
-            if self.req.perf_metrics:
+            if self.req.perf_metrics and not self.f("INF-PERF-1"):
                 extra["perf_metrics"] = self.perf()
             final = self.choice("", [] if self.req.logprobs else None, self.finish or "stop") | self.final_extra(
                 prompt_ids
             )
             yield self.chunk(final, self.version, **extra)
+            if self.f("INF-SSE-1"):
+                yield self.chunk(self.choice("", None, None), self.version, usage=None)
             yield b"data: [DONE]\n\n"
         finally:
             self.job.cancelled.set()
@@ -367,11 +410,14 @@ class Run:
                 self.finish = self.finish or value
             elif kind == "error":
                 raise BadRequest(value[1], status=value[0])
+            elif kind == "abort":
+                self.finish = "abort"
+                break
         text = (self.text.decode(prompt_ids) if prompt_ids and not self.req.chat else "") + self.text_so_far
         choice = self.choice(text, entries, self.finish or "stop") | self.final_extra(prompt_ids)
         out = {"id": self.id, "object": "chat.completion" if self.req.chat else "text_completion", "created": self.created,
-               "model": f"{self.req.model}@{self.version}", "choices": [choice], "usage": self.usage()}  # fmt: skip
-        if self.req.perf_metrics:
+               "model": self.model_name(self.version), "choices": [choice], "usage": self.usage()}  # fmt: skip
+        if self.req.perf_metrics and not self.f("INF-PERF-1"):
             out["perf_metrics"] = self.perf()
         return out
 
@@ -402,7 +448,7 @@ def create_app(dep: Deployment) -> Starlette:
             raise BadRequest("the request body is not valid JSON") from None
 
     def hot_load_headers(request: Request) -> JSONResponse | None:
-        if not authorized(request):
+        if not authorized(request) and not s.fault("HL-AUTH-1"):
             return auth_error()
         if request.headers.get("fireworks-deployment") != s.deployment:
             return error(404, f"fireworks-deployment must name {s.deployment}", "NOT_FOUND")
@@ -416,7 +462,8 @@ def create_app(dep: Deployment) -> Starlette:
         if request.method == "GET":
             return JSONResponse(dep.status())
         try:
-            return JSONResponse(dep.hot_load(await json_body(request)))
+            answer = dep.hot_load(await json_body(request))
+            return Response(b"", 200) if s.fault("HL-POST-1") else JSONResponse(answer)
         except BadRequest as e:
             return error(e.status, str(e))
         except HotLoadError as e:
@@ -457,6 +504,8 @@ def create_app(dep: Deployment) -> Starlette:
         if not _deployment_path_ok(request):
             return error(404, "deployment not found", "NOT_FOUND")
         if request.method == "DELETE":
+            if s.fault("HL-LEDGER-1"):
+                return error(405, "method not allowed", "UNIMPLEMENTED")
             return JSONResponse(dep.reset_ledger())
         return JSONResponse({"entries": dep.ledger})
 
@@ -468,7 +517,11 @@ def create_app(dep: Deployment) -> Starlette:
                 req = parse_inference(await json_body(request), chat, text, vocab, s.max_context, names)
                 run = Run(dep, text, req, {k.lower(): v for k, v in request.headers.items()})
             except BadRequest as e:
+                if s.fault("INF-ERR-1") and "not valid JSON" in str(e):
+                    return error(500, "internal error", "INTERNAL")
                 return error(e.status, str(e))
+            except Unavailable as e:
+                return error(503, str(e), "UNAVAILABLE")
             except TooEarly as e:
                 return error(425, str(e), "TOO_EARLY", headers={"Retry-After": "1"})
             kind, value = await run.first()

@@ -17,7 +17,7 @@ from pytest_rlrollout import factory, refmodel
 from pytest_rlrollout.deployment.replica import PendingSwap, Replica
 from pytest_rlrollout.deployment.settings import Settings
 from pytest_rlrollout.engine import Lora, Model
-from pytest_rlrollout.validator import Context, _signal_findings, validate
+from pytest_rlrollout.validator import Context, _signal_findings, identity_problem, validate
 
 
 class HotLoadError(Exception):
@@ -61,7 +61,12 @@ class Deployment:
 
     def route(self, session: str | None, affinity: str | None) -> Replica:
         """x-multi-turn-session-id decides, then x-session-affinity; otherwise the least loaded."""
-        key = session if session is not None else affinity
+        f = self.settings.fault
+        if f("SESS-1"):
+            session = None
+        if f("SESS-3") and session is None:
+            affinity = None
+        key = affinity if f("SESS-2") and affinity is not None else session if session is not None else affinity
         if key is not None:
             return self.replicas[zlib.crc32(key.encode()) % len(self.replicas)]
         with self._lock:
@@ -75,22 +80,36 @@ class Deployment:
     # ----------------------------------------------------------------------- hot-load
 
     def status(self) -> dict[str, Any]:
-        return {"replicas": [r.status() for r in self.replicas]}
+        replicas = [r.status() for r in self.replicas]
+        if self.settings.fault("HL-GET-1a"):
+            for r in replicas:
+                r["loading_state"] = None
+        return {"status": replicas} if self.settings.fault("HL-GET-1") else {"replicas": replicas}
 
     def hot_load(self, body: Any) -> dict[str, Any]:
+        f = self.settings.fault
         if not isinstance(body, dict):
             raise HotLoadError(400, "the request body must be a JSON object")
-        problems = _signal_findings(body)
-        from pytest_rlrollout.validator import identity_problem
-
+        if isinstance(body.get("reset_prompt_cache"), bool) and f("HL-POST-3a"):
+            raise HotLoadError(400, "reset_prompt_cache: Input should be a valid string")
+        problems = [p for p in _signal_findings(body) if not f(p.clause) or p.clause == "HL-POST-2"]
+        if f("HL-POST-2"):
+            problems = [p for p in problems if p.clause != "HL-POST-2" or "Extra inputs" not in p.message]
+        if f("HL-POST-2a"):
+            problems = [
+                _finding(p.clause, p.message.replace("Extra inputs are not permitted, field:", "unknown field:"))
+                for p in problems
+            ]
         why = identity_problem(body.get("identity"))
-        if why:
+        if why and f("HL-POST-4"):
+            raise HotLoadError(500, f"internal error resolving identity {body.get('identity')!r}")
+        if why and not (f("SNAP-ID-1") and "'/'" in why):
             problems.insert(
                 0, _finding("SNAP-ID-1", f"identity {body.get('identity')!r} {why}; it must be one path segment")
             )
         if problems:
             raise HotLoadError(
-                400, "; ".join(f.message for f in problems), clauses=sorted({f.clause for f in problems})
+                400, "; ".join(p.message for p in problems), clauses=sorted({p.clause for p in problems})
             )
         identity = body["identity"]
         policy = reset_policy(body.get("reset_prompt_cache"))
@@ -106,45 +125,55 @@ class Deployment:
             if not path.is_dir():
                 raise HotLoadError(400, f"snapshot {identity} not found in the bucket")
             parent = self.full_dirs.get(meta.get("previous_snapshot_identity")) if meta else None
+            if meta and f("SNAP-INC-5"):  # the bug: apply the diff onto whatever is served
+                meta = {**meta, "previous_snapshot_identity": self.replicas[0].identity}
+                parent = self.full_dirs.get(self.replicas[0].identity)
             ctx = Context(
                 base=self.full_dirs[self.settings.base_identity],
                 parent=parent,
-                signal=body,
+                signal={k: v for k, v in body.items() if k != "validation"} if f("HL-CONFIG-2") else body,
+                identity=identity,
                 served=tuple(r.identity for r in self.replicas),
                 ledger_reset=self.ledger_reset,
                 base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
                 hf_config=False,  # the deployment answers in milliseconds; transformers' import takes seconds
             )
             report = validate(path, context=ctx)
-            refused = [f for f in report.failures("MUST") if not self.settings.fault(f.clause)]
-            if refused:
+            refused = [x for x in report.failures("MUST") if not f(x.clause)]
+            if f("HL-CONFIG-1"):
+                refused = [
+                    _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
+                    for x in refused
+                ]
+            deferred = refused if f("HL-POST-5a") else []
+            if refused and not (f("HL-POST-5") or f("HL-POST-5a")):
                 raise HotLoadError(
-                    400, "; ".join(str(f) for f in refused[:8]), clauses=sorted({f.clause for f in refused})
+                    400, "; ".join(str(x) for x in refused[:8]), clauses=sorted({x.clause for x in refused})
                 )
             kind = report.kind
-            if meta and parent is None:
+            if meta and parent is None and not f("HL-POST-5"):
                 raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
             entry = {"identity": identity, "kind": kind, "signalled_at": time.time(), "replicas": {}, "error": None}
             self.ledger.insert(0, entry)
             self.loading = identity
             if kind != "incremental":
                 self.ledger_reset = False
-        remaining = [len(self.replicas)]
-        for i, replica in enumerate(self.replicas):
-            threading.Thread(
-                target=self._load_on,
-                args=(replica, i, identity, path, kind, meta, policy, entry, remaining),
-                daemon=True,
-            ).start()
+        targets = self.replicas[:1] if f("HL-GET-2") else self.replicas
+        remaining = [len(targets)]
+        for i, replica in enumerate(targets):
+            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, deferred)
+            threading.Thread(target=self._load_on, args=args, daemon=True).start()
         return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
 
     def _load_on(
-        self, replica: Replica, i: int, identity: str, path: Path, kind: str, meta, policy, entry, remaining
+        self, replica: Replica, i, identity, path: Path, kind, meta, policy, entry, remaining, deferred
     ) -> None:
         replica.set_loading("downloading", identity)
         time.sleep(self.settings.load_delay + self.settings.stagger * i)
         try:
             replica.set_loading("loading", identity)
+            if deferred:  # HL-POST-5a fault: what POST should have refused fails now
+                raise ValueError("; ".join(str(x) for x in deferred[:4]))
             model, lora = None, None
             if kind == "lora":
                 lora = Lora.load(path, identity)
@@ -154,7 +183,8 @@ class Deployment:
                 model = Model.load(path)
                 self.full_dirs[identity] = path
         except Exception as e:  # the previous snapshot keeps serving; the status says why
-            replica.set_loading("error", identity, f"{type(e).__name__}: {e}")
+            stage = "loading" if self.settings.fault("HL-GET-3") else "error"
+            replica.set_loading(stage, identity, f"{type(e).__name__}: {e}")
             entry["error"] = f"{replica.name}: {type(e).__name__}: {e}"
             self._replica_finished(remaining)
             return
@@ -202,6 +232,8 @@ class Deployment:
             known = False
         if not known:
             raise HotLoadError(404, f"no file {body['file']!r} in snapshot {body['identity']!r}")
+        if self.settings.fault("HL-HINT-1") and self.loading is None and body["identity"] not in self.full_dirs:
+            self.hot_load({"identity": body["identity"]})
         return {}
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ class Entry:
     isolation: str | None
     session: str | None
     restricted: bool = False  # after a 'new_session' swap: only `session` may reuse it
+    shunned: bool = False  # fault switches only: every session but `session` may reuse it
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class Hit:
 
 
 class PromptCache:
-    def __init__(self, block: int, capacity: int):
-        self.block, self.capacity = block, capacity
+    def __init__(self, block: int, capacity: int, faults: frozenset[str] = frozenset()):
+        self.block, self.capacity, self.faults = block, capacity, faults
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
@@ -50,7 +51,12 @@ class PromptCache:
         best: tuple[int, int] | None = None
         with self._lock:
             for key, e in self._entries.items():
-                if e.isolation != isolation or (e.restricted and (session is None or e.session != session)):
+                if e.isolation != isolation and "CACHE-ISO-1" not in self.faults:
+                    continue
+                shared_none = "CACHE-NOSESSION-1" in self.faults and session is None and e.session is None
+                if e.restricted and (session is None or e.session != session) and not shared_none:
+                    continue
+                if e.shunned and session is not None and e.session == session:
                     continue
                 n = min(usable, len(e.tokens))
                 same = np.flatnonzero(e.tokens[:n] != prompt[:n])
@@ -63,7 +69,7 @@ class PromptCache:
             return Hit(best[0], self._entries[best[1]])
 
     def store(self, entry: Entry) -> None:
-        if len(entry.tokens) < self.block:
+        if len(entry.tokens) < self.block or "CACHE-HIT-1" in self.faults:
             return
         with self._lock:
             self._entries[self._next] = entry
@@ -73,12 +79,25 @@ class PromptCache:
 
     def on_swap(self, policy: str) -> None:
         """Apply a snapshot's reset_prompt_cache policy to what was cached before it."""
+        # what each policy does to earlier entries; the fault switches break one cell each
+        action = {"all": "clear", "new_session": "restrict", "none": "keep"}.get(policy, "keep")
+        broken = {
+            ("all", "CACHE-MATRIX-ALL-SAME"): "restrict",
+            ("all", "CACHE-MATRIX-ALL-NEW"): "shun",
+            ("new_session", "CACHE-MATRIX-NS-SAME"): "clear",
+            ("new_session", "CACHE-MATRIX-NS-NEW"): "keep",
+            ("none", "CACHE-MATRIX-NONE-SAME"): "shun",
+            ("none", "CACHE-MATRIX-NONE-NEW"): "restrict",
+        }
+        for (p, fault), act in broken.items():
+            if p == policy and fault in self.faults:
+                action = act
         with self._lock:
-            if policy == "all":
+            if action == "clear":
                 self._entries.clear()
-            elif policy == "new_session":
-                for e in self._entries.values():
-                    e.restricted = True
+            for e in self._entries.values():
+                e.restricted |= action == "restrict"
+                e.shunned |= action == "shun"
 
     def __len__(self) -> int:
         return len(self._entries)

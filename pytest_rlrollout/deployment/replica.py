@@ -21,6 +21,10 @@ class TooEarly(Exception):
     """The replica is swapping weights (SYNC) or the request waited past its drain timeout."""
 
 
+class Unavailable(Exception):
+    """503 (only with the SWAP-SYNC-2 fault switch)."""
+
+
 @dataclass(eq=False)  # a job is its own identity; field-wise equality would compare arrays
 class Job:
     prompt: np.ndarray
@@ -44,6 +48,9 @@ class Job:
     token_logprobs: list[float] = field(default_factory=list)
     boundary_logits: dict[int, np.ndarray] = field(default_factory=dict)
     lora: Lora | None = None
+    model: Model | None = None
+    version: str = ""
+    stale: bool = False  # SWAP-NEW-1 fault only: pinned to the weights before the swap
     served_by: str = ""  # the snapshot identity at admission
 
 
@@ -75,7 +82,9 @@ class Replica:
         self.readiness = True
         self.stage, self.target = "ready", identity
         self.error: str | None = None
-        self.cache = PromptCache(settings.block_size, settings.cache_entries)
+        self.cache = PromptCache(settings.block_size, settings.cache_entries, settings.faults)
+        self._stale: tuple[Model, Lora | None, str, int] | None = None  # SWAP-NEW-1 fault only
+        self._routing_memo: dict[tuple[int, ...], np.ndarray] = {}  # R3-CHANGE-1 fault only
         self.swapping = False  # inside the swap itself
         self.draining = False  # SYNC: waiting for in-flight requests before the swap
         self._pending: list[Job] = []
@@ -99,8 +108,13 @@ class Replica:
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            f = self.settings.fault
             if self.settings.transition == "SYNC" and (self.draining or self.swapping):
+                if f("SWAP-SYNC-2"):
+                    raise Unavailable(f"{self.name} is unavailable")
                 raise TooEarly(f"{self.name} is swapping to {self.target}; retry with the same session key")
+            if self.settings.transition == "ASYNC" and self.swapping and f("SWAP-ASYNC-3"):
+                raise TooEarly(f"{self.name} is swapping to {self.target}")
             self._pending.append(job)
             self._cond.notify_all()
 
@@ -144,7 +158,7 @@ class Replica:
                         job.emit(("error", (503, "the deployment is shutting down")))
                     return
                 if self._swap is not None:
-                    if self.settings.transition == "ASYNC" or not self._active:
+                    if self.settings.transition == "ASYNC" or not self._active or self.settings.fault("SWAP-SYNC-1"):
                         swap = self._swap
                         self._swap = None
                     else:
@@ -180,7 +194,18 @@ class Replica:
                 break
             with self._cond:
                 self._cond.wait(timeout=min(left, 0.01))
+        f = self.settings.fault
         with self._cond:
+            if f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC":
+                for job in self._active:
+                    job.emit(("abort", None))
+                self._active = []
+            if f("SWAP-KV-1") and swap.reset_policy != "all":
+                for job in self._active:
+                    job.emit(("error", (500, "the KV cache was reset")))
+                self._active = []
+            if f("SWAP-NEW-1"):
+                self._stale = (self.model, self.lora, self.version, 3)
             if swap.model is not None:
                 self.model, self.identity, self.lora = swap.model, swap.identity, None
             else:
@@ -193,6 +218,8 @@ class Replica:
         swap.on_done()
 
     def _expire_pending(self) -> None:
+        if self.settings.fault("SWAP-ASYNC-4"):
+            return
         now = time.monotonic()
         with self._cond:
             late = [j for j in self._pending if now - j.arrived > j.drain_timeout]
@@ -201,17 +228,26 @@ class Replica:
             job.emit(("error", (425, "waited longer than the hot-load drain timeout")))
 
     def _step(self, admitted: list[Job], active: list[Job]) -> None:
-        model, lora, version = self.model, self.lora, self.version
+        f = self.settings.fault
         feeds: list[tuple[Job, list[int]]] = []
         for job in admitted:
             if job.cancelled.is_set():
                 continue
-            job.lora = lora
+            job.model, job.lora, job.version = self.model, self.lora, self.version
+            if self._stale is not None:  # SWAP-NEW-1 fault: the old weights serve a few more requests
+                job.model, job.lora, job.version, left = self._stale
+                job.stale = True
+                self._stale = (job.model, job.lora, job.version, left - 1) if left > 1 else None
+            model = job.model
             hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
             cached = hit.length if hit else 0
             if hit:
                 job.seq = model.clone_sequence(hit.entry.seq, cached)
+                if f("CACHE-EQ-1"):
+                    job.seq.k = [k * np.float32(1.05) for k in job.seq.k]
                 job.routing = list(hit.entry.routing[:cached])
+                if f("R3-CACHE-1"):
+                    job.routing = [job.routing[0], *job.routing[:-1]]
                 job.token_logprobs = list(hit.entry.token_logprobs[:cached])
                 job.boundary_logits = {b: v for b, v in hit.entry.boundary_logits.items() if b <= cached}
                 job.token_logprobs.append(float(log_softmax(hit.entry.boundary_logits[cached])[job.prompt[cached]]))
@@ -224,19 +260,21 @@ class Replica:
             job.emit(("start", {"cached_tokens": cached, "replica": self.name}))
         for job in active:
             if not job.cancelled.is_set():
+                if not job.stale:  # ASYNC: in-flight requests resume on the new weights
+                    job.model, job.lora = self.model, self.lora
                 feeds.append((job, [job.tokens[-1]]))
         if not feeds:
             with self._cond:
                 self._active = [j for j in self._active if not j.cancelled.is_set()]
             return
         # requests with different adapters cannot share a batch
-        groups: dict[int, list[tuple[Job, list[int]]]] = {}
-        for f in feeds:
-            groups.setdefault(id(f[0].lora), []).append(f)
+        groups: dict[tuple[int, int], list[tuple[Job, list[int]]]] = {}
+        for feed in feeds:
+            groups.setdefault((id(feed[0].model), id(feed[0].lora)), []).append(feed)
         finished: list[Job] = []
         for group in groups.values():
             jobs = [j for j, _ in group]
-            outs = model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
+            outs = jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
             for (job, fed), out in zip(group, outs, strict=True):
                 start = len(job.tokens) - len(fed)
                 lp = log_softmax(out.logits)
@@ -248,12 +286,12 @@ class Replica:
                     if pos + 1 < len(job.prompt):
                         job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
                 if job.generated == 0 and job.want_prompt_entries:
-                    job.emit(
-                        (
-                            "prompt",
-                            (np.array(job.token_logprobs[: len(job.prompt)]), np.array(job.routing[: len(job.prompt)])),
+                    prompt_routing = np.array(job.routing[: len(job.prompt)])
+                    if f("R3-CHANGE-1"):  # a memo that no swap invalidates
+                        prompt_routing = self._routing_memo.setdefault(
+                            tuple(job.tokens[: len(job.prompt)]), prompt_routing
                         )
-                    )
+                    job.emit(("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing)))
                 if job.max_tokens == 0:
                     finished.append(job)
                     job.emit(("end", "length"))
@@ -262,6 +300,9 @@ class Replica:
                 job.generated += 1
                 job.tokens.append(token)
                 job.token_logprobs.append(logprob)
+                version = job.version if job.stale else self.version
+                if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
+                    version = job.served_by
                 job.emit(("token", Token(token, logprob, sampling_logprob, out.routing[-1], version)))
                 if token in job.stop_ids:
                     finished.append(job)

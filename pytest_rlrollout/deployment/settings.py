@@ -36,5 +36,10 @@ class Settings:
     def deployment(self) -> str:
         return f"accounts/{self.account}/deployments/{self.deployment_id}"
 
+    def __post_init__(self) -> None:
+        from pytest_rlrollout.deployment.faults import check_faults
+
+        object.__setattr__(self, "faults", check_faults(self.faults))
+
     def fault(self, clause: str) -> bool:
         return clause in self.faults

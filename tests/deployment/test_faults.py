@@ -78,8 +78,9 @@ def cached_tokens(r):
     return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def matrix_cell(policy, who):
-    """Cached tokens seen by `who` ('same', 'new' or 'none') after a swap under `policy`."""
+def matrix_cell(policy, who, reuse):
+    """Whether `who` ('same', 'new' or 'none') reuses the cache after a swap under `policy`
+    exactly when `reuse` says it should."""
 
     def observe(c, bucket):
         step(bucket)
@@ -87,7 +88,7 @@ def matrix_cell(policy, who):
         c.hot_load({"identity": "step-1", "reset_prompt_cache": policy})
         c.wait_for("step-1")
         headers = {"same": {"x-multi-turn-session-id": "s1"}, "new": {"x-multi-turn-session-id": "s2"}, "none": {}}[who]
-        return cached_tokens(c.complete(PROMPT, max_tokens=1, headers=headers))
+        return (cached_tokens(c.complete(PROMPT, max_tokens=1, headers=headers)) > 0) == reuse
 
     return observe
 
@@ -523,7 +524,7 @@ for cell, (policy, who, reuse) in {
     "CACHE-MATRIX-NONE-SAME": ("none", "same", True),
     "CACHE-MATRIX-NONE-NEW": ("none", "new", True),
 }.items():
-    OBSERVATIONS[cell] = (lambda c, b, o=matrix_cell(policy, who), reuse=reuse: (o(c, b) > 0) == reuse, {"replicas": 1})
+    OBSERVATIONS[cell] = (matrix_cell(policy, who, reuse), {"replicas": 1})
 for clause in FAULTS:
     if clause.startswith("SNAP-") and clause != "SNAP-ID-1":
         OBSERVATIONS[clause] = (snap_at_load(clause), {})

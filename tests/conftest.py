@@ -29,3 +29,12 @@ def tree_hash(root: Path) -> str:
             if p.is_file() and not p.is_symlink() and st.st_size < (64 << 20):
                 h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def thread_pool():
+    """An executor for fireworks-delta-compression's `delta_compress_dirs`: its default is a
+    fork-based process pool, and forking a process that already runs torch's OpenMP threads can
+    deadlock the child; threads run the package's code unchanged."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(2)

@@ -11,6 +11,8 @@ import pytest
 
 from pytest_rlrollout import factory, refmodel
 
+from ..conftest import thread_pool as _pool
+
 pytestmark = pytest.mark.interop
 sdk = pytest.importorskip("fireworks.training.sdk")
 BASE = refmodel.BASE_IDENTITY
@@ -42,7 +44,7 @@ def test_full_incremental_and_lora_hot_loads(mgr, dep, bucket, tmp_path):
     assert mgr.wait_for_hotload(d, m, "step-1")
     fdc = pytest.importorskip("fireworks_delta_compression.compression")
     s2 = factory.derive(s1, tmp_path / "step-2-full", factory.perturbed(s1, seed=2))
-    fdc.delta_compress_dirs(str(s1), str(s2), str(bucket / "step-2"), "arc_v2")
+    fdc.delta_compress_dirs(str(s1), str(s2), str(bucket / "step-2"), "arc_v2", executor=_pool())
     meta = {"previous_snapshot_identity": "step-1", "compression_format": "arc_v2", "checksum_format": "alder32"}
     mgr.hotload(d, m, "step-2", incremental_snapshot_metadata=meta)
     assert mgr.wait_for_hotload(d, m, "step-2")

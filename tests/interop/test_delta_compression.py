@@ -11,11 +11,13 @@ from pytest_rlrollout import factory, refmodel  # noqa: E402
 from pytest_rlrollout import safetensors_io as st  # noqa: E402
 from pytest_rlrollout.validator import validate  # noqa: E402
 
+from ..conftest import thread_pool as _pool  # noqa: E402
+
 
 def test_their_diffs_decode_with_our_codec(reference, tmp_path):
     target = reference["full"].snapshot
     diff = tmp_path / "their-diff"
-    fdc.delta_compress_dirs(str(reference.base), str(target), str(diff), "arc_v2")
+    fdc.delta_compress_dirs(str(reference.base), str(target), str(diff), "arc_v2", executor=_pool())
     signal = factory.incremental_signal(diff.name, refmodel.BASE_IDENTITY)
     report = validate(diff, base=reference.base, parent=reference.base, signal=signal)
     assert [str(f) for f in report.findings] == [] and report.outcomes["SNAP-INC-3"].status == "pass"
@@ -38,7 +40,7 @@ def test_our_diffs_decode_with_their_codec(reference, tmp_path):
 
 def test_one_corrupted_byte_in_their_diff_is_snap_inc_3(reference, tmp_path):
     diff = tmp_path / "their-diff"
-    fdc.delta_compress_dirs(str(reference.base), str(reference["full"].snapshot), str(diff), "arc_v2")
+    fdc.delta_compress_dirs(str(reference.base), str(reference["full"].snapshot), str(diff), "arc_v2", executor=_pool())
     shard = sorted(diff.glob("*.safetensors"))[1]
     h = st.read_header(shard)
     name, info = max(h.tensors.items(), key=lambda kv: kv[1].nbytes)

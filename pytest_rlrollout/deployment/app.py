@@ -182,6 +182,7 @@ class Run:
         self.text_so_far = ""
         self.finish: str | None = None
         self.version = ""
+        self._decode = text.stream_decoder()
         loop = asyncio.get_running_loop()
         session = headers.get("x-multi-turn-session-id")
         replica = dep.route(session, headers.get("x-session-affinity"))
@@ -202,7 +203,8 @@ class Run:
             session=session,
             isolation=isolation,
             want_prompt_entries=req.echo or req.echo_last is not None,
-            emit=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev),
+            loop=loop,
+            queue=self.queue,
             drain_timeout=drain_timeout,
             cache_max_len=req.cache_max_len,
         )
@@ -350,11 +352,11 @@ class Run:
         self.version = tok.version
         if tok.id in self.text.stop_ids:
             return ""
-        before = self.text_so_far
-        self.text_so_far = self.text.decode([t.id for t in self.tokens if t.id not in self.text.stop_ids])
-        if self._stop_hit():
+        before = len(self.text_so_far)
+        self.text_so_far += self._decode(tok.id)
+        if self.req.stop and self._stop_hit():
             self.finish = "stop"
-        return self.text_so_far[len(before) :] if self.text_so_far.startswith(before) else ""
+        return self.text_so_far[before:]
 
     async def stream(self) -> AsyncIterator[bytes]:
         prompt_ids: list[int] = []

@@ -35,7 +35,8 @@ class Job:
     session: str | None
     isolation: str | None
     want_prompt_entries: bool  # echo / echo_last: report logprobs and routing of prompt tokens
-    emit: Callable[[tuple[str, Any]], None]  # thread-safe: hands events to the HTTP handler
+    loop: Any  # the HTTP handler's event loop and queue: events cross threads through them
+    queue: Any
     drain_timeout: float
     cache_max_len: int | None = None  # prompt_cache_max_len: reuse at most this many tokens
     arrived: float = field(default_factory=time.monotonic)
@@ -52,6 +53,9 @@ class Job:
     version: str = ""
     stale: bool = False  # SWAP-NEW-1 fault only: pinned to the weights before the swap
     served_by: str = ""  # the snapshot identity at admission
+
+    def emit(self, event: tuple[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,7 @@ class Replica:
             job.emit(("error", (425, "waited longer than the hot-load drain timeout")))
 
     def _step(self, admitted: list[Job], active: list[Job]) -> None:
+        events: list[tuple[Job, tuple[str, Any]]] = []  # delivered once per step, not once per token
         f = self.settings.fault
         feeds: list[tuple[Job, list[int]]] = []
         for job in admitted:
@@ -257,13 +262,14 @@ class Replica:
             job.tokens = [int(t) for t in job.prompt]
             job.served_by = self.identity
             feeds.append((job, job.tokens[cached:]))
-            job.emit(("start", {"cached_tokens": cached, "replica": self.name}))
+            events.append((job, ("start", {"cached_tokens": cached, "replica": self.name})))
         for job in active:
             if not job.cancelled.is_set():
                 if not job.stale:  # ASYNC: in-flight requests resume on the new weights
                     job.model, job.lora = self.model, self.lora
                 feeds.append((job, [job.tokens[-1]]))
         if not feeds:
+            self._deliver(events)
             with self._cond:
                 self._active = [j for j in self._active if not j.cancelled.is_set()]
             return
@@ -291,10 +297,10 @@ class Replica:
                         prompt_routing = self._routing_memo.setdefault(
                             tuple(job.tokens[: len(job.prompt)]), prompt_routing
                         )
-                    job.emit(("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing)))
+                    events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing))))
                 if job.max_tokens == 0:
                     finished.append(job)
-                    job.emit(("end", "length"))
+                    events.append((job, ("end", "length")))
                     continue
                 token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
                 job.generated += 1
@@ -303,19 +309,28 @@ class Replica:
                 version = job.version if job.stale else self.version
                 if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
                     version = job.served_by
-                job.emit(("token", Token(token, logprob, sampling_logprob, out.routing[-1], version)))
+                events.append((job, ("token", Token(token, logprob, sampling_logprob, out.routing[-1], version))))
                 if token in job.stop_ids:
                     finished.append(job)
-                    job.emit(("end", "stop"))
+                    events.append((job, ("end", "stop")))
                 elif job.generated >= job.max_tokens:
                     finished.append(job)
-                    job.emit(("end", "length"))
+                    events.append((job, ("end", "length")))
         with self._cond:
             keep = [j for j in self._active if j not in finished and not j.cancelled.is_set()]
             keep += [j for j in admitted if j not in finished and not j.cancelled.is_set()]
             self._active = keep
+        self._deliver(events)
         for job in finished:
             self._remember(job)
+
+    @staticmethod
+    def _deliver(events: list[tuple[Job, tuple[str, Any]]]) -> None:
+        by_loop: dict[int, tuple[Any, list]] = {}
+        for job, ev in events:
+            by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job.queue, ev))
+        for loop, items in by_loop.values():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _remember(self, job: Job) -> None:
         """Cache the computed positions (prompt and generated, minus the last unfed token)."""
@@ -333,3 +348,8 @@ class Replica:
                 session=job.session,
             )
         )
+
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)

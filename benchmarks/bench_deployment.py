@@ -1,0 +1,171 @@
+"""The reference deployment under load, measured side by side in one run.
+
+    python benchmarks/bench_deployment.py
+
+The deployment runs as `rlrollout serve` in its own process and the load comes from this one,
+so the two cores are split as they would be between a server and its clients.
+Prints: streamed tokens/s for one session and aggregate tokens/s at 32 concurrent sessions
+(HTTP + SSE included, greedy decoding); signal -> every replica ready for a full, an
+incremental (ARC2) and a LoRA snapshot at default timings (median of 5); and how long
+`rlrollout serve` takes from launch to its first answered completion.
+Targets: >= 1,000 tok/s one session, >= 5,000 tok/s at 32, <= 100 ms to ready, <= 1.5 s to serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from pytest_rlrollout import factory, refmodel
+
+PROMPT = list(range(10, 74))
+
+
+async def stream_tokens(client: httpx.AsyncClient, name: str, session: str, max_tokens: int) -> int:
+    body = {
+        "model": name,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "logprobs": True,
+    }
+    n = 0
+    async with client.stream(
+        "POST", "/inference/v1/completions", json=body, headers={"x-multi-turn-session-id": session}
+    ) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"token_id"' in line:
+                n += 1
+    return n
+
+
+async def throughput(dep, sessions: int, max_tokens: int, rounds: int) -> float:
+    limits = httpx.Limits(max_connections=sessions + 4)
+    async with httpx.AsyncClient(
+        base_url=dep.base_url, timeout=120, limits=limits, headers={"Authorization": f"Bearer {dep.api_key}"}
+    ) as c:
+        await stream_tokens(c, dep.name, "warmup", 8)
+        t = time.perf_counter()
+        total = 0
+        for r in range(rounds):
+            counts = await asyncio.gather(
+                *(stream_tokens(c, dep.name, f"s{i}-{r}", max_tokens) for i in range(sessions))
+            )
+            total += sum(counts)
+        return total / (time.perf_counter() - t)
+
+
+def ready_latency(dep, bucket: Path, body: dict, lora: bool = False) -> float:
+    h = dep.hot_load_headers()
+    with httpx.Client(base_url=dep.base_url, timeout=30) as c:
+        t = time.perf_counter()
+        r = c.post("/hot_load/v1/models/hot_load", json=body, headers=h)
+        assert r.status_code == 200, r.text
+        while True:
+            replicas = c.get("/hot_load/v1/models/hot_load", headers=h).json()["replicas"]
+            if lora:
+                done = all(any(a["identity"] == body["identity"] for a in x["loaded_adapters"]) for x in replicas)
+            else:
+                done = all(x["readiness"] and x["current_snapshot_identity"] == body["identity"] for x in replicas)
+            if done:
+                return time.perf_counter() - t
+
+
+class Served:
+    """A `rlrollout serve` process and what it printed."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_rlrollout.cli", "serve", *args], stdout=subprocess.PIPE, text=True
+        )
+        out = ""
+        for line in self.proc.stdout:
+            out += line
+            if line.startswith("serving"):
+                break
+        self.base_url = re.search(r"base URL:\s+(\S+)", out).group(1)
+        self.name = re.search(r"deployment:\s+(\S+)", out).group(1)
+        self.model = re.search(r"model:\s+(\S+)", out).group(1)
+        self.api_key = "rl-reference-key"
+
+    def hot_load_headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self.api_key}",
+            "fireworks-model": self.model,
+            "fireworks-deployment": self.name,
+        }
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def serve_startup() -> float:
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "pytest_rlrollout.cli", "serve"], stdout=subprocess.PIPE, text=True)
+    try:
+        out = ""
+        for line in p.stdout:
+            out += line
+            if line.startswith("serving"):
+                break
+        url = re.search(r"base URL:\s+(\S+)", out).group(1)
+        r = httpx.post(url + "/inference/v1/completions", json={"model": "accounts/rlrollout/deployments/reference", "prompt": [1, 2], "max_tokens": 4},
+                       headers={"Authorization": "Bearer rl-reference-key"})  # fmt: skip
+        assert r.status_code == 200
+        return time.perf_counter() - t
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as d:
+        bucket = Path(d) / "bucket"
+        dep = Served("--bucket", str(bucket))
+        try:
+            one = throughput(dep, 1, 400, 3)
+            many = throughput(dep, 32, 128, 2)
+            one, many = asyncio.run(one), asyncio.run(many)
+            print(f"tokens/s, 1 session:    {one:8.0f}   (target >= 1000: {'met' if one >= 1000 else 'MISSED'})")
+            print(
+                f"tokens/s, 32 sessions:  {many:8.0f}   (target >= 5000: {'met' if many >= 5000 else 'MISSED'}; {many / one:.1f}x one session)"
+            )
+            base = bucket / refmodel.BASE_IDENTITY
+            full, inc, lora = [], [], []
+            current = base
+            for i in range(5):
+                target = factory.derive(current, bucket / f"full-{i}", factory.perturbed(current, seed=i + 1))
+                full.append(ready_latency(dep, bucket, {"identity": f"full-{i}"}))
+                nxt = factory.derive(target, Path(d) / f"t-{i}", factory.perturbed(target, seed=100 + i))
+                signal = factory.make_incremental(target, nxt, bucket / f"inc-{i}")
+                inc.append(ready_latency(dep, bucket, signal))
+                factory.make_lora(base, bucket / f"lora-{i}", base_model=dep.model, seed=i)
+                lora.append(ready_latency(dep, bucket, {"identity": f"lora-{i}"}, lora=True))
+                current = nxt
+        finally:
+            dep.close()
+    for label, xs in (("full", full), ("incremental", inc), ("LoRA", lora)):
+        med = statistics.median(xs) * 1000
+        print(
+            f"signal -> all replicas ready, {label:11} median {med:6.1f} ms (min {min(xs) * 1000:.1f}, "
+            f"max {max(xs) * 1000:.1f}); target <= 100 ms: {'met' if med <= 100 else 'MISSED'}"
+        )
+    s = serve_startup()
+    print(
+        f"rlrollout serve: first completion answered {s:.2f} s after launch (target <= 1.5 s: {'met' if s <= 1.5 else 'MISSED'})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -64,7 +64,10 @@ async def throughput(dep, sessions: int, max_tokens: int, rounds: int) -> float:
         return total / (time.perf_counter() - t)
 
 
-def ready_latency(dep, bucket: Path, body: dict, lora: bool = False) -> float:
+def ready_latency(dep, bucket: Path, body: dict, lora: bool = False) -> tuple[float, float]:
+    """(server-side, client-observed) seconds from the signal to every replica ready. Server-side
+    comes from the ledger (signal received, validation included, to the last replica's swap);
+    the client polls the status every 5 ms, as an eager trainer would."""
     h = dep.hot_load_headers()
     with httpx.Client(base_url=dep.base_url, timeout=30) as c:
         t = time.perf_counter()
@@ -77,7 +80,12 @@ def ready_latency(dep, bucket: Path, body: dict, lora: bool = False) -> float:
             else:
                 done = all(x["readiness"] and x["current_snapshot_identity"] == body["identity"] for x in replicas)
             if done:
-                return time.perf_counter() - t
+                observed = time.perf_counter() - t
+                break
+            time.sleep(0.005)
+        entry = next(e for e in c.get(f"/v1/accounts/rlrollout/deployments/{dep.name.rsplit('/', 1)[1]}/ledger", headers=h).json()["entries"]
+                     if e["identity"] == body["identity"])  # fmt: skip
+        return max(entry["replicas"].values()) - entry["received_at"], observed
 
 
 class Served:
@@ -155,10 +163,11 @@ def main() -> int:
         finally:
             dep.close()
     for label, xs in (("full", full), ("incremental", inc), ("LoRA", lora)):
-        med = statistics.median(xs) * 1000
+        server = statistics.median(x[0] for x in xs) * 1000
+        client = statistics.median(x[1] for x in xs) * 1000
         print(
-            f"signal -> all replicas ready, {label:11} median {med:6.1f} ms (min {min(xs) * 1000:.1f}, "
-            f"max {max(xs) * 1000:.1f}); target <= 100 ms: {'met' if med <= 100 else 'MISSED'}"
+            f"signal -> all replicas ready, {label:11} median {server:5.1f} ms in the server, {client:5.1f} ms seen by a "
+            f"5 ms poller (worst {max(x[1] for x in xs) * 1000:.1f}); target <= 100 ms: {'met' if max(server, client) <= 100 else 'MISSED'}"
         )
     s = serve_startup()
     print(

@@ -87,6 +87,7 @@ class Deployment:
         return {"status": replicas} if self.settings.fault("HL-GET-1") else {"replicas": replicas}
 
     def hot_load(self, body: Any) -> dict[str, Any]:
+        received = time.time()
         f = self.settings.fault
         if not isinstance(body, dict):
             raise HotLoadError(400, "the request body must be a JSON object")
@@ -153,7 +154,14 @@ class Deployment:
             kind = report.kind
             if meta and parent is None and not f("HL-POST-5"):
                 raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
-            entry = {"identity": identity, "kind": kind, "signalled_at": time.time(), "replicas": {}, "error": None}
+            entry = {
+                "identity": identity,
+                "kind": kind,
+                "received_at": received,
+                "signalled_at": time.time(),
+                "replicas": {},
+                "error": None,
+            }
             self.ledger.insert(0, entry)
             self.loading = identity
             if kind != "incremental":

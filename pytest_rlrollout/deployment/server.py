@@ -65,7 +65,9 @@ def reference_deployment(
 ) -> Iterator[Running]:
     """Start the reference deployment on a free port (in a thread) and stop it on exit."""
     dep = Deployment(Settings(bucket=Path(bucket), **settings))
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and without
+    # it every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(512)

@@ -219,6 +219,10 @@ class Model:
         for seq, n in zip(seqs, counts, strict=True):
             seq.reserve(len(self.layers), nkv, hd, seq.length + n)
         decoding = [i for i, n in enumerate(counts) if n == 1]
+        if decoding:  # the batched attention slices every decoding sequence to the longest one
+            t_max = max(seqs[i].length + 1 for i in decoding)
+            for i in decoding:
+                seqs[i].reserve(len(self.layers), nkv, hd, t_max)
         routes: list[np.ndarray] = []
         for li, layer in enumerate(self.layers):
             p = f"model.layers.{li}."

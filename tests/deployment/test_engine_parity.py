@@ -74,3 +74,17 @@ def test_batch_composition_does_not_change_greedy_tokens_or_routing(base_snapsho
     assert [int(np.argmax(o.logits[-1])) for o in solo] == [int(np.argmax(o.logits[-1])) for o in mine]
     assert all(np.array_equal(a.routing[-1], b.routing[-1]) for a, b in zip(solo, mine, strict=True))
     assert max(np.abs(a.logits[-1] - b.logits[-1]).max() for a, b in zip(solo, mine, strict=True)) < 1e-4
+
+
+def test_decoding_sequences_of_different_capacities_batch_together(base_snapshot):
+    """A sequence cloned from the prompt cache has capacity == its length; batched with a longer
+    fresh one, the decode step must still line up every KV buffer."""
+    m = Model.load(base_snapshot)
+    long, short = Sequence_(), Sequence_()
+    m.step([long], [list(range(5, 105))])
+    m.step([short], [list(range(5, 37))])
+    clone = m.clone_sequence(short, 32)
+    assert clone.k[0].shape[1] == 32 < long.k[0].shape[1]
+    outs = m.step([long, clone], [[7], [7]])
+    alone = m.step([m.clone_sequence(short, 32)], [[7]])[0]
+    assert np.abs(outs[1].logits - alone.logits).max() < 1e-4

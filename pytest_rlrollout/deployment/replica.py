@@ -281,9 +281,12 @@ class Replica:
         for group in groups.values():
             jobs = [j for j, _ in group]
             outs = jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
-            for (job, fed), out in zip(group, outs, strict=True):
+            last = np.stack([o.logits[-1] for o in outs])
+            greedy_lp = log_softmax(last.astype(np.float64))  # one pass for the whole batch
+            for b, ((job, fed), out) in enumerate(zip(group, outs, strict=True)):
                 start = len(job.tokens) - len(fed)
-                lp = log_softmax(out.logits)
+                in_prompt = start < len(job.prompt) - 1
+                lp = log_softmax(out.logits) if in_prompt else None
                 for i in range(len(fed)):
                     job.routing.append(out.routing[i])
                     pos = start + i  # the position whose logits these are predicts position pos + 1
@@ -302,7 +305,11 @@ class Replica:
                     finished.append(job)
                     events.append((job, ("end", "length")))
                     continue
-                token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
+                if job.params.temperature <= 0:
+                    token = int(np.argmax(last[b]))
+                    logprob, sampling_logprob = float(greedy_lp[b, token]), 0.0
+                else:
+                    token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
                 job.generated += 1
                 job.tokens.append(token)
                 job.token_logprobs.append(logprob)

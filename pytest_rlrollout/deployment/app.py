@@ -552,7 +552,13 @@ def create_app(dep: Deployment) -> Starlette:
     async def crash(request: Request, exc: Exception) -> Response:
         return error(500, f"internal error: {type(exc).__name__}", "INTERNAL")
 
+    async def openapi(request: Request) -> Response:
+        from pytest_rlrollout.deployment.openapi import document
+
+        return JSONResponse(document(s.deployment, s.model))
+
     routes = [
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/hot_load/v1/models/hot_load", hot_load, methods=["GET", "POST"]),
         Route("/hot_load/v1/models/hot_load/hint", hint, methods=["POST"]),
         Route("/v1/accounts", accounts, methods=["GET"]),

@@ -928,7 +928,8 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
 # --------------------------------------------------------------------------- entry point
 
 
-def _signal_findings(signal: Mapping[str, Any]) -> list[Finding]:
+def signal_findings(signal: Mapping[str, Any]) -> list[Finding]:
+    """Findings on a hot-load request body, from its JSON Schema (the identity is SNAP-ID-1's check)."""
     cat = catalogue()
     out = []
     for problem in schemas.problems("hot-load-request", signal):
@@ -986,7 +987,7 @@ def validate(
         report.findings += [Finding(clause, level, p.file, p.message) for p in problems]
         report.outcomes[clause] = Outcome("fail" if problems else "pass")
     if ctx.signal is not None:
-        extra = _signal_findings(ctx.signal)
+        extra = signal_findings(ctx.signal)
         report.findings += extra
         for f in extra:
             report.outcomes[f.clause] = Outcome("fail")

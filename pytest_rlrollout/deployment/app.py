@@ -170,6 +170,7 @@ class Run:
     def __init__(self, dep: Deployment, text: Text, req: Inference, headers: dict[str, str]):
         self.dep, self.text, self.req = dep, text, req
         self.f = dep.settings.fault
+        self._streamed = 0  # tokens streamed so far (R3-STREAM-1 fault)
         self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
         self.id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -262,8 +263,10 @@ class Run:
             return True
         if prompt and f("R3-ECHO-1") and self.req.echo:
             return True
-        self._streamed = getattr(self, "_streamed", 0) + (0 if prompt else 1)
-        return not prompt and self.req.stream and f("R3-STREAM-1") and self._streamed % 2 == 0
+        if prompt or not (self.req.stream and f("R3-STREAM-1")):
+            return False
+        self._streamed += 1
+        return self._streamed % 2 == 0
 
     def prompt_part(self, logprobs: np.ndarray, routing: np.ndarray) -> tuple[list[int], list[dict]]:
         p = self.req.prompt

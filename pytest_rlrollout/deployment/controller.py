@@ -17,7 +17,7 @@ from pytest_rlrollout import factory, refmodel
 from pytest_rlrollout.deployment.replica import PendingSwap, Replica
 from pytest_rlrollout.deployment.settings import Settings
 from pytest_rlrollout.engine import Lora, Model
-from pytest_rlrollout.validator import Context, _signal_findings, identity_problem, validate
+from pytest_rlrollout.validator import Context, identity_problem, signal_findings, validate
 
 
 class HotLoadError(Exception):
@@ -93,9 +93,10 @@ class Deployment:
             raise HotLoadError(400, "the request body must be a JSON object")
         if isinstance(body.get("reset_prompt_cache"), bool) and f("HL-POST-3a"):
             raise HotLoadError(400, "reset_prompt_cache: Input should be a valid string")
-        problems = [p for p in _signal_findings(body) if not f(p.clause) or p.clause == "HL-POST-2"]
-        if f("HL-POST-2"):
-            problems = [p for p in problems if p.clause != "HL-POST-2" or "Extra inputs" not in p.message]
+        problems = signal_findings(body)
+        if f("HL-POST-2"):  # only the unknown-field rejection is broken; a missing identity is still refused
+            problems = [p for p in problems if "Extra inputs" not in p.message]
+        problems = [p for p in problems if p.clause == "HL-POST-2" or not f(p.clause)]
         if f("HL-POST-2a"):
             problems = [
                 _finding(p.clause, p.message.replace("Extra inputs are not permitted, field:", "unknown field:"))

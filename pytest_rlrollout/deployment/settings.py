@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pytest_rlrollout import refmodel
+from pytest_rlrollout.deployment.faults import check_faults
 
 Transition = Literal["ASYNC", "SYNC"]
 
@@ -37,8 +38,6 @@ class Settings:
         return f"accounts/{self.account}/deployments/{self.deployment_id}"
 
     def __post_init__(self) -> None:
-        from pytest_rlrollout.deployment.faults import check_faults
-
         object.__setattr__(self, "faults", check_faults(self.faults))
 
     def fault(self, clause: str) -> bool:

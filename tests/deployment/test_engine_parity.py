@@ -88,3 +88,16 @@ def test_decoding_sequences_of_different_capacities_batch_together(base_snapshot
     outs = m.step([long, clone], [[7], [7]])
     alone = m.step([m.clone_sequence(short, 32)], [[7]])[0]
     assert np.abs(outs[1].logits - alone.logits).max() < 1e-4
+
+
+def test_long_prompts_take_the_gathered_expert_path_and_match(base_snapshot):
+    from pytest_rlrollout import engine
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_snapshot, dtype=torch.float32).eval()
+    prompt = [(7 * i + 3) % 500 for i in range(engine.DENSE_MOE_ROWS + 40)]
+    out = Model.load(base_snapshot).step([Sequence_()], [prompt])[0]
+    with torch.no_grad():
+        o = hf(torch.tensor([prompt]), output_router_logits=True)
+    routing = np.stack([torch.topk(torch.softmax(r, -1), 2).indices.numpy() for r in o.router_logits], axis=1)
+    assert np.abs(out.logits - o.logits[0].numpy()).max() <= 1e-4
+    assert np.array_equal(out.routing, routing)

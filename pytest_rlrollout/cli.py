@@ -86,6 +86,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         faults=frozenset(args.fault),
         load_delay=args.load_delay,
+        stagger=args.stagger,
         swap_delay=args.swap_delay,
         token_delay=args.token_delay,
     )
@@ -164,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default="rl-reference-key")
     sv.add_argument("--fault", action="append", default=[], metavar="CLAUSE-ID", help="break one clause on purpose")
     sv.add_argument("--load-delay", type=float, default=0.0, help="seconds each replica takes to load a snapshot")
+    sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
     sv.add_argument("--swap-delay", type=float, default=0.0, help="seconds a replica pauses at the swap")
     sv.add_argument("--token-delay", type=float, default=0.0, help="seconds per decode step")
     sv.set_defaults(run=_cmd_serve)

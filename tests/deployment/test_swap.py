@@ -89,13 +89,17 @@ def test_sync_in_flight_finishes_on_old_weights_and_new_requests_get_425(start, 
     assert retried.json()["model"].endswith("@step-1")
 
 
-async def _stream(client, dep, i, results):
+async def _stream(client, dep, i, results, started):
     body = {"model": dep.name, "prompt": [(i * 7 + j) % 500 for j in range(20)], "max_tokens": 30, "temperature": 0,
             "stream": True, "logprobs": True, "raw_output": True}  # fmt: skip
-    async with client.stream(
-        "POST", "/inference/v1/completions", json=body, headers={"x-session-affinity": f"s{i}"}
-    ) as r:
-        lines = [line async for line in r.aiter_lines() if line]
+    lines = []
+    headers = {"x-session-affinity": f"s{i}"}
+    async with client.stream("POST", "/inference/v1/completions", json=body, headers=headers) as r:
+        async for line in r.aiter_lines():
+            if line:
+                lines.append(line)
+                if len(lines) == 1:
+                    started.release()  # this stream is under way
     results[i] = (r.status_code, lines)
 
 
@@ -110,8 +114,10 @@ def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, b
         limits = httpx.Limits(max_connections=80, max_keepalive_connections=80)
         async with httpx.AsyncClient(base_url=dep.base_url, timeout=60, limits=limits,
                                      headers={"Authorization": f"Bearer {dep.api_key}"}) as ac:  # fmt: skip
-            tasks = [asyncio.create_task(_stream(ac, dep, i, results)) for i in range(64)]
-            await asyncio.sleep(0)  # let the requests go out before the signal
+            started = asyncio.Semaphore(0)
+            tasks = [asyncio.create_task(_stream(ac, dep, i, results, started)) for i in range(64)]
+            for _ in range(64):  # signal only once every stream has its first chunk
+                await asyncio.wait_for(started.acquire(), timeout=30)
             r = await ac.post(
                 "/hot_load/v1/models/hot_load", json={"identity": "step-1"}, headers=dep.hot_load_headers()
             )

@@ -28,6 +28,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a name adapter_config.json may use for the base model")  # fmt: skip
     group.addoption("--rl-level", choices=["must", "should"], default="should",
                     help="'must': failures of SHOULD clauses do not fail the run")  # fmt: skip
+    group.addoption("--rl-deployment", metavar="NAME", default=None,
+                    help="'local' (default: start the reference deployment) or accounts/<a>/deployments/<d>")  # fmt: skip
+    group.addoption("--rl-base-url", metavar="URL", default=None,
+                    help="the deployment's API base (default https://api.fireworks.ai)")  # fmt: skip
+    group.addoption("--rl-inference-url", metavar="URL", default=None, help="default: base URL + /inference")
+    group.addoption(
+        "--rl-model", metavar="NAME", default=None, help="the model the deployment serves (fireworks-model)"
+    )
+    group.addoption("--rl-api-key", metavar="KEY", default=None, help="default: $FIREWORKS_API_KEY")
+    group.addoption("--rl-allow-hot-load", action="store_true", default=False,
+                    help="allow state changes (hot-loads, ledger resets) on a non-local deployment")  # fmt: skip
+    for name, help_ in (("rl_deployment", "default deployment"), ("rl_base_url", "default API base URL"),
+                        ("rl_model", "default model name")):  # fmt: skip
+        parser.addini(name, help_, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,3 +184,98 @@ def _validate_given(config: pytest.Config) -> Any:
         signal=signal,
         base_model=tuple(config.getoption("rl_base_model")),
     )
+
+
+# --------------------------------------------------------------------------- the deployment under test
+
+DEFAULT_BASE_URL = "https://api.fireworks.ai"
+
+
+class HotLoadNotAllowed(Exception):
+    """A state change was attempted on a live deployment without --rl-allow-hot-load."""
+
+
+class RLDeployment:
+    """The deployment under test: a DeploymentClient, plus where test snapshots go and whether
+    the suite may change the deployment's state."""
+
+    def __init__(
+        self, client: Any, *, allow_hot_load: bool, bucket: Path | None = None, base_snapshot: Path | None = None
+    ):
+        self.client, self.allow_hot_load = client, allow_hot_load
+        self.bucket, self.base_snapshot = bucket, base_snapshot
+
+    @property
+    def target(self) -> Any:
+        return self.client.target
+
+    @property
+    def mode(self) -> str:
+        return self.target.mode
+
+    def hot_load(self, body: Any, **kw: Any) -> Any:
+        self._check_allowed("hot-load")
+        return self.client.hot_load(body, **kw)
+
+    def reset_ledger(self) -> Any:
+        self._check_allowed("ledger reset")
+        return self.client.reset_ledger()
+
+    def _check_allowed(self, what: str) -> None:
+        if not self.allow_hot_load:
+            raise HotLoadNotAllowed(
+                f"refusing a {what} on {self.target.deployment}: pass --rl-allow-hot-load to allow state changes"
+            )
+
+    def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, capabilities, ...
+        return getattr(self.client, name)
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    return (
+        value
+        if value is not None
+        else config.getini(name)
+        if name in ("rl_deployment", "rl_base_url", "rl_model")
+        else None
+    )
+
+
+@pytest.fixture(scope="session")
+def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The deployment under test (`--rl-deployment`); the reference deployment by default."""
+    import os
+
+    from pytest_rlrollout.client import DeploymentClient, Target
+
+    config = request.config
+    name = _option(config, "rl_deployment") or "local"
+    if name == "local":
+        from pytest_rlrollout import refmodel
+        from pytest_rlrollout.deployment import reference_deployment
+
+        bucket = tmp_path_factory.mktemp("rl-bucket")
+        with reference_deployment(bucket) as dep:
+            target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
+            with DeploymentClient(target) as client:
+                yield RLDeployment(
+                    client, allow_hot_load=True, bucket=bucket, base_snapshot=bucket / refmodel.BASE_IDENTITY
+                )
+        return
+    model = _option(config, "rl_model")
+    if not model:
+        raise pytest.UsageError(f"--rl-deployment {name}: also pass --rl-model (the model it serves)")
+    key = config.getoption("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
+    if not key:
+        raise pytest.UsageError(f"--rl-deployment {name}: pass --rl-api-key or set FIREWORKS_API_KEY")
+    try:
+        target = Target(name, _option(config, "rl_base_url") or DEFAULT_BASE_URL, model, key,
+                        inference_url=config.getoption("rl_inference_url") or "", mode="live")  # fmt: skip
+    except ValueError as e:
+        raise pytest.UsageError(f"--rl-deployment: {e}") from None
+    base = config.getoption("rl_base")
+    with DeploymentClient(target) as client:
+        yield RLDeployment(
+            client, allow_hot_load=config.getoption("rl_allow_hot_load"), base_snapshot=Path(base) if base else None
+        )

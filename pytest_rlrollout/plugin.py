@@ -37,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--rl-model", metavar="NAME", default=None, help="the model the deployment serves (fireworks-model)"
     )
     group.addoption("--rl-api-key", metavar="KEY", default=None, help="default: $FIREWORKS_API_KEY")
+    group.addoption(
+        "--rl-report", metavar="PATH", default=None, help="write the per-clause report as JSON (and .md beside it)"
+    )
     group.addoption("--rl-allow-hot-load", action="store_true", default=False,
                     help="allow state changes (hot-loads, ledger resets) on a non-local deployment")  # fmt: skip
     for name, help_ in (("rl_deployment", "default deployment"), ("rl_base_url", "default API base URL"),
@@ -46,6 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rl_clause(*ids): the contract clauses a test checks (IDs from SPEC.md)")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Reporting(config), "rlrollout-reporting")
     if config.getoption("rl_snapshot") and config.args_source != pytest.Config.ArgsSource.ARGS:
         from pytest_rlrollout.catalogue import data_dir
 
@@ -61,6 +66,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             unknown = [c for c in mark.args if c not in cat]
             if unknown or not mark.args:
                 raise pytest.UsageError(f"{item.nodeid}: rl_clause names unknown clause(s) {unknown or '(none)'}")
+            # carried on every report of the test, so xdist workers' reports keep their clauses
+            item.user_properties.extend(("rl_clause", c) for c in mark.args)
+
+
+def _provenance(config: pytest.Config) -> dict[str, Any]:
+    import datetime
+
+    from pytest_rlrollout import __version__
+
+    name = _option(config, "rl_deployment") or "local"
+    return {
+        "deployment": name,
+        "mode": "local" if name == "local" else "live",
+        "suite_version": __version__,
+        "level": config.getoption("rl_level"),
+        "snapshot": config.getoption("rl_snapshot"),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+class _Reporting:
+    """Per-session report state; registered on the controller only (xdist workers just run tests)."""
+
+    def __init__(self, config: pytest.Config):
+        from pytest_rlrollout.report import Collector
+
+        self.config, self.collector = config, Collector()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.collector.record(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        path = self.config.getoption("rl_report")
+        if path and self.collector.by_test:
+            from pytest_rlrollout.report import document, write
+
+            write(path, document(self.collector.clauses(), _provenance(self.config)))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.collector.by_test:
+            return
+        from pytest_rlrollout.report import SEVERITY, rollup
+
+        counts = rollup(self.collector.clauses())
+        terminalreporter.section("rl-rollout clauses")
+        for group in ("levels", "areas"):
+            for name, c in counts[group].items():
+                terminalreporter.write_line(f"{name:8} " + "  ".join(f"{v} {c[v]}" for v in SEVERITY[::-1] if c.get(v)))
+        if self.config.getoption("rl_report"):
+            terminalreporter.write_line(f"report: {self.config.getoption('rl_report')} (+ .md)")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

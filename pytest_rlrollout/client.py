@@ -79,6 +79,10 @@ class Stream:
 
     @property
     def final(self) -> dict[str, Any]:
+        """The chunk that carries the finish_reason (the last chunk if none does)."""
+        for c in reversed(self.chunks):
+            if any((choice or {}).get("finish_reason") for choice in c.get("choices") or []):
+                return c
         return self.chunks[-1] if self.chunks else {}
 
     @property
@@ -91,10 +95,12 @@ class Stream:
 
     @property
     def usage(self) -> dict[str, Any] | None:
+        """The last non-null usage. (The official SDK keeps the last chunk carrying the key, so a
+        trailing 'usage': null erases it there: INF-SSE-1 checks for that on its own.)"""
         usage = None
         for c in self.chunks:
-            if "usage" in c:
-                usage = c["usage"]  # the last chunk carrying the key wins (as the official SDK reads it)
+            if c.get("usage") is not None:
+                usage = c["usage"]
         return usage
 
     def cached_tokens(self) -> dict[str, int | None]:

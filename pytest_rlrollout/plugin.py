@@ -38,6 +38,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--rl-api-key", metavar="KEY", default=None, help="default: $FIREWORKS_API_KEY")
     group.addoption(
+        "--rl-local-fault",
+        metavar="CLAUSE-ID",
+        action="append",
+        default=[],
+        help="start the local reference deployment with this fault switch on (mutation testing)",
+    )
+    group.addoption(
         "--rl-report", metavar="PATH", default=None, help="write the per-clause report as JSON (and .md beside it)"
     )
     group.addoption("--rl-allow-hot-load", action="store_true", default=False,
@@ -311,7 +318,7 @@ def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         from pytest_rlrollout.deployment import reference_deployment
 
         bucket = tmp_path_factory.mktemp("rl-bucket")
-        with reference_deployment(bucket) as dep:
+        with reference_deployment(bucket, faults=frozenset(config.getoption("rl_local_fault"))) as dep:
             target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
             with DeploymentClient(target) as client:
                 yield RLDeployment(

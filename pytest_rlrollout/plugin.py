@@ -289,6 +289,15 @@ class RLDeployment:
                 f"refusing a {what} on {self.target.deployment}: pass --rl-allow-hot-load to allow state changes"
             )
 
+    @property
+    def base_config(self) -> dict[str, Any] | None:
+        """config.json of the served base model, when a local copy is known (--rl-base)."""
+        import json as _json
+
+        if self.base_snapshot is None or not (self.base_snapshot / "config.json").is_file():
+            return None
+        return _json.loads((self.base_snapshot / "config.json").read_text())
+
     def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, capabilities, ...
         return getattr(self.client, name)
 

@@ -62,7 +62,7 @@ class Deployment:
     def route(self, session: str | None, affinity: str | None) -> Replica:
         """x-multi-turn-session-id decides, then x-session-affinity; otherwise the least loaded."""
         f = self.settings.fault
-        if f("SESS-1"):
+        if f("SESS-1") and affinity is None:  # a lone session id is ignored (with both, it still decides)
             session = None
         if f("SESS-3") and session is None:
             affinity = None

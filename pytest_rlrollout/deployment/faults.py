@@ -53,7 +53,7 @@ FAULTS: dict[str, str] = {
     "CACHE-NOSESSION-1": "with 'new_session', requests without a session id count as one shared session",
     "CACHE-ISO-1": "the prompt-cache isolation key is ignored",
     "CACHE-EQ-1": "reused KV is slightly corrupted (x1.05), so cache hits change logprobs",
-    "SESS-1": "session ids are ignored: requests go round robin",
+    "SESS-1": "a lone x-multi-turn-session-id is ignored: such requests go to the least-loaded replica",
     "SESS-2": "x-session-affinity wins over x-multi-turn-session-id",
     "SESS-3": "x-session-affinity alone is ignored",
     "VER-STREAM-1": "chunks sampled after a swap lose the '@identity' suffix",

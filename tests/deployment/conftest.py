@@ -1,5 +1,7 @@
 import contextlib
+import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -88,3 +90,22 @@ def client(dep):
     c = Client(dep)
     yield c
     c.http.close()
+
+
+def poll(predicate, timeout=10.0):
+    """Call `predicate` until it returns something truthy (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+    raise AssertionError("condition not reached before the deadline")
+
+
+def chunks(lines):
+    """The JSON chunks of SSE `data:` lines ([DONE] left out)."""
+    return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+
+
+def versions(chs):
+    """The policy version of every chunk (the whole model name where the suffix is missing)."""
+    return [ch["model"].rsplit("@", 1)[-1] for ch in chs]

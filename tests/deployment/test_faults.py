@@ -18,7 +18,7 @@ import pytest
 from pytest_rlrollout import broken, factory, refmodel
 from pytest_rlrollout.deployment.faults import FAULTS
 
-from .conftest import Client
+from .conftest import Client, chunks, poll, versions
 
 BASE = refmodel.BASE_IDENTITY
 PROMPT = list(range(10, 90))
@@ -42,18 +42,6 @@ def settle(c, timeout=10.0):
     deadline = time.monotonic() + timeout
     while any(r.swapping or r.draining or r._swap for r in c.dep.deployment.replicas):
         assert time.monotonic() < deadline, "swap never finished"
-
-
-def poll(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-    raise AssertionError("condition not reached before the deadline")
-
-
-def chunks(lines):
-    return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
 
 
 def entries_of(chs):
@@ -233,10 +221,6 @@ def swap_async_1(c, bucket):
     final = chs[-1]
     return (lines[-1] == "data: [DONE]" and final["choices"][0]["finish_reason"] in ("stop", "length")
             and len(entries_of(chs)) == final.get("usage", {}).get("completion_tokens"))  # fmt: skip
-
-
-def versions(chs):
-    return [ch["model"].rsplit("@", 1)[-1] for ch in chs]
 
 
 def swap_async_2(c, bucket):

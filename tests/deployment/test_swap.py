@@ -2,7 +2,6 @@
 
 import asyncio
 import itertools
-import json
 import time
 
 import httpx
@@ -10,35 +9,15 @@ import pytest
 
 from pytest_rlrollout import factory, refmodel
 
-from .conftest import Client
+from .conftest import Client, poll, versions
+from .conftest import chunks as sse_chunks
 
 BASE = refmodel.BASE_IDENTITY
 PROMPT = list(range(10, 42))
 
 
-def chunks_of(lines):
-    out = []
-    for line in lines:
-        if line.startswith("data: ") and line != "data: [DONE]":
-            out.append(json.loads(line[6:]))
-    return out
-
-
-def versions(chunks):
-    return [c["model"].rsplit("@", 1)[1] for c in chunks]
-
-
 def changes(seq):
     return sum(1 for a, b in itertools.pairwise(seq) if a != b)
-
-
-def poll(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-    raise AssertionError("condition not reached before the deadline")
 
 
 def test_async_stream_resumes_across_the_swap(start, bucket):
@@ -49,7 +28,7 @@ def test_async_stream_resumes_across_the_swap(start, bucket):
         head = [next(lines) for _ in range(4)]
         assert c.hot_load({"identity": "step-1"}).status_code == 200
         rest = list(lines)
-    chunks = chunks_of(head + rest)
+    chunks = sse_chunks(head + rest)
     assert [x for x in rest if x][-1] == "data: [DONE]"
     v = versions(chunks)
     assert v[0] == BASE and v[-1] == "step-1" and changes(v) == 1  # SWAP-ASYNC-2
@@ -83,7 +62,7 @@ def test_sync_in_flight_finishes_on_old_weights_and_new_requests_get_425(start, 
         early = c.complete([1, 2, 3], max_tokens=2, headers=session)
         rest = list(lines)
     assert early.status_code == 425 and "error" in early.json()  # SWAP-SYNC-2
-    v = versions(chunks_of(head + rest))
+    v = versions(sse_chunks(head + rest))
     assert set(v) == {BASE} and len(v) == 61  # SWAP-SYNC-1: every chunk on the old snapshot
     retried = poll(lambda: (x := c.complete([1, 2, 3], max_tokens=2, headers=session)).status_code == 200 and x)
     assert retried.json()["model"].endswith("@step-1")
@@ -130,7 +109,7 @@ def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, b
     for i in range(64):
         status, lines = results[i]
         assert status == 200 and lines[-1] == "data: [DONE]"
-        chunks = chunks_of(lines)
+        chunks = sse_chunks(lines)
         streamed = [e["token_id"] for ch in chunks for e in (ch["choices"][0]["logprobs"] or {}).get("content", [])]
         final = chunks[-1]
         assert final["choices"][0]["finish_reason"] in ("stop", "length")

@@ -356,3 +356,46 @@ def encode_file(
             for name, _, off, size in results
         ]
         st.write_file(out, entries, {name: checksum for name, checksum, _, _ in results})
+
+
+def _zero_frame(n: int) -> bytes:
+    """One zstd frame of `n` zero bytes (an unchanged tensor), fed in chunks."""
+    sink = io.BytesIO()
+    zeros = bytes(min(CHUNK, n))
+    cctx = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True, write_checksum=False)
+    with cctx.stream_writer(sink, size=n, closefd=False) as w:
+        done = 0
+        while done < n:
+            want = min(CHUNK, n - done)
+            w.write(zeros[:want])
+            done += want
+    return sink.getvalue()
+
+
+def encode_changes(
+    parent: str | os.PathLike,
+    out: str | os.PathLike,
+    changes: dict[str, tuple[bytes, bytes]],
+    checksums: dict[str, str],
+) -> int:
+    """The arc_v2 diff of a file in which only `changes` (name -> (parent bytes, target bytes))
+    differ; every other tensor is a zero frame whose target checksum comes from `checksums`.
+    Reads only the parent's header, so a one-tensor change of a large snapshot costs a few
+    kilobytes per file. Returns the diff file's size."""
+    header = st.read_header(parent)
+    entries, metadata = [], {}
+    for name, info in header.tensors.items():
+        if name in changes:
+            old, new = changes[name]
+            if len(old) != info.nbytes or len(new) != info.nbytes:
+                raise DeltaError(f"change of {len(new)} bytes for a tensor of {info.nbytes}", tensor=name)
+            xor = np.bitwise_xor(np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8))
+            payload = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True).compress(xor.tobytes())
+            metadata[name] = str(zlib.adler32(new))
+        else:
+            if name not in checksums:
+                raise DeltaError("no checksum for an unchanged tensor", tensor=name)
+            payload, metadata[name] = _zero_frame(info.nbytes), checksums[name]
+        entries.append(st.Entry(name, "U8", (len(payload),), st.Tensor.of(np.frombuffer(payload, np.uint8))))
+    st.write_file(out, entries, metadata)
+    return Path(out).stat().st_size

@@ -39,6 +39,8 @@ def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str]:
     """The lattice outcome of one test phase report, with its evidence text."""
     if report.passed:
         return "pass", ""
+    if getattr(report, "wasxfail", "").startswith("rl-should-failure:"):  # judged, not counted (--rl-level=must)
+        return "fail", "\n".join(report.longreprtext.strip().splitlines()[-12:])
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")

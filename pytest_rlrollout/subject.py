@@ -1,0 +1,397 @@
+"""The deployment under test and its fixtures: `rl_deployment`, `rl_snapshot_factory`,
+`rl_swap`, `rl_session`, and the lock that keeps read-only tests out of swaps.
+
+Local runs (the default) start the reference deployment, one per xdist worker. Live runs talk
+to `--rl-deployment` at `--rl-base-url`; they change nothing without `--rl-allow-hot-load`,
+record what was served at the start, and remove every snapshot they uploaded at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rlrollout.report import inconclusive, unsupported
+
+DEFAULT_BASE_URL = "https://api.fireworks.ai"
+BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
+# The local deployment's pace: streams last long enough, and swaps pause long enough, for the
+# swap clauses to be observed (a real deployment is slower than the tiny model on its own).
+LOCAL_PROFILE = {"token_delay": 0.003, "swap_delay": 0.1, "load_delay": 0.03}
+
+
+class HotLoadNotAllowed(Exception):
+    """A state change was attempted on a live deployment without --rl-allow-hot-load."""
+
+
+def option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    if value is None and name in ("rl_deployment", "rl_base_url", "rl_model"):
+        return config.getini(name)
+    return value
+
+
+def run_dir(config: pytest.Config) -> Path:
+    """A directory shared by the controller and every xdist worker of this run."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+class RLDeployment:
+    """The deployment under test: a DeploymentClient plus what the suite knows about it."""
+
+    def __init__(self, client: Any, *, allow_hot_load: bool, base_snapshot: Path | None = None,
+                 bucket: Any = None, transition: str | None = None):  # fmt: skip
+        self.client, self.allow_hot_load = client, allow_hot_load
+        self.base_snapshot, self.bucket_store = base_snapshot, bucket
+        self._transition = transition
+        self._capabilities: dict[str, Any] | None = None
+        self.starting: list[dict[str, Any]] = []
+
+    @property
+    def target(self) -> Any:
+        return self.client.target
+
+    @property
+    def mode(self) -> str:
+        return self.target.mode
+
+    @property
+    def bucket(self) -> Path | None:
+        """The bucket's directory when it is on this machine."""
+        return self.bucket_store.local_path if self.bucket_store is not None else None
+
+    # ----------------------------------------------------------------------- state changes (guarded)
+
+    def hot_load(self, body: Any, **kw: Any) -> Any:
+        self._check_allowed("hot-load")
+        return self.client.hot_load(body, **kw)
+
+    def hint(self, identity: str, file: str) -> Any:
+        self._check_allowed("hot-load hint")
+        return self.client.hint(identity, file)
+
+    def reset_ledger(self) -> Any:
+        self._check_allowed("ledger reset")
+        return self.client.reset_ledger()
+
+    def _check_allowed(self, what: str) -> None:
+        if not self.allow_hot_load:
+            raise HotLoadNotAllowed(
+                f"refusing a {what} on {self.target.deployment}: pass --rl-allow-hot-load to allow state changes"
+            )
+
+    # ----------------------------------------------------------------------- what it is
+
+    @property
+    def base_config(self) -> dict[str, Any] | None:
+        """config.json of the served base model, when a local copy is known (--rl-base-snapshot)."""
+        if self.base_snapshot is None or not (self.base_snapshot / "config.json").is_file():
+            return None
+        return json.loads((self.base_snapshot / "config.json").read_text())
+
+    def resource(self) -> dict[str, Any]:
+        """The deployment resource (GET /v1/accounts/<a>/deployments/<d>), {} when unavailable."""
+        t = self.target
+        url = f"{t.base_url.rstrip('/')}/v1/accounts/{t.account}/deployments/{t.deployment_id}"
+        r = self.client.http.get(url, headers=self.client.auth_headers())
+        return (
+            r.json()
+            if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json")
+            else {}
+        )
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """Discovered once, without changing state: moe, nonstream_version, replicas, lora,
+        ledger, backend_host, transition."""
+        if self._capabilities is None:
+            caps = self.client.capabilities()
+            probe = self.client.complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0})
+            caps["backend_host"] = "fireworks-backend-host" in probe.headers
+            declared = (self.resource().get("hotLoadTransitionType") or "").upper() or None
+            caps["transition"] = self._transition or declared
+            self._capabilities = caps
+        return self._capabilities
+
+    def replicas(self) -> list[dict[str, Any]]:
+        r = self.client.status()
+        body = r.json() if r.status_code == 200 else {}
+        return body.get("replicas") if isinstance(body.get("replicas"), list) else []
+
+    def serving(self) -> str | None:
+        """The snapshot identity every replica serves, or None when they differ."""
+        ids = {r.get("current_snapshot_identity") for r in self.replicas()}
+        return ids.pop() if len(ids) == 1 else None
+
+    def settle(self, timeout: float = 120.0) -> bool:
+        """Poll until no replica is loading or swapping; False at the deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            replicas = self.replicas()
+            if replicas and all(r.get("readiness") and not _busy(r) for r in replicas):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, ...
+        return getattr(self.client, name)
+
+
+def _busy(replica: dict[str, Any]) -> bool:
+    state = replica.get("loading_state") or {}
+    return state.get("stage") in BUSY_STAGES
+
+
+# --------------------------------------------------------------------------- swaps
+
+
+@dataclass
+class SwapResult:
+    built: Any
+    response: Any  # the POST response
+    waited: Any  # client.Waited, or None when the POST was refused
+
+
+class Swapper:
+    """`rl_swap`: build the next snapshot and swap the deployment to it."""
+
+    def __init__(self, deployment: RLDeployment, factory: Any):
+        self.deployment, self.factory = deployment, factory
+
+    def signal(self, built: Any, timeout: float = 300.0, **extra: Any) -> SwapResult:
+        """Signal `built` (with extra body fields) and wait until it is served or fails."""
+        r = self.deployment.hot_load({**built.signal, **extra})
+        if r.status_code != 200:
+            self.deployment.settle()
+            return SwapResult(built, r, None)
+        waited = self.deployment.wait(built.identity, timeout=timeout, poll=0.01, lora=built.kind == "lora")
+        if waited.ok and built.kind == "full":
+            self.factory.loaded_full()
+        if not waited.ok:
+            self.deployment.settle()
+        return SwapResult(built, r, waited)
+
+    def build(self, label: str = "step", change: dict[str, Any] | None = None) -> Any:
+        return self.factory.step(self.deployment.serving(), label, change)
+
+    def __call__(self, label: str = "step", change: dict[str, Any] | None = None, **extra: Any) -> SwapResult:
+        """Swap to a new snapshot (a sentinel delta when possible); a swap that fails here is a
+        precondition of the calling test, so the test is inconclusive, not failed."""
+        result = self.signal(self.build(label, change), **extra)
+        if result.waited is None or not result.waited.ok:
+            why = result.response.text[:300] if result.waited is None else result.waited.error
+            inconclusive(f"the swap to {result.built.identity} did not complete ({why}); see HL-POST-1/HL-GET-2")
+        return result
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _local_deployment(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+    from pytest_rlrollout import refmodel
+    from pytest_rlrollout.bucket import Bucket
+    from pytest_rlrollout.client import DeploymentClient, Target
+    from pytest_rlrollout.deployment import reference_deployment
+
+    bucket = tmp_path_factory.mktemp("rl-bucket")
+    transition = (config.getoption("rl_transition") or "ASYNC").upper()
+    faults = frozenset(config.getoption("rl_local_fault"))
+    with reference_deployment(bucket, faults=faults, transition=transition, **LOCAL_PROFILE) as dep:
+        target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
+        with DeploymentClient(target) as client:
+            yield RLDeployment(client, allow_hot_load=True, base_snapshot=bucket / refmodel.BASE_IDENTITY,
+                               bucket=Bucket(bucket), transition=transition)  # fmt: skip
+
+
+def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]:
+    from pytest_rlrollout.bucket import Bucket
+    from pytest_rlrollout.client import DeploymentClient, Target
+
+    model = option(config, "rl_model")
+    if not model:
+        raise pytest.UsageError(f"--rl-deployment {name}: also pass --rl-model (the model it serves)")
+    key = config.getoption("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
+    if not key:
+        raise pytest.UsageError(f"--rl-deployment {name}: pass --rl-api-key or set FIREWORKS_API_KEY")
+    try:
+        target = Target(name, option(config, "rl_base_url") or DEFAULT_BASE_URL, model, key,
+                        inference_url=config.getoption("rl_inference_url") or "", mode="live")  # fmt: skip
+    except ValueError as e:
+        raise pytest.UsageError(f"--rl-deployment: {e}") from None
+    base = config.getoption("rl_base")
+    bucket_url = config.getoption("rl_bucket_url")
+    try:
+        bucket = Bucket(bucket_url) if bucket_url else None
+    except ValueError as e:
+        raise pytest.UsageError(f"--rl-bucket-url: {e}") from None
+    transition = (config.getoption("rl_transition") or "").upper() or None
+    with DeploymentClient(target) as client:
+        yield RLDeployment(client, allow_hot_load=config.getoption("rl_allow_hot_load"),
+                           base_snapshot=Path(base) if base else None, bucket=bucket, transition=transition)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The deployment under test (`--rl-deployment`); the reference deployment by default."""
+    config = request.config
+    name = option(config, "rl_deployment") or "local"
+    gen = _local_deployment(config, tmp_path_factory) if name == "local" else _live_deployment(config, name)
+    with _closing(gen) as dep:
+        dep.starting = dep.replicas()
+        _record_state(config, "start", dep)
+        yield dep
+        _record_state(config, f"end-{os.getpid()}", dep)
+
+
+class _closing:
+    def __init__(self, gen: Iterator[RLDeployment]):
+        self.gen = gen
+
+    def __enter__(self) -> RLDeployment:
+        return next(self.gen)
+
+    def __exit__(self, *exc: object) -> None:
+        for _ in self.gen:
+            pass
+
+
+def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
+    """Start / end status for the report's restore instructions (the first start wins)."""
+    if dep.mode == "local":
+        return
+    path = run_dir(config) / "rl-state" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"replicas": dep.replicas(), "at": time.time()}
+    try:
+        with open(path, "x") as f:
+            json.dump(doc, f)
+    except FileExistsError:
+        pass
+
+
+@pytest.fixture(scope="session")
+def rl_snapshot_factory(request: pytest.FixtureRequest, rl_deployment: RLDeployment, tmp_path_factory):
+    """Builds and uploads the snapshots swap tests signal (sentinel deltas, full snapshots,
+    LoRA adapters, broken variants); removes what it uploaded at the end of the session."""
+    from pytest_rlrollout.snapshot_factory import SnapshotFactory
+
+    if rl_deployment.base_snapshot is None or rl_deployment.bucket_store is None:
+        inconclusive("swaps need --rl-bucket-url (where the deployment reads snapshots) and --rl-base-snapshot")
+    config = request.config
+    run_id = (getattr(config, "workerinput", {}) or {}).get("testrunuid") or _controller_run_id(config)
+    workdir = tmp_path_factory.mktemp("rl-snapshots")
+    key = hashlib_key(rl_deployment)
+    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket_store, workdir, run_id[:8],
+                           run_dir(config) / f"rl-record-{key}.json", model=rl_deployment.target.model)  # fmt: skip
+    yield made
+    removed = made.cleanup()
+    if rl_deployment.mode != "local":
+        path = run_dir(config) / "rl-state" / f"removed-{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(removed))
+
+
+def _controller_run_id(config: pytest.Config) -> str:
+    marker = run_dir(config) / "rl-run-id"
+    if not marker.exists():
+        marker.write_text(uuid.uuid4().hex)
+    return marker.read_text()
+
+
+def hashlib_key(dep: RLDeployment) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{dep.target.base_url}|{dep.target.deployment}".encode()).hexdigest()[:12]
+
+
+@pytest.fixture
+def rl_swap(rl_deployment: RLDeployment, rl_snapshot_factory) -> Swapper:
+    """`rl_swap(label, change, **signal_fields)` swaps to a new snapshot and waits for it;
+    `rl_swap.build()` / `rl_swap.signal(built)` split the two steps."""
+    return Swapper(rl_deployment, rl_snapshot_factory)
+
+
+@pytest.fixture(autouse=True)
+def _rl_deployment_lock(request: pytest.FixtureRequest):
+    """Exclusive for `rl_swaps` tests, shared for every other test of the deployment."""
+    if "rl_deployment" not in request.fixturenames:
+        yield
+        return
+    dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    swaps = request.node.get_closest_marker("rl_swaps") is not None
+    if swaps and not dep.allow_hot_load:
+        inconclusive("this test changes the deployment's state; pass --rl-allow-hot-load to run it")
+    for mark in request.node.iter_markers("rl_requires"):
+        for capability in mark.args:
+            _require(dep, capability)
+    from pytest_rlrollout.locking import DeploymentLock
+
+    lock = DeploymentLock(f"{dep.target.base_url}|{dep.target.deployment}")
+    with lock.exclusive() if swaps else lock.shared():
+        yield
+        if swaps:  # the next test starts from a deployment at rest
+            dep.settle()
+
+
+def _require(dep: RLDeployment, capability: str) -> None:
+    """rl_requires: `moe`, `lora`, `ledger`, `nonstream_version`, `backend_host`, `transition:ASYNC`."""
+    from pytest_rlrollout.report import not_applicable
+
+    caps = dep.capabilities
+    if capability.startswith("transition:"):
+        wanted = capability.split(":", 1)[1]
+        if caps["transition"] is None:
+            inconclusive("the transition type is unknown: the deployment resource does not say; pass --rl-transition")
+        if caps["transition"] != wanted:
+            not_applicable(f"the deployment uses {caps['transition']} transitions, this clause is about {wanted}")
+        return
+    if capability not in caps:
+        raise pytest.UsageError(f"rl_requires: unknown capability {capability!r}")
+    if not caps[capability]:
+        unsupported(f"the deployment does not offer {capability}")
+
+
+@dataclass
+class RLSession:
+    """One multi-turn session: every request carries its `x-multi-turn-session-id`."""
+
+    deployment: RLDeployment
+    session_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-multi-turn-session-id": self.session_id}
+
+    def complete(self, body: dict[str, Any], *, chat: bool = False, headers: dict[str, str] | None = None) -> Any:
+        """A parsed Stream (policy versions, routing entries, cached tokens from every channel)."""
+        return self.deployment.complete(body, chat=chat, headers=self.headers | (headers or {}))
+
+    def openai(self) -> Any:
+        """An `openai.OpenAI` client for the inference API with this session's header."""
+        import openai
+
+        t = self.deployment.target
+        return openai.OpenAI(base_url=t.inference_url.rstrip("/") + "/v1", api_key=t.api_key,
+                             default_headers=self.headers)  # fmt: skip
+
+    def http(self) -> Any:
+        """An httpx client for the inference API with auth and this session's header."""
+        import httpx
+
+        t = self.deployment.target
+        return httpx.Client(base_url=t.inference_url, headers=self.deployment.auth_headers() | self.headers, timeout=60)
+
+
+@pytest.fixture
+def rl_session(rl_deployment: RLDeployment, request: pytest.FixtureRequest) -> RLSession:
+    """A fresh session on the deployment under test, named after the test."""
+    return RLSession(rl_deployment, f"{request.node.name}-{uuid.uuid4().hex[:8]}")

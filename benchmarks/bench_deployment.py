@@ -107,7 +107,19 @@ class Served:
 
     def __init__(self, *args: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_rlrollout.cli", "serve", *args], stdout=subprocess.PIPE, text=True
+            # no pacing: the benchmark measures the engine, not the conformance pace
+            [
+                sys.executable,
+                "-m",
+                "pytest_rlrollout.cli",
+                "serve",
+                "--token-delay=0",
+                "--swap-delay=0",
+                "--load-delay=0",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         out = ""
         for line in self.proc.stdout:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
 
 
 def unique_prompt(name: str, n: int = 80, vocab: int = 500) -> list[int]:
@@ -21,3 +24,147 @@ def moe_shape(config: dict | None) -> tuple[int, int, int] | None:
     if not experts:
         return None
     return len(moe_layers(config)), config["num_experts_per_tok"], experts
+
+
+WHITELIST = ("stop", "length", "tool_calls")
+
+
+def long_stream_tokens(rl_deployment) -> int:
+    """Long enough for a swap to land inside the stream (a live deployment swaps in seconds)."""
+    return 64 if rl_deployment.mode == "local" else 1024
+
+
+def in_swap(replica: dict, identity: str) -> bool:
+    """The replica is between the old and the new snapshot."""
+    state = replica.get("loading_state") or {}
+    return state.get("target_snapshot_identity") == identity and (
+        state.get("stage") == "swapping" or not replica.get("readiness")
+    )
+
+
+@dataclass
+class Crossing:
+    """A stream started before a swap was signalled, and what was seen of both."""
+
+    chunks: list = field(default_factory=list)
+    arrivals: list = field(default_factory=list)
+    stream: object = None  # client.Stream when the request returned normally
+    error: BaseException | None = None
+    t_signal: float = 0.0
+    t_posted: float = 0.0
+    t_served: float = 0.0
+    done_at: float = 0.0
+    old: str | None = None
+    new: str = ""
+    response: object = None
+    waited: object = None
+
+    @property
+    def versions(self) -> list:
+        return [c.get("model", "").rpartition("@")[2] if "@" in c.get("model", "") else None for c in self.chunks]
+
+    @property
+    def completed(self) -> bool:
+        s = self.stream
+        return self.error is None and s is not None and s.status == 200 and s.done
+
+    @property
+    def in_flight_at_signal(self) -> bool:
+        return bool(self.arrivals) and self.arrivals[0] < self.t_signal and self.done_at > self.t_posted
+
+    @property
+    def crossed(self) -> bool:
+        """Evidence that the swap happened while the stream was being generated: chunks of the
+        new version, a stream still running once every replica served the new snapshot, or a
+        stream that broke after the signal."""
+        if not self.in_flight_at_signal:
+            return False
+        return self.new in self.versions or self.done_at > self.t_served or not self.completed
+
+
+def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None, **signal) -> Crossing:
+    """Stream `body`; once its first chunk arrives, signal a new snapshot and wait for it."""
+    c = Crossing(old=rl_deployment.serving())
+    built = rl_swap.build("cross")
+    c.new = built.identity
+    first = threading.Event()
+
+    def seen(chunk):
+        c.chunks.append(chunk)
+        c.arrivals.append(time.monotonic())
+        first.set()
+
+    def run():
+        try:
+            c.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
+        except BaseException as e:  # a dropped connection is an observation, not a crash
+            c.error = e
+        finally:
+            c.done_at = time.monotonic()
+            first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    first.wait(timeout=120)
+    c.t_signal = time.monotonic()
+    c.response = rl_deployment.hot_load({**built.signal, **signal})
+    c.t_posted = time.monotonic()
+    if c.response.status_code == 200:
+        c.waited = rl_deployment.wait_for(built.identity)
+        if c.waited.ok and built.kind == "full":
+            rl_swap.factory.loaded_full()
+    c.t_served = time.monotonic()
+    thread.join(timeout=rl_deployment.swap_timeout + 60)
+    return c
+
+
+def streamed_tokens(chunks: list) -> int:
+    return sum(len(((ch.get("choices") or [{}])[0].get("logprobs") or {}).get("content") or []) for ch in chunks)
+
+
+@dataclass
+class Probe:
+    status: int
+    seconds: float
+    version: str | None
+    session: str
+    all_in_swap: bool  # every replica was in the swap when the probe was sent
+    any_in_swap: bool
+
+
+def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None = None, every: bool = False, **signal):
+    """Signal a new snapshot; while the status shows it being swapped in (on `every` replica
+    at once, or on any), send `n` short requests at once (distinct sessions). Returns
+    (built, probes); probes is empty when no status poll landed inside the swap."""
+    built = rl_swap.build("probe")
+    r = rl_deployment.hot_load({**built.signal, **signal})
+    assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
+    deadline = time.monotonic() + rl_deployment.swap_timeout
+    replicas = []
+    while time.monotonic() < deadline:
+        replicas = rl_deployment.replicas()
+        states = [in_swap(x, built.identity) for x in replicas]
+        if all(states) if every else any(states):
+            break
+        if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
+            return built, []
+    all_in, any_in = bool(replicas) and all(states), any(states)
+    out: list = [None] * n
+
+    def one(i):
+        session = f"probe-{built.identity}-{i}"
+        t = time.monotonic()
+        s = rl_deployment.complete(
+            {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True},
+            headers={"x-multi-turn-session-id": session, **(headers or {})},
+        )
+        v = s.versions[0] if s.chunks else None
+        out[i] = Probe(s.status, time.monotonic() - t, v, session, all_in, any_in)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=rl_deployment.swap_timeout + 60)
+    rl_deployment.wait_for(built.identity)
+    return built, [p for p in out if p is not None]

@@ -1,4 +1,4 @@
-"""R3 — MoE routing matrices (read-only clauses; R3-CHANGE-1 needs a swap and lives with the swap tests)."""
+"""R3 — MoE routing matrices (R3-CHANGE-1 swaps in a snapshot with changed routers)."""
 
 import pytest
 from helpers import moe_shape, unique_prompt
@@ -137,3 +137,32 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, shape, request):
 
     mismatched = [i for i in range(cached) if rows(cold.entries[i]) != rows(warm.entries[i])]
     assert not mismatched, f"cached prefix positions {mismatched[:10]} route differently than when computed"
+
+
+@pytest.mark.rl_swaps
+@clause("R3-CHANGE-1")
+def test_routing_follows_new_router_weights(rl_deployment, rl_swap, shape, request):
+    layers, k, _ = shape
+    routers = rl_swap.factory.router_tensors
+    if not routers:
+        inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
+    prompt = unique_prompt(request.node.name, 48)
+
+    def prompt_routing():
+        entries = routed(rl_deployment, prompt, echo=True).entries[: len(prompt)]
+        try:
+            return [routing_matrix(e, layers, k) for e in present(entries)]
+        except ValueError:
+            inconclusive("routing matrices of the wrong size (see R3-SHAPE-1)")
+
+    before = prompt_routing()
+    if len(before) != len(prompt):
+        inconclusive("echo returned no routing for some prompt tokens (see R3-ECHO-1)")
+    current = rl_swap.factory.record.overlays.get(rl_deployment.serving(), {})
+    # negate every router (top-k becomes bottom-k), or undo an earlier negation
+    rl_swap("routers", change={n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers})
+    after = prompt_routing()
+    changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in range(layers))
+    assert changed >= len(before) * layers // 2, (
+        f"only {changed} of {len(before) * layers} (token, layer) rows changed after the routers were negated"
+    )

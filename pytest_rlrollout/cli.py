@@ -90,6 +90,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         swap_delay=args.swap_delay,
         token_delay=args.token_delay,
     )
+    # the built-in key is public; a key of the user's own is never echoed
+    shown_key = args.api_key if args.api_key == "rl-reference-key" else "<the --api-key you chose>"
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with reference_deployment(bucket, host=args.host, port=args.port, **options) as dep:
@@ -97,6 +99,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"deployment: {dep.name}")
         print(f"model:      {dep.model}")
         print(f"bucket:     {bucket}")
+        print(
+            f"conformance: rlrollout conformance --rl-deployment={dep.name} --rl-base-url={dep.base_url}"
+            f" --rl-model={dep.model} --rl-api-key={shown_key} --rl-allow-hot-load"
+            f" --rl-bucket-url={bucket} --rl-base-snapshot={bucket / dep.settings.base_identity}"
+            f" --rl-transition={options['transition']}"
+        )
         print(
             f"serving {dep.settings.base_identity} on {args.replicas} replica(s), {options['transition']}", flush=True
         )
@@ -164,11 +172,21 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", default="rl-reference-key")
     sv.add_argument("--fault", action="append", default=[], metavar="CLAUSE-ID", help="break one clause on purpose")
-    sv.add_argument("--load-delay", type=float, default=0.0, help="seconds each replica takes to load a snapshot")
+    # defaults: the pace the conformance suite needs to observe swaps (see subject.LOCAL_PROFILE)
+    sv.add_argument("--load-delay", type=float, default=0.03, help="seconds each replica takes to load a snapshot")
     sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
-    sv.add_argument("--swap-delay", type=float, default=0.0, help="seconds a replica pauses at the swap")
-    sv.add_argument("--token-delay", type=float, default=0.0, help="seconds per decode step")
+    sv.add_argument("--swap-delay", type=float, default=0.1, help="seconds a replica pauses at the swap")
+    sv.add_argument("--token-delay", type=float, default=0.003, help="seconds per decode step (0: full speed)")
     sv.set_defaults(run=_cmd_serve)
+
+    cf = sub.add_parser(
+        "conformance",
+        help="run the installed conformance suite (any pytest option, e.g. --rl-deployment=..., -n 2)",
+        description="Runs the conformance tests installed with the package. Module names (hot_load, swap, "
+        "cache, ...) select modules; every other argument goes to pytest.",
+    )
+    cf.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    cf.set_defaults(run=_cmd_conformance)
 
     c = sub.add_parser("clauses", help="list the contract's clauses")
     c.add_argument("--area")
@@ -176,7 +194,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    import pytest
+
+    from pytest_rlrollout.catalogue import data_dir
+
+    suite = data_dir("conformance")
+    modules = {p.stem.removeprefix("test_"): p for p in suite.glob("test_*.py")}
+    chosen = [str(modules[a.removeprefix("test_").removesuffix(".py")]) for a in args.pytest_args
+              if a.removeprefix("test_").removesuffix(".py") in modules]  # fmt: skip
+    rest = [a for a in args.pytest_args if a.removeprefix("test_").removesuffix(".py") not in modules]
+    return int(pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["conformance"] and not {"-h", "--help"} & set(argv[1:2]):
+        # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
+        return _cmd_conformance(argparse.Namespace(pytest_args=argv[1:]))
     args = parser().parse_args(argv)
     from pytest_rlrollout.arc2 import DeltaError
     from pytest_rlrollout.factory import SnapshotError

@@ -186,14 +186,20 @@ class DeploymentClient:
         poll: float = 0.05,
         lora: bool = False,
         progress: Callable[[list[dict[str, Any]]], None] | None = None,
+        stalled_after: float | None = None,
     ) -> Waited:
         """Poll the status until every replica serves `identity` (LoRA: lists it as loaded), a
-        replica reports stage 'error' for it, or the deadline passes."""
+        replica reports stage 'error' for it, or the deadline passes. With `stalled_after`,
+        also give up once some replicas serve it and no replica has been loading for that long
+        (a rollout that stopped part-way)."""
         start = time.monotonic()
         replicas: list[dict[str, Any]] = []
+        stalled_since: float | None = None
         while True:
             r = self.status()
-            if r.status_code == 200 and isinstance(r.json().get("replicas"), list):
+            if r.status_code == 200 and not isinstance(r.json().get("replicas"), list):
+                return Waited(False, time.monotonic() - start, [], "the status has no 'replicas' list (HL-GET-1)")
+            if r.status_code == 200:
                 replicas = r.json()["replicas"]
                 if progress is not None:
                     progress(replicas)
@@ -203,6 +209,12 @@ class DeploymentClient:
                     state = x.get("loading_state") or {}
                     if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
                         return Waited(False, time.monotonic() - start, replicas, state.get("error") or "load failed")
+                partial = any(_serves(x, identity, lora) for x in replicas) and not any(map(_busy, replicas))
+                stalled_since = (stalled_since or time.monotonic()) if partial else None
+                if stalled_after is not None and stalled_since and time.monotonic() - stalled_since > stalled_after:
+                    behind = [x.get("current_snapshot_identity") for x in replicas if not _serves(x, identity, lora)]
+                    return Waited(False, time.monotonic() - start, replicas,
+                                  f"the rollout stopped: replicas still serve {behind}")  # fmt: skip
             if time.monotonic() - start > timeout:
                 return Waited(False, time.monotonic() - start, replicas, f"not served within {timeout} s")
             time.sleep(poll)
@@ -212,8 +224,16 @@ class DeploymentClient:
     def _inference(self, chat: bool) -> str:
         return self.target.inference_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
 
-    def complete(self, body: dict[str, Any], *, chat: bool = False, headers: dict[str, str] | None = None) -> Stream:
-        """Send a completion (streaming when body['stream']) and parse what comes back."""
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Stream:
+        """Send a completion (streaming when body['stream']) and parse what comes back;
+        `on_chunk` sees every streamed chunk as it arrives."""
         payload = {"model": self.target.deployment, **body}
         h = self.auth_headers() | (headers or {})
         if not payload.get("stream"):
@@ -235,6 +255,8 @@ class DeploymentClient:
                     break
                 if data:
                     out.chunks.append(json.loads(data))
+                    if on_chunk is not None:
+                        on_chunk(out.chunks[-1])
         return out
 
     def capabilities(self) -> dict[str, Any]:
@@ -252,6 +274,13 @@ class DeploymentClient:
             "lora": any("loaded_adapters" in r for r in replicas),
             "ledger": self.ledger().status_code == 200,
         }
+
+
+BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
+
+
+def _busy(replica: dict[str, Any]) -> bool:
+    return ((replica.get("loading_state") or {}).get("stage")) in BUSY_STAGES
 
 
 def _serves(replica: dict[str, Any], identity: str, lora: bool) -> bool:

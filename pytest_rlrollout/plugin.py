@@ -41,6 +41,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rl-api-key", metavar="KEY", default=None, help="default: $FIREWORKS_API_KEY")
     group.addoption("--rl-bucket-url", metavar="URL", default=None,
                     help="where the suite may upload test snapshots (the deployment's bucket; fsspec URL or directory)")  # fmt: skip
+    group.addoption("--rl-swap-timeout", type=float, metavar="SECONDS", default=None,
+                    help="how long a swap may take before the test gives up (default: 15 local, 900 live)")  # fmt: skip
     group.addoption("--rl-transition", choices=["ASYNC", "SYNC", "async", "sync"], default=None,
                     help="the deployment's transition type (local: start the reference deployment with it)")  # fmt: skip
     group.addoption(

@@ -205,14 +205,22 @@ class SnapshotFactory:
         local = factory.make_lora(self.base, self.workdir / identity, base_model=self.model, seed=seed)
         return self._upload(local, identity, "lora", {"identity": identity}, None)
 
-    def step(self, serving: str | None, label: str = "step", change: Mapping[str, Op] | None = None) -> Built:
+    def step(
+        self, serving: str | None, label: str = "step", change: Mapping[str, Op] | None = None, config_edit=None
+    ) -> Built:
         """The next snapshot to swap to: a sentinel delta on what is served, or a full snapshot
-        when the chain has no known start."""
+        when the chain has no known start (or the ledger was reset)."""
         self.record.load()
         if self.record.needs_full or not self.knows(serving):
             overlay = {**self.record.overlays.get(serving or "", {}), **{k: list(v) for k, v in (change or {}).items()}}
-            return self.full(label, overlay)
-        return self.sentinel(serving, label, change)
+            return self.full(label, overlay, config_edit)
+        return self.sentinel(serving, label, change, config_edit)
+
+    def upload_as(self, local: Path, identity: str) -> int:
+        """Upload a directory under an exact (possibly invalid) identity; removed at the end."""
+        sent = self.bucket.upload(local, identity)
+        self.uploaded.append(identity.split("/")[0])
+        return sent
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:
         """Upload a ready-made directory (a broken variant) under a new identity."""

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from pytest_rlrollout.client import _busy
 from pytest_rlrollout.report import inconclusive, unsupported
 
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
-BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 # The local deployment's pace: streams last long enough, and swaps pause long enough, for the
 # swap clauses to be observed (a real deployment is slower than the tiny model on its own).
 LOCAL_PROFILE = {"token_delay": 0.003, "swap_delay": 0.1, "load_delay": 0.03}
@@ -49,10 +49,10 @@ class RLDeployment:
     """The deployment under test: a DeploymentClient plus what the suite knows about it."""
 
     def __init__(self, client: Any, *, allow_hot_load: bool, base_snapshot: Path | None = None,
-                 bucket: Any = None, transition: str | None = None):  # fmt: skip
+                 bucket: Any = None, transition: str | None = None, swap_timeout: float | None = None):  # fmt: skip
         self.client, self.allow_hot_load = client, allow_hot_load
         self.base_snapshot, self.bucket_store = base_snapshot, bucket
-        self._transition = transition
+        self._transition, self._swap_timeout = transition, swap_timeout
         self._capabilities: dict[str, Any] | None = None
         self.starting: list[dict[str, Any]] = []
 
@@ -132,23 +132,31 @@ class RLDeployment:
         ids = {r.get("current_snapshot_identity") for r in self.replicas()}
         return ids.pop() if len(ids) == 1 else None
 
-    def settle(self, timeout: float = 120.0) -> bool:
+    @property
+    def swap_timeout(self) -> float:
+        """How long a swap may take (--rl-swap-timeout; the reference deployment swaps in ms)."""
+        return self._swap_timeout or (15.0 if self.mode == "local" else 900.0)
+
+    def wait_for(self, identity: str, lora: bool = False) -> Any:
+        """client.wait with this deployment's timeouts (a stalled rollout fails early)."""
+        local = self.mode == "local"
+        return self.client.wait(identity, timeout=self.swap_timeout, poll=0.01 if local else 0.5, lora=lora,
+                                stalled_after=1.0 if local else 120.0)  # fmt: skip
+
+    def settle(self, timeout: float | None = None) -> bool:
         """Poll until no replica is loading or swapping; False at the deadline."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout or self.swap_timeout)
         while time.monotonic() < deadline:
             replicas = self.replicas()
-            if replicas and all(r.get("readiness") and not _busy(r) for r in replicas):
+            if not replicas:
+                return False  # nothing to observe (see HL-GET-1)
+            if all(r.get("readiness") and not _busy(r) for r in replicas):
                 return True
             time.sleep(0.02)
         return False
 
     def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, ...
         return getattr(self.client, name)
-
-
-def _busy(replica: dict[str, Any]) -> bool:
-    state = replica.get("loading_state") or {}
-    return state.get("stage") in BUSY_STAGES
 
 
 # --------------------------------------------------------------------------- swaps
@@ -167,13 +175,13 @@ class Swapper:
     def __init__(self, deployment: RLDeployment, factory: Any):
         self.deployment, self.factory = deployment, factory
 
-    def signal(self, built: Any, timeout: float = 300.0, **extra: Any) -> SwapResult:
+    def signal(self, built: Any, **extra: Any) -> SwapResult:
         """Signal `built` (with extra body fields) and wait until it is served or fails."""
         r = self.deployment.hot_load({**built.signal, **extra})
         if r.status_code != 200:
             self.deployment.settle()
             return SwapResult(built, r, None)
-        waited = self.deployment.wait(built.identity, timeout=timeout, poll=0.01, lora=built.kind == "lora")
+        waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora")
         if waited.ok and built.kind == "full":
             self.factory.loaded_full()
         if not waited.ok:
@@ -209,7 +217,8 @@ def _local_deployment(config: pytest.Config, tmp_path_factory: pytest.TempPathFa
         target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
         with DeploymentClient(target) as client:
             yield RLDeployment(client, allow_hot_load=True, base_snapshot=bucket / refmodel.BASE_IDENTITY,
-                               bucket=Bucket(bucket), transition=transition)  # fmt: skip
+                               bucket=Bucket(bucket), transition=transition,
+                               swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
 
 
 def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]:
@@ -236,7 +245,8 @@ def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]
     transition = (config.getoption("rl_transition") or "").upper() or None
     with DeploymentClient(target) as client:
         yield RLDeployment(client, allow_hot_load=config.getoption("rl_allow_hot_load"),
-                           base_snapshot=Path(base) if base else None, bucket=bucket, transition=transition)  # fmt: skip
+                           base_snapshot=Path(base) if base else None, bucket=bucket, transition=transition,
+                           swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
 
 
 @pytest.fixture(scope="session")

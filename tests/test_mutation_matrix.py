@@ -8,7 +8,7 @@ import pytest
 from pytest_rlrollout.catalogue import data_dir
 from pytest_rlrollout.deployment.faults import FAULTS
 
-MODULES = ["test_inference.py", "test_r3.py", "test_cache_and_sessions.py"]  # grows with every module
+MODULES = ["test_inference.py", "test_r3.py", "test_cache.py", "test_session.py"]  # grows with every module
 READ_ONLY = ("CACHE-RPT-1", "CACHE-HIT-1", "CACHE-ISO-1", "CACHE-EQ-1", "SESS-1", "SESS-2", "SESS-3")
 FAULTS_COVERED = sorted(f for f in FAULTS if f.startswith(("INF-", "R3-")) and f != "R3-CHANGE-1") + list(READ_ONLY)
 

@@ -286,10 +286,10 @@ class Run:
         return c
 
     def model_name(self, version: str) -> str:
-        if (self.req.stream and self.f("VER-STREAM-1") and version != self.admitted_version) or (
-            not self.req.stream and self.f("VER-NONSTREAM-1")
-        ):
+        if self.req.stream and self.f("VER-STREAM-1") and version != self.admitted_version:
             return self.req.model
+        if not self.req.stream and self.f("VER-NONSTREAM-1"):  # a version cached at start-up
+            return f"{self.req.model}@{self.dep.settings.base_identity}"
         return f"{self.req.model}@{version}"
 
     def chunk(self, choice: dict, version: str, **extra) -> bytes:
@@ -573,4 +573,18 @@ def create_app(dep: Deployment) -> Starlette:
             Route(f"{prefix}/completions", inference(False), methods=["POST"]),
             Route(f"{prefix}/chat/completions", inference(True), methods=["POST"]),
         ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crash})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crash})
+    return _Recorded(app, dep.requests)
+
+
+class _Recorded:
+    """Keeps (method, path) of every request the deployment received: tests check what a
+    client did, e.g. that a read-only run sent no POST to the hot-load API."""
+
+    def __init__(self, app: Any, log: Any):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.log.append((scope["method"], scope["path"]))
+        await self.app(scope, receive, send)

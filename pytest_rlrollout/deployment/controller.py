@@ -4,6 +4,7 @@ background on every replica."""
 
 from __future__ import annotations
 
+import collections
 import json
 import shutil
 import tempfile
@@ -56,6 +57,7 @@ class Deployment:
         self.loading: str | None = None
         self._lock = threading.Lock()
         self._round_robin = 0
+        self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)
 
     # ----------------------------------------------------------------------- routing
 

@@ -168,3 +168,20 @@ def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None 
         th.join(timeout=rl_deployment.swap_timeout + 60)
     rl_deployment.wait_for(built.identity)
     return built, [p for p in out if p is not None]
+
+
+def expect_loaded(result, *, own: bool = False) -> None:
+    """The swap a test relies on was accepted and rolled out. A status the suite cannot read
+    (HL-GET-1) or, unless the test is about rollouts (`own`), a rollout that stopped part-way
+    (HL-GET-2) leaves the test inconclusive instead of failing it."""
+    from pytest_rlrollout.report import inconclusive
+
+    r, w = result.response, result.waited
+    assert r.status_code == 200, f"the signal for {result.built.identity} got {r.status_code}: {r.text[:300]}"
+    if w.ok:
+        return
+    if "(HL-GET-1)" in (w.error or ""):
+        inconclusive(f"the status cannot be read, so the load cannot be followed: {w.error}")
+    if not own and "rollout stopped" in (w.error or ""):
+        inconclusive(f"{w.error} (see HL-GET-2)")
+    raise AssertionError(f"{result.built.identity} was not served on every replica: {w.error}; {w.replicas}")

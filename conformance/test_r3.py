@@ -17,13 +17,13 @@ def shape(rl_deployment):
     return s
 
 
-def routed(rl_deployment, prompt, *, chat=False, **body):
+def routed(rl_deployment, prompt, *, chat=False, headers=None, **body):
     base = {"max_tokens": 4, "temperature": 0, "logprobs": True, "include_routing_matrix": True, **body}
     if chat:
         base["messages"] = [{"role": "user", "content": "hello world"}]
     else:
         base["prompt"] = prompt
-    return rl_deployment.complete(base, chat=chat)
+    return rl_deployment.complete(base, chat=chat, headers=headers)
 
 
 def present(entries):
@@ -147,9 +147,11 @@ def test_routing_follows_new_router_weights(rl_deployment, rl_swap, shape, reque
     if not routers:
         inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
     prompt = unique_prompt(request.node.name, 48)
+    session = {"x-multi-turn-session-id": request.node.name}
 
     def prompt_routing():
-        entries = routed(rl_deployment, prompt, echo=True).entries[: len(prompt)]
+        # one session: the same replica answers before and after the swap
+        entries = routed(rl_deployment, prompt, echo=True, headers=session).entries[: len(prompt)]
         try:
             return [routing_matrix(e, layers, k) for e in present(entries)]
         except ValueError:

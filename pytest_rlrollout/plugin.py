@@ -26,6 +26,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a local copy of the base model the deployment serves (its directory name = its identity)")  # fmt: skip
     group.addoption("--rl-parent", metavar="DIR", help="the parent snapshot: --rl-snapshot is an ARC2 diff of it")
     group.addoption("--rl-signal", metavar="FILE", help="the hot-load request body (JSON) announcing the snapshot")
+    group.addoption("--rl-after-ledger-reset", action="store_true", default=False,
+                    help="the deployment's ledger was just reset (the snapshot must then be full: SNAP-INC-7)")  # fmt: skip
     group.addoption("--rl-base-model", metavar="NAME", action="append", default=[],
                     help="a name adapter_config.json may use for the base model")  # fmt: skip
     group.addoption("--rl-level", choices=["must", "should"], default="should",
@@ -42,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rl-bucket-url", metavar="URL", default=None,
                     help="where the suite may upload test snapshots (the deployment's bucket; fsspec URL or directory)")  # fmt: skip
     group.addoption("--rl-swap-timeout", type=float, metavar="SECONDS", default=None,
-                    help="how long a swap may take before the test gives up (default: 15 local, 900 live)")  # fmt: skip
+                    help="how long a swap may take before the test gives up (default: 5 local, 900 live)")  # fmt: skip
     group.addoption("--rl-transition", choices=["ASYNC", "SYNC", "async", "sync"], default=None,
                     help="the deployment's transition type (local: start the reference deployment with it)")  # fmt: skip
     group.addoption(
@@ -325,6 +327,7 @@ def _validate_given(config: pytest.Config) -> Any:
         parent=config.getoption("rl_parent"),
         signal=signal,
         base_model=tuple(config.getoption("rl_base_model")),
+        ledger_reset=config.getoption("rl_after_ledger_reset"),
     )
 
 

@@ -72,8 +72,15 @@ class RLDeployment:
     # ----------------------------------------------------------------------- state changes (guarded)
 
     def hot_load(self, body: Any, **kw: Any) -> Any:
+        """POST a signal; a 409 (a load still in progress: one load at a time) is retried until
+        the deadline, as a trainer's client would."""
         self._check_allowed("hot-load")
-        return self.client.hot_load(body, **kw)
+        deadline = time.monotonic() + self.swap_timeout
+        while True:
+            r = self.client.hot_load(body, **kw)
+            if r.status_code != 409 or time.monotonic() > deadline or "ledger" in r.text:
+                return r
+            time.sleep(0.02)
 
     def hint(self, identity: str, file: str) -> Any:
         self._check_allowed("hot-load hint")
@@ -135,7 +142,7 @@ class RLDeployment:
     @property
     def swap_timeout(self) -> float:
         """How long a swap may take (--rl-swap-timeout; the reference deployment swaps in ms)."""
-        return self._swap_timeout or (15.0 if self.mode == "local" else 900.0)
+        return self._swap_timeout or (5.0 if self.mode == "local" else 900.0)
 
     def wait_for(self, identity: str, lora: bool = False) -> Any:
         """client.wait with this deployment's timeouts (a stalled rollout fails early)."""

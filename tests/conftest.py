@@ -38,3 +38,25 @@ def thread_pool():
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(2)
+
+
+def _controller(session) -> bool:
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _controller(session):
+        import shutil
+
+        from tests.test_mutation_matrix import ROWS
+
+        shutil.rmtree(ROWS, ignore_errors=True)  # rows of an earlier run would mix in
+
+
+def pytest_sessionfinish(session):
+    if _controller(session):
+        from tests.test_mutation_matrix import assemble
+
+        doc = assemble()
+        if doc is not None:
+            print(f"\nmutation matrix: {doc['caught']}/{doc['total']} caught -> build/mutation-matrix.md")

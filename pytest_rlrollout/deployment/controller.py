@@ -144,6 +144,9 @@ class Deployment:
             )
             report = validate(path, context=ctx)
             refused = [x for x in report.failures("MUST") if not f(x.clause)]
+            # a SNAP fault switch on: the violation is let through, and a load it breaks is
+            # "recovered" by keeping the old weights under the new identity (a swallowed error)
+            let_through = [x for x in report.failures("MUST") if f(x.clause) and x.clause.startswith("SNAP-")]
             if f("HL-CONFIG-1"):
                 refused = [
                     _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
@@ -172,12 +175,12 @@ class Deployment:
         targets = self.replicas[:1] if f("HL-GET-2") else self.replicas
         remaining = [len(targets)]
         for i, replica in enumerate(targets):
-            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, deferred)
+            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, deferred, bool(let_through))
             threading.Thread(target=self._load_on, args=args, daemon=True).start()
         return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
 
     def _load_on(
-        self, replica: Replica, i, identity, path: Path, kind, meta, policy, entry, remaining, deferred
+        self, replica: Replica, i, identity, path: Path, kind, meta, policy, entry, remaining, deferred, swallow=False
     ) -> None:
         replica.set_loading("downloading", identity)
         time.sleep(self.settings.load_delay + self.settings.stagger * i)
@@ -194,6 +197,12 @@ class Deployment:
                 model = Model.load(path)
                 self.full_dirs[identity] = path
         except Exception as e:  # the previous snapshot keeps serving; the status says why
+            if swallow:
+                model, lora = replica.model, None
+                replica.request_swap(
+                    PendingSwap(identity, model, lora, policy, lambda: self._replica_finished(remaining))
+                )
+                return
             stage = "loading" if self.settings.fault("HL-GET-3") else "error"
             replica.set_loading(stage, identity, f"{type(e).__name__}: {e}")
             entry["error"] = f"{replica.name}: {type(e).__name__}: {e}"

@@ -183,7 +183,9 @@ class _Reporting:
     def __init__(self, config: pytest.Config):
         from pytest_rlrollout.report import Collector
 
-        self.config, self.collector = config, Collector()
+        import time
+
+        self.config, self.collector, self.started = config, Collector(), time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.collector.record(report)
@@ -205,6 +207,9 @@ class _Reporting:
         for group in ("levels", "areas"):
             for name, c in counts[group].items():
                 terminalreporter.write_line(f"{name:8} " + "  ".join(f"{v} {c[v]}" for v in SEVERITY[::-1] if c.get(v)))
+        import time
+
+        terminalreporter.write_line(f"wall time {time.monotonic() - self.started:.1f} s")
         if self.config.getoption("rl_report"):
             terminalreporter.write_line(f"report: {self.config.getoption('rl_report')} (+ .md)")
 

@@ -76,3 +76,23 @@ def test_usage_errors(pytester, args, message, monkeypatch):
     assert result.ret != 0
     result.stdout.no_fnmatch_line("*1 passed*")
     assert any(fnmatch(line, message) for line in result.stdout.lines + result.stderr.lines)
+
+
+def test_rl_session_clients_carry_the_session(pytester):
+    pytester.makepyfile(
+        test_session="""
+def test_openai_and_httpx(rl_session):
+    client = rl_session.openai()
+    chat = client.chat.completions.create(model=rl_session.deployment.target.deployment, max_tokens=2,
+                                          messages=[{"role": "user", "content": "hi"}], temperature=0)
+    assert "@" in chat.model
+    first = rl_session.complete({"prompt": list(range(10, 90)), "max_tokens": 1, "temperature": 0})
+    second = rl_session.complete({"prompt": list(range(10, 90)), "max_tokens": 1, "temperature": 0})
+    assert first.cached_tokens()["usage"] == 0 and second.cached_tokens()["usage"] > 0  # same session, same cache
+    with rl_session.http() as http:
+        r = http.post("/v1/completions", json={"model": rl_session.deployment.target.deployment,
+                                               "prompt": [1, 2, 3], "max_tokens": 1})
+        assert r.status_code == 200
+"""
+    )
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -125,8 +125,14 @@ def routing_matrix(entry: dict[str, Any], layers: int, k: int) -> np.ndarray:
 
 class DeploymentClient:
     def __init__(self, target: Target, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
-        self.target = target
+        self.target, self.transport = target, transport
         self.http = httpx.Client(timeout=timeout, transport=transport)
+
+    def mark(self, name: str) -> float:
+        """The time now (monotonic seconds); when recording or replaying, on the cassette's
+        timeline, so verdicts about timing are the same in replay."""
+        mark = getattr(self.transport, "mark", None)
+        return mark(name) if mark is not None else time.monotonic()
 
     def close(self) -> None:
         self.http.close()

@@ -181,9 +181,9 @@ class _Reporting:
     """Per-session report state; registered on the controller only (xdist workers just run tests)."""
 
     def __init__(self, config: pytest.Config):
-        from pytest_rlrollout.report import Collector
-
         import time
+
+        from pytest_rlrollout.report import Collector
 
         self.config, self.collector, self.started = config, Collector(), time.monotonic()
 

@@ -16,6 +16,7 @@ only written under the deployment's exclusive lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -57,17 +58,15 @@ class Record:
     path: Path
     overlays: dict[str, Overlay] = field(default_factory=dict)
     needs_full: bool = False
-    counter: int = 0
 
     def load(self) -> Record:
         if self.path.is_file():
             doc = json.loads(self.path.read_text())
             self.overlays, self.needs_full = doc["overlays"], doc["needs_full"]
-            self.counter = doc["counter"]
         return self
 
     def save(self) -> None:
-        doc = {"overlays": self.overlays, "needs_full": self.needs_full, "counter": self.counter}
+        doc = {"overlays": self.overlays, "needs_full": self.needs_full}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)
@@ -84,6 +83,7 @@ class SnapshotFactory:
         self.base, self.bucket, self.workdir, self.run_id, self.model = Path(base), bucket, Path(workdir), run_id, model
         self.record = Record(record_path).load()
         self.uploaded: list[str] = []  # by this process: each worker removes its own at the end
+        self.test_key, self._serial, self.last_serial = "session", {}, 0
         if not self.record.overlays:
             self.record.overlays[self.base.name] = {}  # the base copy is named after the identity it holds
             self.record.save()
@@ -136,11 +136,25 @@ class SnapshotFactory:
     def knows(self, identity: str | None) -> bool:
         return identity is not None and identity in self.record.overlays
 
+    def for_test(self, nodeid: str) -> None:
+        """Name what follows after this test (identities are then the same in every replay)."""
+        self.test_key = hashlib.sha1(nodeid.encode()).hexdigest()[:6]
+
     def new_identity(self, label: str) -> str:
+        self._serial[self.test_key] = n = self._serial.get(self.test_key, 0) + 1
+        self.last_serial = n + int(self.test_key, 16)
+        return f"rlt-{self.run_id}-{self.test_key}-{n:02d}-{label}"
+
+    def state(self) -> dict:
+        """What this run knows (for a cassette: replay restores it before the test)."""
         self.record.load()
-        self.record.counter += 1
+        return {"overlays": self.record.overlays, "needs_full": self.record.needs_full}
+
+    def restore(self, state: dict) -> None:
+        self.record.load()
+        self.record.overlays.update(state["overlays"])
+        self.record.needs_full = state["needs_full"]
         self.record.save()
-        return f"rlt-{self.run_id}-{os.getpid() % 100000}-{self.record.counter:03d}-{label}"
 
     def _remember(self, identity: str, overlay: Overlay | None) -> None:
         self.record.load()
@@ -180,7 +194,7 @@ class SnapshotFactory:
         before = self.record.overlays[parent]
         identity = self.new_identity(label)
         if change is None:
-            step = self.record.counter
+            step = self.last_serial
             change = {self.sentinel_tensor: ["scale", 1 + ((step % 8) + 1) / 64]}
         after = {**before, **{k: list(v) for k, v in change.items()}}
         local = self.workdir / identity

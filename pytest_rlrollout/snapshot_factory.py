@@ -83,7 +83,7 @@ class SnapshotFactory:
         self.base, self.bucket, self.workdir, self.run_id, self.model = Path(base), bucket, Path(workdir), run_id, model
         self.record = Record(record_path).load()
         self.uploaded: list[str] = []  # by this process: each worker removes its own at the end
-        self.test_key, self._serial, self.last_serial = "session", {}, 0
+        self.test_key, self._serial, self.last_serial = "000000", {}, 0
         if not self.record.overlays:
             self.record.overlays[self.base.name] = {}  # the base copy is named after the identity it holds
             self.record.save()

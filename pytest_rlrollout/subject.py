@@ -350,6 +350,8 @@ def _rl_deployment_lock(request: pytest.FixtureRequest):
     for mark in request.node.iter_markers("rl_requires"):
         for capability in mark.args:
             _require(dep, capability)
+    if "rl_snapshot_factory" in request.fixturenames:
+        request.getfixturevalue("rl_snapshot_factory").for_test(request.node.nodeid)
     from pytest_rlrollout.locking import DeploymentLock
 
     lock = DeploymentLock(f"{dep.target.base_url}|{dep.target.deployment}")

@@ -30,8 +30,9 @@ WHITELIST = ("stop", "length", "tool_calls")
 
 
 def long_stream_tokens(rl_deployment) -> int:
-    """Long enough for a swap to land inside the stream (a live deployment swaps in seconds)."""
-    return 64 if rl_deployment.mode == "local" else 1024
+    """Long enough for a swap to land inside the stream (--rl-long-stream-tokens; a live
+    deployment swaps in seconds, the local one in milliseconds)."""
+    return rl_deployment.long_stream_tokens
 
 
 def in_swap(replica: dict, identity: str) -> bool:
@@ -91,7 +92,7 @@ def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None,
 
     def seen(chunk):
         c.chunks.append(chunk)
-        c.arrivals.append(time.monotonic())
+        c.arrivals.append(rl_deployment.mark("chunk"))
         first.set()
 
     def run():
@@ -100,20 +101,20 @@ def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None,
         except BaseException as e:  # a dropped connection is an observation, not a crash
             c.error = e
         finally:
-            c.done_at = time.monotonic()
+            c.done_at = rl_deployment.mark("done")
             first.set()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     first.wait(timeout=120)
-    c.t_signal = time.monotonic()
+    c.t_signal = rl_deployment.mark("signal")
     c.response = rl_deployment.hot_load({**built.signal, **signal})
-    c.t_posted = time.monotonic()
+    c.t_posted = rl_deployment.mark("posted")
     if c.response.status_code == 200:
         c.waited = rl_deployment.wait_for(built.identity)
         if c.waited.ok and built.kind == "full":
             rl_swap.factory.loaded_full()
-    c.t_served = time.monotonic()
+    c.t_served = rl_deployment.mark("served")
     thread.join(timeout=rl_deployment.swap_timeout + 60)
     return c
 
@@ -153,13 +154,13 @@ def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None 
 
     def one(i):
         session = f"probe-{built.identity}-{i}"
-        t = time.monotonic()
+        t = rl_deployment.mark(f"probe-{i}-sent")
         s = rl_deployment.complete(
             {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True},
             headers={"x-multi-turn-session-id": session, **(headers or {})},
         )
         v = s.versions[0] if s.chunks else None
-        out[i] = Probe(s.status, time.monotonic() - t, v, session, all_in, any_in)
+        out[i] = Probe(s.status, rl_deployment.mark(f"probe-{i}-answered") - t, v, session, all_in, any_in)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
     for th in threads:

@@ -42,7 +42,7 @@ def test_streamed_chunks_carry_the_served_identity(rl_deployment, chat, request)
 @clause("VER-STREAM-1")
 def test_versions_across_a_swap_name_loaded_snapshots(rl_deployment, rl_swap, request):
     old = loaded(rl_deployment)
-    body = {"prompt": unique_prompt(request.node.name, 40), "max_tokens": long_stream_tokens(rl_deployment),
+    body = {"prompt": unique_prompt(request.node.name, 40), "max_tokens": long_stream_tokens(rl_deployment), "ignore_eos": True,
             "temperature": 0}  # fmt: skip
     c = across_swap(rl_deployment, rl_swap, body)
     if not c.chunks:

@@ -45,6 +45,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where the suite may upload test snapshots (the deployment's bucket; fsspec URL or directory)")  # fmt: skip
     group.addoption("--rl-swap-timeout", type=float, metavar="SECONDS", default=None,
                     help="how long a swap may take before the test gives up (default: 5 local, 900 live)")  # fmt: skip
+    group.addoption("--rl-record", metavar="DIR", default=None,
+                    help="record every exchange with the deployment into cassettes in DIR (one per test)")  # fmt: skip
+    group.addoption("--rl-replay", metavar="DIR", default=None,
+                    help="replay the cassettes in DIR instead of talking to a deployment (offline)")  # fmt: skip
+    group.addoption("--rl-long-stream-tokens", type=int, metavar="N", default=None,
+                    help="length of the streams swaps must land in (default: 64 local, 256 live)")  # fmt: skip
     group.addoption("--rl-transition", choices=["ASYNC", "SYNC", "async", "sync"], default=None,
                     help="the deployment's transition type (local: start the reference deployment with it)")  # fmt: skip
     group.addoption(
@@ -112,9 +118,12 @@ def _provenance(config: pytest.Config) -> dict[str, Any]:
     from pytest_rlrollout.subject import option
 
     name = option(config, "rl_deployment") or "local"
+    replay = config.getoption("rl_replay")
     out = {
-        "deployment": name,
-        "mode": "local" if name == "local" else "live",
+        "deployment": name if not replay else _replayed_deployment(replay),
+        "mode": "replay" if replay else "local" if name == "local" else "live",
+        "cassettes": _cassette_digest(str(cassette_dir(replay)) if replay else config.getoption("rl_record")),
+        "recorded": config.getoption("rl_record"),
         "base_url": option(config, "rl_base_url") if name != "local" else None,
         "suite_version": __version__,
         "level": config.getoption("rl_level"),
@@ -123,9 +132,28 @@ def _provenance(config: pytest.Config) -> dict[str, Any]:
         "base_digest": _base_digest(config),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    if name != "local":
+    if name != "local" and not replay:
         out.update(_live_state(config))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def cassette_dir(value: str) -> Path:
+    from pytest_rlrollout.subject import cassette_dir as find
+
+    return find(value)
+
+
+def _replayed_deployment(directory: str) -> str:
+    session = cassette_dir(directory) / "_session.json"
+    return json.loads(session.read_text())["meta"].get("deployment", "?") if session.is_file() else "?"
+
+
+def _cassette_digest(directory: str | None) -> str | None:
+    if not directory or not Path(directory).is_dir():
+        return None
+    from pytest_rlrollout.cassette import digest
+
+    return digest(Path(directory))
 
 
 def _base_digest(config: pytest.Config) -> str | None:

@@ -8,6 +8,7 @@ record what was served at the start, and remove every snapshot they uploaded at 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -53,6 +54,7 @@ class RLDeployment:
         self.client, self.allow_hot_load = client, allow_hot_load
         self.base_snapshot, self.bucket_store = base_snapshot, bucket
         self._transition, self._swap_timeout = transition, swap_timeout
+        self._long_stream: int | None = None
         self._capabilities: dict[str, Any] | None = None
         self.starting: list[dict[str, Any]] = []
 
@@ -140,13 +142,25 @@ class RLDeployment:
         return ids.pop() if len(ids) == 1 else None
 
     @property
+    def recorded_mode(self) -> str:
+        """`local` or `live`: where the exchanges came from (in replay, where they were recorded)."""
+        if self.mode == "replay":
+            return self.client.transport.session.meta.get("recorded_mode", "live")
+        return self.mode
+
+    @property
+    def long_stream_tokens(self) -> int:
+        """Tokens a stream must last for a swap to land inside it (--rl-long-stream-tokens)."""
+        return self._long_stream or (64 if self.recorded_mode == "local" else 256)
+
+    @property
     def swap_timeout(self) -> float:
         """How long a swap may take (--rl-swap-timeout; the reference deployment swaps in ms)."""
-        return self._swap_timeout or (5.0 if self.mode == "local" else 900.0)
+        return self._swap_timeout or (900.0 if self.mode == "live" else 5.0)
 
     def wait_for(self, identity: str, lora: bool = False) -> Any:
         """client.wait with this deployment's timeouts (a stalled rollout fails early)."""
-        local = self.mode == "local"
+        local = self.mode != "live"
         return self.client.wait(identity, timeout=self.swap_timeout, poll=0.01 if local else 0.5, lora=lora,
                                 stalled_after=1.0 if local else 120.0)  # fmt: skip
 
@@ -162,7 +176,12 @@ class RLDeployment:
             time.sleep(0.02)
         return False
 
-    def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, ...
+    @property
+    def cassettes(self) -> Any:
+        """The recording or replaying transport, or None."""
+        return getattr(self.client.transport, "session", None) and self.client.transport
+
+    def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, mark, ...
         return getattr(self.client, name)
 
 
@@ -222,7 +241,7 @@ def _local_deployment(config: pytest.Config, tmp_path_factory: pytest.TempPathFa
     faults = frozenset(config.getoption("rl_local_fault"))
     with reference_deployment(bucket, faults=faults, transition=transition, **LOCAL_PROFILE) as dep:
         target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
-        with DeploymentClient(target) as client:
+        with DeploymentClient(target, transport=_cassette_transport(config, dep.api_key, "local")) as client:
             yield RLDeployment(client, allow_hot_load=True, base_snapshot=bucket / refmodel.BASE_IDENTITY,
                                bucket=Bucket(bucket), transition=transition,
                                swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
@@ -250,7 +269,7 @@ def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]
     except ValueError as e:
         raise pytest.UsageError(f"--rl-bucket-url: {e}") from None
     transition = (config.getoption("rl_transition") or "").upper() or None
-    with DeploymentClient(target) as client:
+    with DeploymentClient(target, transport=_cassette_transport(config, key, "live")) as client:
         yield RLDeployment(client, allow_hot_load=config.getoption("rl_allow_hot_load"),
                            base_snapshot=Path(base) if base else None, bucket=bucket, transition=transition,
                            swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
@@ -258,15 +277,83 @@ def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]
 
 @pytest.fixture(scope="session")
 def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The deployment under test (`--rl-deployment`); the reference deployment by default."""
+    """The deployment under test (`--rl-deployment`); the reference deployment by default;
+    recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
     config = request.config
     name = option(config, "rl_deployment") or "local"
-    gen = _local_deployment(config, tmp_path_factory) if name == "local" else _live_deployment(config, name)
+    replay = config.getoption("rl_replay")
+    if replay:
+        gen = _replay_deployment(config, tmp_path_factory, cassette_dir(replay))
+    elif name == "local":
+        gen = _local_deployment(config, tmp_path_factory)
+    else:
+        gen = _live_deployment(config, name)
     with _closing(gen) as dep:
+        dep._long_stream = config.getoption("rl_long_stream_tokens")
         dep.starting = dep.replicas()
+        dep.capabilities  # discovered now, so recordings hold it in the session cassette  # noqa: B018
         _record_state(config, "start", dep)
         yield dep
         _record_state(config, f"end-{os.getpid()}", dep)
+        cassettes = dep.cassettes
+        if cassettes is not None and cassettes.mode == "record":
+            session = cassettes.session
+            session.meta.update(deployment=dep.target.deployment, model=dep.target.model, recorded_mode=dep.mode,
+                                transition=dep.capabilities["transition"], run_id=_run_id(config))  # fmt: skip
+            session.write(dep.target.api_key)
+
+
+def _cassette_transport(config: pytest.Config, key: str, dep_mode: str):
+    """A recording transport when --rl-record is given, else None."""
+    directory = config.getoption("rl_record")
+    if not directory:
+        return None
+    from pytest_rlrollout.cassette import Cassette, CassetteTransport
+
+    t = CassetteTransport("record", key)
+    t.directory, t.session = Path(directory), Cassette(Path(directory) / "_session.json")
+    t.use(t.session)
+    return t
+
+
+def cassette_dir(value: str) -> Path:
+    """A cassette directory, or the name of one shipped with the package (`reference`)."""
+    path = Path(value)
+    if path.is_dir():
+        return path
+    from pytest_rlrollout.catalogue import data_dir
+
+    try:
+        shipped = data_dir("cassettes") / value
+    except FileNotFoundError:
+        shipped = path
+    if not shipped.is_dir():
+        raise pytest.UsageError(f"--rl-replay {value}: no such directory (and no shipped cassettes of that name)")
+    return shipped
+
+
+def _replay_deployment(config: pytest.Config, tmp_path_factory, directory: Path) -> Iterator[RLDeployment]:
+    from pytest_rlrollout import refmodel
+    from pytest_rlrollout.bucket import Bucket
+    from pytest_rlrollout.cassette import Cassette, CassetteTransport
+    from pytest_rlrollout.client import DeploymentClient, Target
+
+    session_file = directory / "_session.json"
+    if not session_file.is_file():
+        raise pytest.UsageError(f"--rl-replay {directory}: no _session.json (record with --rl-record first)")
+    session = Cassette.load(session_file)
+    meta = session.meta
+    transport = CassetteTransport("replay", "replay-key")
+    transport.directory, transport.session = directory, session
+    transport.use(session)
+    # snapshots are still built (their signals must match the recording), into a bucket nobody reads
+    bucket = tmp_path_factory.mktemp("rl-replay-bucket")
+    base = config.getoption("rl_base")
+    base_snapshot = Path(base) if base else refmodel.make_base(bucket / refmodel.BASE_IDENTITY)
+    target = Target(meta["deployment"], "http://replay.invalid", meta["model"], "replay-key", mode="replay")
+    with DeploymentClient(target, transport=transport) as client:
+        yield RLDeployment(client, allow_hot_load=True, base_snapshot=base_snapshot, bucket=Bucket(bucket),
+                           transition=meta.get("transition"), swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
 
 
 class _closing:
@@ -283,7 +370,7 @@ class _closing:
 
 def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
     """Start / end status for the report's restore instructions (the first start wins)."""
-    if dep.mode == "local":
+    if dep.mode != "live":
         return
     path = run_dir(config) / "rl-state" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -304,17 +391,23 @@ def rl_snapshot_factory(request: pytest.FixtureRequest, rl_deployment: RLDeploym
     if rl_deployment.base_snapshot is None or rl_deployment.bucket_store is None:
         inconclusive("swaps need --rl-bucket-url (where the deployment reads snapshots) and --rl-base-snapshot")
     config = request.config
-    run_id = (getattr(config, "workerinput", {}) or {}).get("testrunuid") or _controller_run_id(config)
+    run_id = _run_id(config)
+    if rl_deployment.mode == "replay":
+        run_id = rl_deployment.cassettes.session.meta["run_id"]
     workdir = tmp_path_factory.mktemp("rl-snapshots")
     key = hashlib_key(rl_deployment)
-    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket_store, workdir, run_id[:8],
+    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket_store, workdir, run_id,
                            run_dir(config) / f"rl-record-{key}.json", model=rl_deployment.target.model)  # fmt: skip
     yield made
     removed = made.cleanup()
-    if rl_deployment.mode != "local":
+    if rl_deployment.mode == "live":
         path = run_dir(config) / "rl-state" / f"removed-{os.getpid()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(removed))
+
+
+def _run_id(config: pytest.Config) -> str:
+    return ((getattr(config, "workerinput", {}) or {}).get("testrunuid") or _controller_run_id(config))[:8]
 
 
 def _controller_run_id(config: pytest.Config) -> str:
@@ -350,15 +443,49 @@ def _rl_deployment_lock(request: pytest.FixtureRequest):
     for mark in request.node.iter_markers("rl_requires"):
         for capability in mark.args:
             _require(dep, capability)
-    if "rl_snapshot_factory" in request.fixturenames:
-        request.getfixturevalue("rl_snapshot_factory").for_test(request.node.nodeid)
+    factory = request.getfixturevalue("rl_snapshot_factory") if "rl_snapshot_factory" in request.fixturenames else None
+    if factory is not None:
+        from pytest_rlrollout.cassette import portable_id
+
+        factory.for_test(portable_id(request.node.nodeid))
     from pytest_rlrollout.locking import DeploymentLock
 
     lock = DeploymentLock(f"{dep.target.base_url}|{dep.target.deployment}")
-    with lock.exclusive() if swaps else lock.shared():
+    with lock.exclusive() if swaps else lock.shared(), _cassette_for(dep, request.node.nodeid, factory):
         yield
         if swaps:  # the next test starts from a deployment at rest
             dep.settle()
+
+
+@contextlib.contextmanager
+def _cassette_for(dep: RLDeployment, nodeid: str, factory: Any) -> Iterator[None]:
+    """Record into, or replay from, this test's cassette; the factory's knowledge at the start
+    of the test travels with it so replayed swaps build the same snapshots."""
+    t = dep.cassettes
+    if t is None:
+        yield
+        return
+    from pytest_rlrollout.cassette import Cassette, cassette_name
+
+    path = t.directory / cassette_name(nodeid)
+    if t.mode == "replay":
+        if not path.is_file():
+            inconclusive(f"no cassette for this test in {t.directory} (record it with --rl-record)")
+        cassette = Cassette.load(path)
+        if factory is not None and "factory" in cassette.meta:
+            factory.restore(cassette.meta["factory"])
+    else:
+        cassette = Cassette(path)
+        if factory is not None:
+            cassette.meta["factory"] = factory.state()
+    t.use(cassette)
+    try:
+        yield
+    finally:
+        t.use(t.session)
+        if t.mode == "record":
+            cassette.meta["test"] = nodeid
+            cassette.write(dep.target.api_key)
 
 
 def _require(dep: RLDeployment, capability: str) -> None:

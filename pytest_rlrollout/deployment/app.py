@@ -55,6 +55,7 @@ class Inference:
     logprobs: bool
     echo: bool
     echo_last: int | None
+    ignore_eos: bool
     raw_output: bool
     return_token_ids: bool
     perf_metrics: bool
@@ -137,6 +138,7 @@ def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: 
             "return_token_ids",
             "perf_metrics_in_response",
             "include_routing_matrix",
+            "ignore_eos",
         )
     }
     iso = _typed(body, "prompt_cache_isolation_key", str)
@@ -148,6 +150,7 @@ def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: 
         params=SamplingParams(temperature, top_p, top_k),
         seed=_typed(body, "seed", int),
         stream=flags["stream"],
+        ignore_eos=flags["ignore_eos"],
         logprobs=bool(logprobs) or flags["include_routing_matrix"],
         echo=flags["echo"],
         echo_last=_typed(body, "echo_last", int, None, lambda v: v >= 0, "a non-negative integer"),
@@ -200,7 +203,7 @@ class Run:
             max_tokens=req.max_tokens,
             params=req.params,
             rng=np.random.default_rng(seed),
-            stop_ids=text.stop_ids,
+            stop_ids=frozenset() if req.ignore_eos else text.stop_ids,
             session=session,
             isolation=isolation,
             want_prompt_entries=req.echo or req.echo_last is not None,

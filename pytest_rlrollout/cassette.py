@@ -36,6 +36,7 @@ import httpx
 SCRUBBED = "<scrubbed>"
 MATCHED_HEADERS = ("x-multi-turn-session-id", "x-session-affinity", "x-prompt-cache-isolation-key",
                    "x-fireworks-hot-load-drain-timeout", "fireworks-model", "fireworks-deployment")  # fmt: skip
+VOLATILE_BODY_FIELDS = ("request_id", "user", "metadata")  # differ between runs, change no answer
 KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "fireworks-backend-host", "fireworks-cached-prompt-tokens",
                          "fireworks-server-time-to-first-token", "fireworks-prompt-tokens")  # fmt: skip
 
@@ -67,7 +68,10 @@ def _auth_class(headers: httpx.Headers, key: str) -> str:
 def request_key(request: httpx.Request, key: str) -> str:
     body = request.content.decode("utf-8", "replace") if request.content else ""
     with contextlib.suppress(ValueError):
-        body = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"))
+        doc = json.loads(body)
+        if isinstance(doc, dict):
+            doc = {k: v for k, v in doc.items() if k not in VOLATILE_BODY_FIELDS}
+        body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     headers = {h: request.headers[h] for h in MATCHED_HEADERS if h in request.headers}
     doc = [request.method, request.url.path, str(request.url.query, "ascii") if isinstance(request.url.query, bytes)
            else str(request.url.query), headers, _auth_class(request.headers, key), body]  # fmt: skip
@@ -169,6 +173,7 @@ class CassetteTransport(httpx.BaseTransport):
         self.mode, self.api_key = mode, api_key
         self.inner = inner if inner is not None else (httpx.HTTPTransport() if mode == "record" else None)
         self.cassette: Cassette | None = None
+        self.record_mode = "rewrite"
         self.t0 = time.monotonic()
 
     def use(self, cassette: Cassette) -> None:

@@ -47,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how long a swap may take before the test gives up (default: 5 local, 900 live)")  # fmt: skip
     group.addoption("--rl-record", metavar="DIR", default=None,
                     help="record every exchange with the deployment into cassettes in DIR (one per test)")  # fmt: skip
+    group.addoption("--rl-record-mode", choices=["rewrite", "once", "none"], default="rewrite",
+                    help="rewrite: record every test anew; once: record only tests without a cassette; "
+                         "none: replay the --rl-record directory")  # fmt: skip
     group.addoption("--rl-replay", metavar="DIR", default=None,
                     help="replay the cassettes in DIR instead of talking to a deployment (offline)")  # fmt: skip
     group.addoption("--rl-long-stream-tokens", type=int, metavar="N", default=None,
@@ -71,6 +74,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("rl_record") and config.getoption("rl_record_mode") == "none":
+        config.option.rl_replay, config.option.rl_record = config.option.rl_record, None
+    if config.getoption("rl_record") and config.getoption("rl_replay"):
+        raise pytest.UsageError("--rl-record and --rl-replay exclude each other")
     config.addinivalue_line("markers", "rl_clause(*ids): the contract clauses a test checks (IDs from SPEC.md)")
     config.addinivalue_line("markers", "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets)")
     config.addinivalue_line("markers", "rl_requires(*capabilities): optional features the test needs")

@@ -312,6 +312,7 @@ def _cassette_transport(config: pytest.Config, key: str, dep_mode: str):
 
     t = CassetteTransport("record", key)
     t.directory, t.session = Path(directory), Cassette(Path(directory) / "_session.json")
+    t.record_mode = config.getoption("rl_record_mode")
     t.use(t.session)
     return t
 
@@ -407,6 +408,12 @@ def rl_snapshot_factory(request: pytest.FixtureRequest, rl_deployment: RLDeploym
 
 
 def _run_id(config: pytest.Config) -> str:
+    """Unique per run; when adding to existing cassettes (--rl-record-mode=once), theirs, so that
+    old and new cassettes name the same snapshots alike."""
+    record = config.getoption("rl_record")
+    session = Path(record) / "_session.json" if record else None
+    if session is not None and config.getoption("rl_record_mode") == "once" and session.is_file():
+        return json.loads(session.read_text())["meta"]["run_id"]
     return ((getattr(config, "workerinput", {}) or {}).get("testrunuid") or _controller_run_id(config))[:8]
 
 
@@ -478,12 +485,13 @@ def _cassette_for(dep: RLDeployment, nodeid: str, factory: Any) -> Iterator[None
         cassette = Cassette(path)
         if factory is not None:
             cassette.meta["factory"] = factory.state()
+    keep = t.mode == "record" and not (t.record_mode == "once" and path.is_file())
     t.use(cassette)
     try:
         yield
     finally:
         t.use(t.session)
-        if t.mode == "record":
+        if keep:
             cassette.meta["test"] = nodeid
             cassette.write(dep.target.api_key)
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_validate import write_sparse_snapshot  # noqa: E402
+from bench_validate import write_sparse_snapshot
 
-from pytest_rlrollout.bucket import Bucket  # noqa: E402
-from pytest_rlrollout.snapshot_factory import SnapshotFactory  # noqa: E402
+from pytest_rlrollout.bucket import Bucket
+from pytest_rlrollout.snapshot_factory import SnapshotFactory
 
 
 def main() -> int:

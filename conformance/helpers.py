@@ -7,6 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pytest_rlrollout.client import policy_versions
+
 
 def unique_prompt(name: str, n: int = 80, vocab: int = 500) -> list[int]:
     """A prompt no other test sends (tests share one deployment and its prompt cache)."""
@@ -27,12 +29,6 @@ def moe_shape(config: dict | None) -> tuple[int, int, int] | None:
 
 
 WHITELIST = ("stop", "length", "tool_calls")
-
-
-def long_stream_tokens(rl_deployment) -> int:
-    """Long enough for a swap to land inside the stream (--rl-long-stream-tokens; a live
-    deployment swaps in seconds, the local one in milliseconds)."""
-    return rl_deployment.long_stream_tokens
 
 
 def in_swap(replica: dict, identity: str) -> bool:
@@ -62,7 +58,7 @@ class Crossing:
 
     @property
     def versions(self) -> list:
-        return [c.get("model", "").rpartition("@")[2] if "@" in c.get("model", "") else None for c in self.chunks]
+        return policy_versions(self.chunks)
 
     @property
     def completed(self) -> bool:
@@ -108,19 +104,12 @@ def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None,
     thread.start()
     first.wait(timeout=120)
     c.t_signal = rl_deployment.mark("signal")
-    c.response = rl_deployment.hot_load({**built.signal, **signal})
+    c.response = rl_swap.post(built, **signal)
     c.t_posted = rl_deployment.mark("posted")
-    if c.response.status_code == 200:
-        c.waited = rl_deployment.wait_for(built.identity)
-        if c.waited.ok and built.kind == "full":
-            rl_swap.factory.loaded_full()
+    c.waited = rl_swap.follow(built, c.response).waited
     c.t_served = rl_deployment.mark("served")
     thread.join(timeout=rl_deployment.swap_timeout + 60)
     return c
-
-
-def streamed_tokens(chunks: list) -> int:
-    return sum(len(((ch.get("choices") or [{}])[0].get("logprobs") or {}).get("content") or []) for ch in chunks)
 
 
 @dataclass
@@ -138,7 +127,7 @@ def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None 
     at once, or on any), send `n` short requests at once (distinct sessions). Returns
     (built, probes); probes is empty when no status poll landed inside the swap."""
     built = rl_swap.build("probe")
-    r = rl_deployment.hot_load({**built.signal, **signal})
+    r = rl_swap.post(built, **signal)
     assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
     deadline = time.monotonic() + rl_deployment.swap_timeout
     replicas = []
@@ -148,6 +137,7 @@ def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None 
         if all(states) if every else any(states):
             break
         if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
+            rl_swap.follow(built, r)
             return built, []
     all_in, any_in = bool(replicas) and all(states), any(states)
     out: list = [None] * n
@@ -167,7 +157,7 @@ def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None 
         th.start()
     for th in threads:
         th.join(timeout=rl_deployment.swap_timeout + 60)
-    rl_deployment.wait_for(built.identity)
+    rl_swap.follow(built, r)
     return built, [p for p in out if p is not None]
 
 

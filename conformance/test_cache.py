@@ -13,6 +13,10 @@ def ask(rl_deployment, prompt, headers=None, **body):  # max_tokens=2 unless giv
     return rl_deployment.complete(payload, headers=headers or {})
 
 
+def cached(stream) -> int:
+    return stream.cached_tokens()["usage"] or 0
+
+
 @clause("CACHE-RPT-1")
 def test_cached_tokens_reported_consistently(rl_deployment, request):
     prompt = unique_prompt(request.node.name)
@@ -38,9 +42,9 @@ def test_same_session_reuses_a_long_prefix(rl_deployment, request):
     h = {"x-multi-turn-session-id": request.node.name}
     first = ask(rl_deployment, prompt, h)
     second = ask(rl_deployment, prompt, h)
-    if not (second.cached_tokens()["usage"] or 0) > 0:
+    if not cached(second) > 0:
         same_replica(first, second)
-    assert (second.cached_tokens()["usage"] or 0) > 0
+    assert cached(second) > 0
 
 
 @clause("CACHE-ISO-1")
@@ -58,7 +62,7 @@ def test_cache_hits_do_not_change_results(rl_deployment, request):
     h = {"x-multi-turn-session-id": request.node.name}
     cold = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True)
     warm = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True)
-    if not (warm.cached_tokens()["usage"] or 0) > 0:
+    if not cached(warm) > 0:
         inconclusive("the second request was not served from the prompt cache (see CACHE-HIT-1)")
     assert [e["token_id"] for e in cold.entries] == [e["token_id"] for e in warm.entries]
     worst = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(cold.entries, warm.entries, strict=True))
@@ -81,10 +85,6 @@ CELLS = [pytest.param(cell, policy, who, reuse, marks=clause(cell), id=cell)
 # `all` is also the default: the same cell with the field left out
 CELLS.append(pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=clause("CACHE-MATRIX-ALL-SAME"),
                           id="CACHE-MATRIX-ALL-SAME-omitted"))  # fmt: skip
-
-
-def cached(stream) -> int:
-    return stream.cached_tokens()["usage"] or 0
 
 
 def session_on(rl_deployment, host, name):

@@ -9,8 +9,9 @@ import itertools
 import statistics
 
 import pytest
-from helpers import WHITELIST, across_swap, long_stream_tokens, probes_during_swap, streamed_tokens, unique_prompt
+from helpers import WHITELIST, across_swap, probes_during_swap, unique_prompt
 
+from pytest_rlrollout.client import logprob_entries
 from pytest_rlrollout.report import inconclusive, not_applicable
 
 clause = pytest.mark.rl_clause
@@ -19,7 +20,7 @@ requires = pytest.mark.rl_requires
 
 
 def long_body(rl_deployment, name):
-    return {"prompt": unique_prompt(name, 40), "max_tokens": long_stream_tokens(rl_deployment), "temperature": 0,
+    return {"prompt": unique_prompt(name, 40), "max_tokens": rl_deployment.long_stream_tokens, "temperature": 0,
             "logprobs": True, "ignore_eos": True}  # fmt: skip
 
 
@@ -37,8 +38,9 @@ def judge_completion(c) -> None:
     assert s.done, f"no data: [DONE] (finish_reason {s.finish_reason!r})"
     assert s.finish_reason in WHITELIST, f"finish_reason {s.finish_reason!r}"
     usage = s.usage or {}
-    assert streamed_tokens(c.chunks) == usage.get("completion_tokens"), (
-        f"{streamed_tokens(c.chunks)} tokens streamed, usage says {usage.get('completion_tokens')} (restarted?)"
+    streamed = len(logprob_entries(c.chunks))
+    assert streamed == usage.get("completion_tokens"), (
+        f"{streamed} tokens streamed, usage says {usage.get('completion_tokens')} (restarted?)"
     )
 
 

@@ -1,7 +1,7 @@
 """VER — the policy version (`model@identity`) on every response."""
 
 import pytest
-from helpers import across_swap, long_stream_tokens, unique_prompt
+from helpers import across_swap, unique_prompt
 
 from pytest_rlrollout.report import inconclusive, unsupported
 
@@ -42,7 +42,7 @@ def test_streamed_chunks_carry_the_served_identity(rl_deployment, chat, request)
 @clause("VER-STREAM-1")
 def test_versions_across_a_swap_name_loaded_snapshots(rl_deployment, rl_swap, request):
     old = loaded(rl_deployment)
-    body = {"prompt": unique_prompt(request.node.name, 40), "max_tokens": long_stream_tokens(rl_deployment), "ignore_eos": True,
+    body = {"prompt": unique_prompt(request.node.name, 40), "max_tokens": rl_deployment.long_stream_tokens, "ignore_eos": True,
             "temperature": 0}  # fmt: skip
     c = across_swap(rl_deployment, rl_swap, body)
     if not c.chunks:

@@ -73,8 +73,14 @@ def request_key(request: httpx.Request, key: str) -> str:
             doc = {k: v for k, v in doc.items() if k not in VOLATILE_BODY_FIELDS}
         body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     headers = {h: request.headers[h] for h in MATCHED_HEADERS if h in request.headers}
-    doc = [request.method, request.url.path, str(request.url.query, "ascii") if isinstance(request.url.query, bytes)
-           else str(request.url.query), headers, _auth_class(request.headers, key), body]  # fmt: skip
+    doc = [
+        request.method,
+        request.url.path,
+        request.url.query.decode(),
+        headers,
+        _auth_class(request.headers, key),
+        body,
+    ]
     return _scrub(json.dumps(doc, sort_keys=True), key)
 
 
@@ -167,14 +173,23 @@ class _ReplayedStream(httpx.SyncByteStream):
 
 class CassetteTransport(httpx.BaseTransport):
     """`mode` 'record': forward to the network and write down; 'replay': answer from cassettes
-    and never open a socket. The current cassette is switched per test by the plugin."""
+    and never open a socket. The current cassette is switched per test by the plugin; `session`
+    holds what happens outside tests."""
 
-    def __init__(self, mode: str, api_key: str, inner: httpx.BaseTransport | None = None):
-        self.mode, self.api_key = mode, api_key
+    def __init__(
+        self,
+        mode: str,
+        api_key: str,
+        directory: Path,
+        session: Cassette,
+        *,
+        record_mode: str = "rewrite",
+        inner: httpx.BaseTransport | None = None,
+    ):
+        self.mode, self.api_key, self.directory, self.session = mode, api_key, directory, session
+        self.record_mode = record_mode  # rewrite | once
         self.inner = inner if inner is not None else (httpx.HTTPTransport() if mode == "record" else None)
-        self.cassette: Cassette | None = None
-        self.record_mode = "rewrite"
-        self.t0 = time.monotonic()
+        self.use(session)
 
     def use(self, cassette: Cassette) -> None:
         self.cassette, self.t0 = cassette, time.monotonic()

@@ -66,16 +66,12 @@ class Stream:
     @property
     def versions(self) -> list[str | None]:
         """The policy version (`@identity` suffix) of every chunk; None where a chunk has none."""
-        return [c.get("model", "").rpartition("@")[2] if "@" in c.get("model", "") else None for c in self.chunks]
+        return policy_versions(self.chunks)
 
     @property
     def entries(self) -> list[dict[str, Any]]:
         """Every logprobs.content entry, in order."""
-        out = []
-        for c in self.chunks:
-            for choice in c.get("choices") or []:
-                out += ((choice or {}).get("logprobs") or {}).get("content") or []
-        return out
+        return logprob_entries(self.chunks)
 
     @property
     def final(self) -> dict[str, Any]:
@@ -113,6 +109,20 @@ class Stream:
             "header": int(header) if header is not None and header.isdigit() else None,
             "perf_metrics": perf.get("cached-prompt-tokens"),
         }
+
+
+def policy_versions(chunks: list[dict[str, Any]]) -> list[str | None]:
+    """The `@identity` suffix of each chunk's `model`; None where a chunk has none."""
+    return [c.get("model", "").rpartition("@")[2] if "@" in c.get("model", "") else None for c in chunks]
+
+
+def logprob_entries(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every logprobs.content entry of `chunks`, in order."""
+    out = []
+    for c in chunks:
+        for choice in c.get("choices") or []:
+            out += ((choice or {}).get("logprobs") or {}).get("content") or []
+    return out
 
 
 def routing_matrix(entry: dict[str, Any], layers: int, k: int) -> np.ndarray:
@@ -170,9 +180,18 @@ class DeploymentClient:
             self._hot_load_url("/hint"), json={"identity": identity, "file": file}, headers=self.hot_load_headers()
         )
 
-    def _ledger_url(self) -> str:
+    def _deployment_url(self) -> str:
         t = self.target
-        return f"{t.base_url.rstrip('/')}/v1/accounts/{t.account}/deployments/{t.deployment_id}/ledger"
+        return f"{t.base_url.rstrip('/')}/v1/accounts/{t.account}/deployments/{t.deployment_id}"
+
+    def _ledger_url(self) -> str:
+        return self._deployment_url() + "/ledger"
+
+    def resource(self) -> dict[str, Any]:
+        """The deployment resource (GET /v1/accounts/<a>/deployments/<d>), {} when unavailable."""
+        r = self.http.get(self._deployment_url(), headers=self.auth_headers())
+        json_body = r.headers.get("content-type", "").startswith("application/json")
+        return r.json() if r.status_code == 200 and json_body else {}
 
     def ledger(self) -> httpx.Response:
         return self.http.get(self._ledger_url(), headers=self.auth_headers())
@@ -215,7 +234,7 @@ class DeploymentClient:
                     state = x.get("loading_state") or {}
                     if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
                         return Waited(False, time.monotonic() - start, replicas, state.get("error") or "load failed")
-                partial = any(_serves(x, identity, lora) for x in replicas) and not any(map(_busy, replicas))
+                partial = any(_serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
                 stalled_since = (stalled_since or time.monotonic()) if partial else None
                 if stalled_after is not None and stalled_since and time.monotonic() - stalled_since > stalled_after:
                     behind = [x.get("current_snapshot_identity") for x in replicas if not _serves(x, identity, lora)]
@@ -279,13 +298,14 @@ class DeploymentClient:
             "replicas": len(replicas),
             "lora": any("loaded_adapters" in r for r in replicas),
             "ledger": self.ledger().status_code == 200,
+            "backend_host": "fireworks-backend-host" in probe.headers,
         }
 
 
 BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 
 
-def _busy(replica: dict[str, Any]) -> bool:
+def busy(replica: dict[str, Any]) -> bool:
     return ((replica.get("loading_state") or {}).get("stage")) in BUSY_STAGES
 
 

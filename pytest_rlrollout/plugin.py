@@ -122,21 +122,22 @@ def _provenance(config: pytest.Config) -> dict[str, Any]:
     import datetime
 
     from pytest_rlrollout import __version__
-    from pytest_rlrollout.subject import option
+    from pytest_rlrollout.subject import cassette_dir, option
 
     name = option(config, "rl_deployment") or "local"
     replay = config.getoption("rl_replay")
+    cassettes = cassette_dir(replay) if replay else config.getoption("rl_record")
     out = {
-        "deployment": name if not replay else _replayed_deployment(replay),
+        "deployment": name if not replay else _replayed_deployment(cassettes),
         "mode": "replay" if replay else "local" if name == "local" else "live",
-        "cassettes": _cassette_digest(str(cassette_dir(replay)) if replay else config.getoption("rl_record")),
+        "cassettes": _cassette_digest(cassettes),
         "recorded": config.getoption("rl_record"),
         "base_url": option(config, "rl_base_url") if name != "local" else None,
         "suite_version": __version__,
         "level": config.getoption("rl_level"),
         "transition": config.getoption("rl_transition"),
         "snapshot": config.getoption("rl_snapshot"),
-        "base_digest": _base_digest(config),
+        "base_digest": _base_digest(config, local=name == "local"),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if name != "local" and not replay:
@@ -144,18 +145,12 @@ def _provenance(config: pytest.Config) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def cassette_dir(value: str) -> Path:
-    from pytest_rlrollout.subject import cassette_dir as find
-
-    return find(value)
-
-
-def _replayed_deployment(directory: str) -> str:
-    session = cassette_dir(directory) / "_session.json"
+def _replayed_deployment(directory: Path) -> str:
+    session = directory / "_session.json"
     return json.loads(session.read_text())["meta"].get("deployment", "?") if session.is_file() else "?"
 
 
-def _cassette_digest(directory: str | None) -> str | None:
+def _cassette_digest(directory: str | Path | None) -> str | None:
     if not directory or not Path(directory).is_dir():
         return None
     from pytest_rlrollout.cassette import digest
@@ -163,7 +158,7 @@ def _cassette_digest(directory: str | None) -> str | None:
     return digest(Path(directory))
 
 
-def _base_digest(config: pytest.Config) -> str | None:
+def _base_digest(config: pytest.Config, *, local: bool) -> str | None:
     """sha256 over the base's config, index and spec (what a swap is built from)."""
     import hashlib
 
@@ -171,7 +166,7 @@ def _base_digest(config: pytest.Config) -> str | None:
 
     base = config.getoption("rl_base")
     if not base:
-        if option_is_local(config):
+        if local:
             from pytest_rlrollout import refmodel
 
             return f"reference model {refmodel.BASE_IDENTITY}"
@@ -181,12 +176,6 @@ def _base_digest(config: pytest.Config) -> str | None:
         path = Path(base) / name
         h.update(path.read_bytes() if path.is_file() else b"")
     return "sha256:" + h.hexdigest()
-
-
-def option_is_local(config: pytest.Config) -> bool:
-    from pytest_rlrollout.subject import option
-
-    return (option(config, "rl_deployment") or "local") == "local"
 
 
 def _live_state(config: pytest.Config) -> dict[str, Any]:

@@ -9,6 +9,7 @@ record what was served at the start, and remove every snapshot they uploaded at 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlrollout.client import _busy
+from pytest_rlrollout.client import busy
 from pytest_rlrollout.report import inconclusive, unsupported
 
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
@@ -67,6 +68,11 @@ class RLDeployment:
         return self.target.mode
 
     @property
+    def key(self) -> str:
+        """Names the deployment for the lock and the run's shared record (same URL + name = same)."""
+        return f"{self.target.base_url}|{self.target.deployment}"
+
+    @property
     def bucket(self) -> Path | None:
         """The bucket's directory when it is on this machine."""
         return self.bucket_store.local_path if self.bucket_store is not None else None
@@ -107,26 +113,13 @@ class RLDeployment:
             return None
         return json.loads((self.base_snapshot / "config.json").read_text())
 
-    def resource(self) -> dict[str, Any]:
-        """The deployment resource (GET /v1/accounts/<a>/deployments/<d>), {} when unavailable."""
-        t = self.target
-        url = f"{t.base_url.rstrip('/')}/v1/accounts/{t.account}/deployments/{t.deployment_id}"
-        r = self.client.http.get(url, headers=self.client.auth_headers())
-        return (
-            r.json()
-            if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json")
-            else {}
-        )
-
     @property
     def capabilities(self) -> dict[str, Any]:
         """Discovered once, without changing state: moe, nonstream_version, replicas, lora,
         ledger, backend_host, transition."""
         if self._capabilities is None:
             caps = self.client.capabilities()
-            probe = self.client.complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0})
-            caps["backend_host"] = "fireworks-backend-host" in probe.headers
-            declared = (self.resource().get("hotLoadTransitionType") or "").upper() or None
+            declared = (self.client.resource().get("hotLoadTransitionType") or "").upper() or None
             caps["transition"] = self._transition or declared
             self._capabilities = caps
         return self._capabilities
@@ -171,7 +164,7 @@ class RLDeployment:
             replicas = self.replicas()
             if not replicas:
                 return False  # nothing to observe (see HL-GET-1)
-            if all(r.get("readiness") and not _busy(r) for r in replicas):
+            if all(r.get("readiness") and not busy(r) for r in replicas):
                 return True
             time.sleep(0.02)
         return False
@@ -179,7 +172,10 @@ class RLDeployment:
     @property
     def cassettes(self) -> Any:
         """The recording or replaying transport, or None."""
-        return getattr(self.client.transport, "session", None) and self.client.transport
+        from pytest_rlrollout.cassette import CassetteTransport
+
+        t = self.client.transport
+        return t if isinstance(t, CassetteTransport) else None
 
     def __getattr__(self, name: str) -> Any:  # status, wait, ledger, complete, mark, ...
         return getattr(self.client, name)
@@ -203,16 +199,24 @@ class Swapper:
 
     def signal(self, built: Any, **extra: Any) -> SwapResult:
         """Signal `built` (with extra body fields) and wait until it is served or fails."""
-        r = self.deployment.hot_load({**built.signal, **extra})
-        if r.status_code != 200:
+        return self.follow(built, self.post(built, **extra))
+
+    def post(self, built: Any, **extra: Any) -> Any:
+        """Only the POST: tests that act between the signal and the rollout call `follow` after."""
+        return self.deployment.hot_load({**built.signal, **extra})
+
+    def follow(self, built: Any, response: Any) -> SwapResult:
+        """Wait until the signalled snapshot is served everywhere or fails, and leave the
+        deployment at rest either way."""
+        if response.status_code != 200:
             self.deployment.settle()
-            return SwapResult(built, r, None)
+            return SwapResult(built, response, None)
         waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora")
         if waited.ok and built.kind == "full":
             self.factory.loaded_full()
         if not waited.ok:
             self.deployment.settle()
-        return SwapResult(built, r, waited)
+        return SwapResult(built, response, waited)
 
     def build(self, label: str = "step", change: dict[str, Any] | None = None) -> Any:
         return self.factory.step(self.deployment.serving(), label, change)
@@ -241,7 +245,7 @@ def _local_deployment(config: pytest.Config, tmp_path_factory: pytest.TempPathFa
     faults = frozenset(config.getoption("rl_local_fault"))
     with reference_deployment(bucket, faults=faults, transition=transition, **LOCAL_PROFILE) as dep:
         target = Target(dep.name, dep.base_url, dep.model, dep.api_key, mode="local")
-        with DeploymentClient(target, transport=_cassette_transport(config, dep.api_key, "local")) as client:
+        with DeploymentClient(target, transport=_cassette_transport(config, dep.api_key)) as client:
             yield RLDeployment(client, allow_hot_load=True, base_snapshot=bucket / refmodel.BASE_IDENTITY,
                                bucket=Bucket(bucket), transition=transition,
                                swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
@@ -269,7 +273,7 @@ def _live_deployment(config: pytest.Config, name: str) -> Iterator[RLDeployment]
     except ValueError as e:
         raise pytest.UsageError(f"--rl-bucket-url: {e}") from None
     transition = (config.getoption("rl_transition") or "").upper() or None
-    with DeploymentClient(target, transport=_cassette_transport(config, key, "live")) as client:
+    with DeploymentClient(target, transport=_cassette_transport(config, key)) as client:
         yield RLDeployment(client, allow_hot_load=config.getoption("rl_allow_hot_load"),
                            base_snapshot=Path(base) if base else None, bucket=bucket, transition=transition,
                            swap_timeout=config.getoption("rl_swap_timeout"))  # fmt: skip
@@ -303,18 +307,15 @@ def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             session.write(dep.target.api_key)
 
 
-def _cassette_transport(config: pytest.Config, key: str, dep_mode: str):
+def _cassette_transport(config: pytest.Config, key: str):
     """A recording transport when --rl-record is given, else None."""
     directory = config.getoption("rl_record")
     if not directory:
         return None
     from pytest_rlrollout.cassette import Cassette, CassetteTransport
 
-    t = CassetteTransport("record", key)
-    t.directory, t.session = Path(directory), Cassette(Path(directory) / "_session.json")
-    t.record_mode = config.getoption("rl_record_mode")
-    t.use(t.session)
-    return t
+    session = Cassette(Path(directory) / "_session.json")
+    return CassetteTransport("record", key, Path(directory), session, record_mode=config.getoption("rl_record_mode"))
 
 
 def cassette_dir(value: str) -> Path:
@@ -344,9 +345,7 @@ def _replay_deployment(config: pytest.Config, tmp_path_factory, directory: Path)
         raise pytest.UsageError(f"--rl-replay {directory}: no _session.json (record with --rl-record first)")
     session = Cassette.load(session_file)
     meta = session.meta
-    transport = CassetteTransport("replay", "replay-key")
-    transport.directory, transport.session = directory, session
-    transport.use(session)
+    transport = CassetteTransport("replay", "replay-key", directory, session)
     # snapshots are still built (their signals must match the recording), into a bucket nobody reads
     bucket = tmp_path_factory.mktemp("rl-replay-bucket")
     base = config.getoption("rl_base")
@@ -396,9 +395,9 @@ def rl_snapshot_factory(request: pytest.FixtureRequest, rl_deployment: RLDeploym
     if rl_deployment.mode == "replay":
         run_id = rl_deployment.cassettes.session.meta["run_id"]
     workdir = tmp_path_factory.mktemp("rl-snapshots")
-    key = hashlib_key(rl_deployment)
-    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket_store, workdir, run_id,
-                           run_dir(config) / f"rl-record-{key}.json", model=rl_deployment.target.model)  # fmt: skip
+    record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
+    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket_store, workdir, run_id, record,
+                           model=rl_deployment.target.model)  # fmt: skip
     yield made
     removed = made.cleanup()
     if rl_deployment.mode == "live":
@@ -422,12 +421,6 @@ def _controller_run_id(config: pytest.Config) -> str:
     if not marker.exists():
         marker.write_text(uuid.uuid4().hex)
     return marker.read_text()
-
-
-def hashlib_key(dep: RLDeployment) -> str:
-    import hashlib
-
-    return hashlib.sha256(f"{dep.target.base_url}|{dep.target.deployment}".encode()).hexdigest()[:12]
 
 
 @pytest.fixture
@@ -457,7 +450,7 @@ def _rl_deployment_lock(request: pytest.FixtureRequest):
         factory.for_test(portable_id(request.node.nodeid))
     from pytest_rlrollout.locking import DeploymentLock
 
-    lock = DeploymentLock(f"{dep.target.base_url}|{dep.target.deployment}")
+    lock = DeploymentLock(dep.key)
     with lock.exclusive() if swaps else lock.shared(), _cassette_for(dep, request.node.nodeid, factory):
         yield
         if swaps:  # the next test starts from a deployment at rest

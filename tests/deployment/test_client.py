@@ -82,7 +82,8 @@ def test_non_streaming_and_errors(dep):
 def test_capabilities_of_the_reference_deployment(dep):
     with client_for(dep) as c:
         caps = c.capabilities()
-    assert caps == {"moe": True, "nonstream_version": True, "replicas": 2, "lora": True, "ledger": True}
+    assert caps == {"moe": True, "nonstream_version": True, "replicas": 2, "lora": True, "ledger": True,
+                    "backend_host": True}  # fmt: skip
 
 
 @pytest.mark.parametrize(

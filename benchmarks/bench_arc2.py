@@ -7,8 +7,8 @@ Builds bf16 parent/target shards (weights ~N(0, 0.02), a training-step-like upda
 checked) with:
   - fdc in place:   fireworks_delta_compression.delta_decompress_inplace (mmap, one thread; what a
                     server-style loader calls; it msyncs the file)
-  - ours verify:    pytest_rlrollout.arc2.verify_file (decode + check, nothing written)
-  - ours apply:     pytest_rlrollout.arc2.apply_files (decode + check + write the target file)
+  - ours verify:    pytest_rlrollout.snapshot.arc2.verify_file (decode + check, nothing written)
+  - ours apply:     pytest_rlrollout.snapshot.arc2.apply_files (decode + check + write the target file)
 Each run is a fresh subprocess, so peak RSS (VmHWM) is that run's own. Prints throughput
 in diff-GB/s, ratios against fdc, thread scaling, and peak RSS against 2 x largest tensor + 64 MB.
 """
@@ -32,8 +32,8 @@ PER_FILE = 4
 
 
 def build(root: Path, gb: float) -> tuple[list[str], int]:
-    from pytest_rlrollout import arc2
-    from pytest_rlrollout import safetensors_io as st
+    from pytest_rlrollout.snapshot import arc2
+    from pytest_rlrollout.snapshot import safetensors_io as st
 
     rng = np.random.default_rng(0)
     (root / "parent").mkdir()
@@ -70,7 +70,7 @@ if mode == "fdc":
     for f in files:
         delta_decompress_inplace(base_path=str(root / "work" / f), diff_path=str(root / "diff" / f), compression_format="arc_v2")
 else:
-    from pytest_rlrollout import arc2
+    from pytest_rlrollout.snapshot import arc2
     out = (lambda f: root / "out" / f) if mode == "apply" else (lambda f: None)
     t = time.perf_counter()
     arc2.apply_files([arc2.FilePlan(f, root / "parent" / f, root / "diff" / f, out(f)) for f in files], threads=threads)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from pytest_rlrollout import factory, refmodel
+from pytest_rlrollout.snapshot import build, tiny_moe
 
 PROMPT = list(range(10, 74))
 ENV: dict[str, str] = {}
@@ -174,16 +174,16 @@ def main() -> int:
             print(
                 f"tokens/s, 32 sessions:  {many:8.0f}   (target >= 5000: {'met' if many >= 5000 else 'MISSED'}; {many / one:.1f}x one session)"
             )
-            base = bucket / refmodel.BASE_IDENTITY
+            base = bucket / tiny_moe.BASE_IDENTITY
             full, inc, lora = [], [], []
             current = base
             for i in range(5):
-                target = factory.derive(current, bucket / f"full-{i}", factory.perturbed(current, seed=i + 1))
+                target = build.derive(current, bucket / f"full-{i}", build.perturbed(current, seed=i + 1))
                 full.append(ready_latency(dep, bucket, {"identity": f"full-{i}"}))
-                nxt = factory.derive(target, Path(d) / f"t-{i}", factory.perturbed(target, seed=100 + i))
-                signal = factory.make_incremental(target, nxt, bucket / f"inc-{i}")
+                nxt = build.derive(target, Path(d) / f"t-{i}", build.perturbed(target, seed=100 + i))
+                signal = build.make_incremental(target, nxt, bucket / f"inc-{i}")
                 inc.append(ready_latency(dep, bucket, signal))
-                factory.make_lora(base, bucket / f"lora-{i}", base_model=dep.model, seed=i)
+                build.make_lora(base, bucket / f"lora-{i}", base_model=dep.model, seed=i)
                 lora.append(ready_latency(dep, bucket, {"identity": f"lora-{i}"}, lora=True))
                 current = nxt
         finally:

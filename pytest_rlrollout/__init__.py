@@ -1,23 +1,32 @@
-"""pytest-rlrollout: prove an RL-rollout hot-load deployment honours its contract."""
+"""pytest-rlrollout: prove an RL-rollout hot-load deployment honours its contract.
+
+The products, one package each: `contract` (the clause catalogue, schemas, outcome vocabulary),
+`snapshot` (the exporter gate: formats, builders, the validator), `reference` (the bundled
+reference deployment), `remote` (the client for a deployment under test, cassettes) and
+`suite` (the pytest plugin and the conformance tests).
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Loaded on first use so the pytest plugin stays cheap to import.
 _EXPORTS = {
-    "Clause": "pytest_rlrollout.catalogue",
-    "catalogue": "pytest_rlrollout.catalogue",
-    "Finding": "pytest_rlrollout.validator",
-    "Report": "pytest_rlrollout.validator",
-    "validate": "pytest_rlrollout.validator",
+    "Clause": "pytest_rlrollout.contract",
+    "catalogue": "pytest_rlrollout.contract",
+    "Outcome": "pytest_rlrollout.contract",
+    "Finding": "pytest_rlrollout.snapshot.validate",
+    "Report": "pytest_rlrollout.snapshot.validate",
+    "validate": "pytest_rlrollout.snapshot.validate",
+    "reference_deployment": "pytest_rlrollout.reference",
 }
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'pytest_rlrollout' has no attribute {name!r}")

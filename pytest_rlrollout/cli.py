@@ -22,7 +22,7 @@ def _size(text: str) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from pytest_rlrollout.validator import load_signal, validate
+    from pytest_rlrollout.snapshot.validate import load_signal, validate
 
     signal = load_signal(args.signal) if args.signal else None
     report = validate(
@@ -34,41 +34,42 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         base_model=tuple(args.base_model),
         hf_config=not args.no_transformers,
     )
+    level = args.level.upper()
     if args.format == "json":
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps(report.as_dict(level), indent=2))
     else:
         print(report.text())
-    return EXIT_OK if report.ok(args.level.upper()) else EXIT_FINDINGS
+    return EXIT_OK if report.ok(level) else EXIT_FINDINGS
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pytest_rlrollout import factory
+    from pytest_rlrollout.snapshot import build
 
-    dst = factory.export_checkpoint(args.src, args.dst, max_bytes=args.max_shard_size)
+    dst = build.export_checkpoint(args.src, args.dst, max_bytes=args.max_shard_size)
     print(f"wrote {dst}")
     return EXIT_OK
 
 
 def _cmd_delta(args: argparse.Namespace) -> int:
-    from pytest_rlrollout import factory
+    from pytest_rlrollout.snapshot import build
 
-    signal = factory.make_incremental(args.parent, args.target, args.out, threads=args.threads)
+    signal = build.make_incremental(args.parent, args.target, args.out, threads=args.threads)
     print(json.dumps(signal, indent=2))
     return EXIT_OK
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    from pytest_rlrollout import factory
+    from pytest_rlrollout.snapshot import build
 
-    print(f"wrote {factory.apply_incremental(args.parent, args.diff, args.out, threads=args.threads)}")
+    print(f"wrote {build.apply_incremental(args.parent, args.diff, args.out, threads=args.threads)}")
     return EXIT_OK
 
 
 def _cmd_make_base(args: argparse.Namespace) -> int:
-    from pytest_rlrollout import refmodel
+    from pytest_rlrollout.snapshot import tiny_moe
 
-    path = refmodel.make_base(args.dir)
-    print(f"wrote {path} (model {refmodel.MODEL_NAME})")
+    path = tiny_moe.make_base(args.dir)
+    print(f"wrote {path} (model {tiny_moe.MODEL_NAME})")
     return EXIT_OK
 
 
@@ -77,7 +78,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import tempfile
     import threading
 
-    from pytest_rlrollout.deployment import reference_deployment
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
 
     bucket = args.bucket or Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
     options = dict(
@@ -85,10 +87,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         transition=args.transition.upper(),
         api_key=args.api_key,
         faults=frozenset(args.fault),
-        load_delay=args.load_delay,
         stagger=args.stagger,
-        swap_delay=args.swap_delay,
-        token_delay=args.token_delay,
+        **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
     # the built-in key is public; a key of the user's own is never echoed
     shown_key = args.api_key if args.api_key == "rl-reference-key" else "<the --api-key you chose>"
@@ -104,6 +104,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f" --rl-model={dep.model} --rl-api-key={shown_key} --rl-allow-hot-load"
             f" --rl-bucket-url={bucket} --rl-base-snapshot={bucket / dep.settings.base_identity}"
             f" --rl-transition={options['transition']}"
+            # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
+            f" --rl-long-stream-tokens=64 --rl-swap-timeout=10"
         )
         print(
             f"serving {dep.settings.base_identity} on {args.replicas} replica(s), {options['transition']}", flush=True
@@ -114,10 +116,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_clauses(args: argparse.Namespace) -> int:
-    from pytest_rlrollout.catalogue import catalogue
+    from pytest_rlrollout.contract import catalogue
 
-    for c in catalogue():
-        if args.area is None or c.area == args.area.upper():
+    cat = catalogue()
+    if args.format == "md":
+        if args.area:
+            raise ValueError("--format md prints the whole contract; drop --area")
+        from pytest_rlrollout.suite.docs import contract_markdown
+
+        sys.stdout.write(contract_markdown())
+        return EXIT_OK
+    area = args.area.upper() if args.area else None
+    if area is not None and area not in cat.areas:
+        raise ValueError(f"--area {args.area}: no such area (areas: {', '.join(cat.areas)})")
+    chosen = [c for c in cat if area is None or c.area == area]
+    if args.format == "json":
+        print(json.dumps([c.__dict__ for c in chosen], indent=2))
+    else:
+        for c in chosen:
             print(f"{c.id:24} {c.level:6} {c.rule}")
     return EXIT_OK
 
@@ -172,11 +188,11 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", default="rl-reference-key")
     sv.add_argument("--fault", action="append", default=[], metavar="CLAUSE-ID", help="break one clause on purpose")
-    # defaults: the pace the conformance suite needs to observe swaps (see subject.LOCAL_PROFILE)
-    sv.add_argument("--load-delay", type=float, default=0.03, help="seconds each replica takes to load a snapshot")
+    # the delays default to the pace at which the conformance suite can observe swaps
+    sv.add_argument("--load-delay", type=float, help="seconds each replica takes to load a snapshot")
     sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
-    sv.add_argument("--swap-delay", type=float, default=0.1, help="seconds a replica pauses at the swap")
-    sv.add_argument("--token-delay", type=float, default=0.003, help="seconds per decode step (0: full speed)")
+    sv.add_argument("--swap-delay", type=float, help="seconds a replica pauses at the swap")
+    sv.add_argument("--token-delay", type=float, help="seconds per decode step (0: full speed)")
     sv.set_defaults(run=_cmd_serve)
 
     cf = sub.add_parser(
@@ -188,8 +204,9 @@ def parser() -> argparse.ArgumentParser:
     cf.add_argument("pytest_args", nargs=argparse.REMAINDER)
     cf.set_defaults(run=_cmd_conformance)
 
-    c = sub.add_parser("clauses", help="list the contract's clauses")
-    c.add_argument("--area")
+    c = sub.add_parser("clauses", help="list the contract's clauses (--format md: the contract document)")
+    c.add_argument("--area", help="only this area (SNAP, HL, SWAP, CACHE, SESS, VER, R3, INF, NUM)")
+    c.add_argument("--format", choices=["text", "json", "md"], default="text")
     c.set_defaults(run=_cmd_clauses)
     return p
 
@@ -197,9 +214,8 @@ def parser() -> argparse.ArgumentParser:
 def _cmd_conformance(args: argparse.Namespace) -> int:
     import pytest
 
-    from pytest_rlrollout.catalogue import data_dir
+    from pytest_rlrollout.suite.options import CONFORMANCE as suite
 
-    suite = data_dir("conformance")
     modules = {p.stem.removeprefix("test_"): p for p in suite.glob("test_*.py")}
     chosen = [str(modules[a.removeprefix("test_").removesuffix(".py")]) for a in args.pytest_args
               if a.removeprefix("test_").removesuffix(".py") in modules]  # fmt: skip
@@ -213,8 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
         return _cmd_conformance(argparse.Namespace(pytest_args=argv[1:]))
     args = parser().parse_args(argv)
-    from pytest_rlrollout.arc2 import DeltaError
-    from pytest_rlrollout.factory import SnapshotError
+    from pytest_rlrollout.snapshot.arc2 import DeltaError
+    from pytest_rlrollout.snapshot.build import SnapshotError
 
     try:
         return args.run(args)

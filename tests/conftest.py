@@ -1,14 +1,26 @@
-import hashlib
-import os
+import contextlib
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from pytest_rlrollout.broken import ReferenceCases
+from pytest_rlrollout.reference import reference_deployment
+from pytest_rlrollout.snapshot import tiny_moe
+from pytest_rlrollout.snapshot.cases import ReferenceCases
+
+from .support import ROWS, Client, assemble
 
 pytest_plugins = ["pytester"]
 
-SPEC_MD = Path(__file__).resolve().parents[2] / "shared" / "contract" / "SPEC.md"
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_schemathesis_plugin():
+    """The suite runs pytest inside tests (pytester) and in subprocesses; schemathesis's pytest
+    plugin costs seconds per start-up and none of those runs uses it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTEST_ADDOPTS", "-p no:schemathesis")
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -17,46 +29,65 @@ def reference(tmp_path_factory) -> ReferenceCases:
     return ReferenceCases(tmp_path_factory.mktemp("reference"))
 
 
-def tree_hash(root: Path) -> str:
-    """Names, modes, sizes, mtimes and contents of everything under root (symlinks not followed)."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames + dirnames):
-            p = Path(dirpath) / name
-            st = p.lstat()
-            h.update(f"{p.relative_to(root)}|{st.st_mode}|{st.st_size}|{st.st_mtime_ns}".encode())
-            if p.is_file() and not p.is_symlink() and st.st_size < (64 << 20):
-                h.update(p.read_bytes())
-    return h.hexdigest()
+@pytest.fixture(scope="session")
+def base_snapshot(tmp_path_factory) -> Path:
+    return tiny_moe.make_base(tmp_path_factory.mktemp("base") / tiny_moe.BASE_IDENTITY)
 
 
-def thread_pool():
-    """An executor for fireworks-delta-compression's `delta_compress_dirs`: its default is a
-    fork-based process pool, and forking a process that already runs torch's OpenMP threads can
-    deadlock the child; threads run the package's code unchanged."""
-    from concurrent.futures import ThreadPoolExecutor
+@pytest.fixture
+def bucket(tmp_path, base_snapshot) -> Path:
+    """A bucket holding the reference base."""
+    b = tmp_path / "bucket"
+    b.mkdir()
+    shutil.copytree(base_snapshot, b / tiny_moe.BASE_IDENTITY)
+    return b
 
-    return ThreadPoolExecutor(2)
+
+@pytest.fixture
+def start(bucket):
+    """start(**settings) -> a running reference deployment on `bucket`, stopped at teardown."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(reference_deployment(bucket, **settings))
 
 
-def _controller(session) -> bool:
-    return not hasattr(session.config, "workerinput")
+@pytest.fixture
+def dep(start):
+    return start()
+
+
+@pytest.fixture
+def client(dep):
+    c = Client(dep)
+    yield c
+    c.http.close()
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester whose in-process runs keep the library modules a run imported. pytester forgets
+    every module a run imported; numpy's and the server stack's extension modules crash when
+    imported a second time in one process. Modules written into the test's directory are still
+    forgotten, so two tests' `test_user.py` never collide."""
+    from _pytest.pytester import SysModulesSnapshot
+
+    own = str(pytester.path.parent)
+
+    def written_here(name: str) -> bool:
+        return (getattr(sys.modules.get(name), "__file__", None) or "").startswith(own)
+
+    snapshot = lambda: SysModulesSnapshot(preserve=lambda name: not written_here(name))  # noqa: E731
+    monkeypatch.setattr(pytester, "_Pytester__take_sys_modules_snapshot", snapshot)  # around each run
+    monkeypatch.setattr(pytester, "_sys_modules_snapshot", snapshot())  # around the test
+    return pytester
 
 
 def pytest_sessionstart(session):
-    if _controller(session):
-        import shutil
-
-        from tests.test_mutation_matrix import ROWS
-
+    if not hasattr(session.config, "workerinput"):
         shutil.rmtree(ROWS, ignore_errors=True)  # rows of an earlier run would mix in
 
 
 def pytest_sessionfinish(session):
-    if _controller(session):
-        from tests.test_mutation_matrix import assemble
-
+    if not hasattr(session.config, "workerinput"):
         doc = assemble()
         if doc is not None:
             print(f"\nmutation matrix: {doc['caught']}/{doc['total']} caught -> build/mutation-matrix.md")

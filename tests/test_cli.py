@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from pytest_rlrollout import broken
 from pytest_rlrollout.cli import main
+from pytest_rlrollout.snapshot import broken
 
-from .conftest import tree_hash
+from .support import tree_hash
 
 
 def run(*args):

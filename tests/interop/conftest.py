@@ -1,5 +1,15 @@
+from pathlib import Path
+
 import pytest
 
-# Interop tests drive the real producers; each module imports its producer with importorskip so a
-# plain `pip install -e .[test]` still runs the rest. CI installs the interop extra, so they run there.
-pytestmark = pytest.mark.interop
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test in this directory drives the real producers and clients: mark it `interop`
+    (`-m "not interop"` leaves them out) and keep them on one xdist worker (`--dist loadgroup`),
+    which alone pays for importing torch, transformers and peft (modules import them lazily)."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.interop)
+            item.add_marker(pytest.mark.xdist_group("interop"))

@@ -2,33 +2,31 @@
 
 import shutil
 
-import pytest
+from pytest_rlrollout.snapshot import build, tiny_moe
+from pytest_rlrollout.snapshot import safetensors_io as st
+from pytest_rlrollout.snapshot.validate import validate
 
-pytest.importorskip("torch")
-fdc = pytest.importorskip("fireworks_delta_compression.compression")
+from ..support import LazyModule
+from ..support import thread_pool as _pool
 
-from pytest_rlrollout import factory, refmodel  # noqa: E402
-from pytest_rlrollout import safetensors_io as st  # noqa: E402
-from pytest_rlrollout.validator import validate  # noqa: E402
-
-from ..conftest import thread_pool as _pool  # noqa: E402
+fdc = LazyModule("fireworks_delta_compression.compression")
 
 
 def test_their_diffs_decode_with_our_codec(reference, tmp_path):
     target = reference["full"].snapshot
     diff = tmp_path / "their-diff"
     fdc.delta_compress_dirs(str(reference.base), str(target), str(diff), "arc_v2", executor=_pool())
-    signal = factory.incremental_signal(diff.name, refmodel.BASE_IDENTITY)
+    signal = build.incremental_signal(diff.name, tiny_moe.BASE_IDENTITY)
     report = validate(diff, base=reference.base, parent=reference.base, signal=signal)
-    assert [str(f) for f in report.findings] == [] and report.outcomes["SNAP-INC-3"].status == "pass"
-    out = factory.apply_incremental(reference.base, diff, tmp_path / "applied")
+    assert [str(f) for f in report.findings] == [] and report.verdicts["SNAP-INC-3"].outcome == "pass"
+    out = build.apply_incremental(reference.base, diff, tmp_path / "applied")
     for shard in target.glob("*.safetensors"):
         assert (out / shard.name).read_bytes() == shard.read_bytes()
 
 
 def test_our_diffs_decode_with_their_codec(reference, tmp_path):
     target = reference["full"].snapshot
-    factory.make_incremental(reference.base, target, tmp_path / "our-diff")
+    build.make_incremental(reference.base, target, tmp_path / "our-diff")
     for shard in target.glob("*.safetensors"):
         base_copy = tmp_path / shard.name
         shutil.copyfile(reference.base / shard.name, base_copy)
@@ -47,7 +45,7 @@ def test_one_corrupted_byte_in_their_diff_is_snap_inc_3(reference, tmp_path):
     data = bytearray(shard.read_bytes())
     data[info.start + info.nbytes // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    signal = factory.incremental_signal(diff.name, refmodel.BASE_IDENTITY)
+    signal = build.incremental_signal(diff.name, tiny_moe.BASE_IDENTITY)
     findings = validate(diff, base=reference.base, parent=reference.base, signal=signal).findings
     assert [f.clause for f in findings] == ["SNAP-INC-3"]
     assert name in findings[0].message and findings[0].file == shard.name

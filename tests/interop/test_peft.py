@@ -4,14 +4,16 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+from pytest_rlrollout.snapshot import build, tiny_moe
+from pytest_rlrollout.snapshot.validate import validate
 
-from pytest_rlrollout import factory, refmodel  # noqa: E402
-from pytest_rlrollout.validator import validate  # noqa: E402
+from ..support import LazyModule
 
-NAMES = (refmodel.MODEL_NAME,)
+torch = LazyModule("torch")
+transformers = LazyModule("transformers")
+peft = LazyModule("peft")
+
+NAMES = (tiny_moe.MODEL_NAME,)
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +31,16 @@ def adapter_dir(reference, tmp_path_factory):
 
 
 def test_peft_adapter_is_a_valid_lora_snapshot(reference, adapter_dir, tmp_path):
-    snap = factory.lora_snapshot(adapter_dir, tmp_path / "lora-1", base_model=refmodel.MODEL_NAME)
+    snap = build.lora_snapshot(adapter_dir, tmp_path / "lora-1", base_model=tiny_moe.MODEL_NAME)
     report = validate(snap, base=reference.base, base_model=NAMES)
     assert report.kind == "lora" and [str(f) for f in report.findings] == []
-    assert report.outcomes["SNAP-LORA-3"].status == "pass"
+    assert report.verdicts["SNAP-LORA-3"].outcome == "pass"
 
 
 def test_base_name_wrong_or_missing(reference, adapter_dir, tmp_path):
-    as_saved = factory.lora_snapshot(adapter_dir, tmp_path / "as-saved")  # peft wrote a local path
+    as_saved = build.lora_snapshot(adapter_dir, tmp_path / "as-saved")  # peft wrote a local path
     assert [f.clause for f in validate(as_saved, base=reference.base, base_model=NAMES).findings] == ["SNAP-LORA-3"]
-    missing = factory.lora_snapshot(adapter_dir, tmp_path / "missing")
+    missing = build.lora_snapshot(adapter_dir, tmp_path / "missing")
     cfg = json.loads((missing / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = None
     (missing / "adapter_config.json").write_text(json.dumps(cfg))
@@ -47,7 +49,7 @@ def test_base_name_wrong_or_missing(reference, adapter_dir, tmp_path):
 
 
 def test_shape_mismatch(reference, adapter_dir, tmp_path):
-    snap = factory.lora_snapshot(adapter_dir, tmp_path / "r8", base_model=refmodel.MODEL_NAME)
+    snap = build.lora_snapshot(adapter_dir, tmp_path / "r8", base_model=tiny_moe.MODEL_NAME)
     cfg = json.loads((snap / "adapter_config.json").read_text())
     cfg["r"] = 8
     (snap / "adapter_config.json").write_text(json.dumps(cfg))

@@ -5,16 +5,17 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from pytest_rlrollout.snapshot import build, tiny_moe
+from pytest_rlrollout.snapshot.validate import validate
 
-from pytest_rlrollout import factory, refmodel  # noqa: E402
-from pytest_rlrollout.validator import validate  # noqa: E402
+from ..support import LazyModule
+
+torch = LazyModule("torch")
+transformers = LazyModule("transformers")
 
 
-def tiny_moe():
+def tiny_qwen3_moe():
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=512, hidden_size=64, moe_intermediate_size=32, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
@@ -33,7 +34,7 @@ def save_with_tokenizer(model, path, reference_base, shard):
 
 
 def test_save_pretrained_shards_mix_layers_and_export_fixes_them(reference, tmp_path):
-    model = tiny_moe()
+    model = tiny_qwen3_moe()
     src = tmp_path / "hf"
     save_with_tokenizer(model, src, reference.base, "200KB")
     report = validate(src)
@@ -61,7 +62,7 @@ def test_reference_base_loads_in_the_qwen3_moe_class(reference):
     )
     assert not info["missing_keys"]
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
-    ours = factory.read_snapshot(reference.base)
+    ours = build.read_snapshot(reference.base)
     np.testing.assert_array_equal(
         model.model.embed_tokens.weight.detach().numpy(), ours["model.embed_tokens.weight"].float32()
     )
@@ -70,7 +71,7 @@ def test_reference_base_loads_in_the_qwen3_moe_class(reference):
     with torch.no_grad():
         out = model(torch.tensor([[1, 2, 3, 4]]), output_router_logits=True)
     assert torch.isfinite(out.logits).all()
-    assert len(refmodel.moe_layers(json.loads((reference.base / "config.json").read_text()))) == 3
+    assert len(tiny_moe.moe_layers(json.loads((reference.base / "config.json").read_text()))) == 3
 
 
 def test_config_loads_check_uses_transformers(reference, tmp_path):
@@ -82,7 +83,17 @@ def test_config_loads_check_uses_transformers(reference, tmp_path):
     cfg["model_type"] = "qwen3_moe_unknown"
     (snap / "config.json").write_text(json.dumps(cfg))
     [finding] = validate(snap).of("SNAP-CONFIG-1")
-    assert "not known to transformers" in finding.message
+    assert "not known to the installed transformers" in finding.message
+
+
+def test_model_types_are_read_without_importing_transformers():
+    """The validator reads transformers' model-type table from its sources (no torch import);
+    it is exactly the table transformers itself builds."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from pytest_rlrollout.snapshot.validate.config import transformers_model_types
+
+    assert transformers_model_types() == frozenset(CONFIG_MAPPING_NAMES)
 
 
 def test_state_dict_snapshots_keep_bits_and_expose_the_fused_expert_trap(reference, tmp_path):
@@ -91,8 +102,8 @@ def test_state_dict_snapshots_keep_bits_and_expose_the_fused_expert_trap(referen
     model = transformers.AutoModelForCausalLM.from_pretrained(reference.base, dtype=torch.bfloat16)
     cfg = json.loads((reference.base / "config.json").read_text())
     files = {n: (reference.base / n).read_bytes() for n in ("tokenizer.json", "tokenizer_config.json")}
-    snap = factory.write_snapshot(tmp_path / "from-state-dict", model.state_dict(), cfg, files)
-    ours = factory.read_snapshot(snap)
+    snap = build.write_snapshot(tmp_path / "from-state-dict", model.state_dict(), cfg, files)
+    ours = build.read_snapshot(snap)
     emb = model.model.embed_tokens.weight.detach()
     assert ours["model.embed_tokens.weight"].dtype == "BF16"
     assert np.array_equal(ours["model.embed_tokens.weight"].data, emb.view(torch.int16).numpy().view(np.uint16))

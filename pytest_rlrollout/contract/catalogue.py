@@ -1,0 +1,87 @@
+"""The clause catalogue: every clause of the contract with its level, area, rule and sources.
+
+`data/clauses.json` is the one source of truth; the validator, the reference deployment, the
+suite, the reports and `docs/contract.md` all read it through `catalogue()`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+Level = Literal["MUST", "SHOULD", "MAY"]
+LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
+DATA = Path(__file__).parent / "data"
+
+
+@dataclass(frozen=True)
+class Clause:
+    id: str
+    level: Level
+    area: str
+    rule: str
+    source: tuple[str, ...]
+    refines: str | None = None
+    decision: str | None = None
+
+
+class Catalogue:
+    """The clauses in catalogue order, looked up by ID."""
+
+    def __init__(
+        self,
+        clauses: list[Clause],
+        *,
+        sources: dict[str, str],
+        levels: dict[str, str],
+        areas: dict[str, dict[str, str]],
+    ):
+        self._by_id = {c.id: c for c in clauses}
+        if len(self._by_id) != len(clauses):
+            raise ValueError("clause catalogue has duplicate IDs")
+        self.sources, self.levels, self.areas = sources, levels, areas
+
+    def __getitem__(self, clause_id: str) -> Clause:
+        try:
+            return self._by_id[clause_id]
+        except KeyError:
+            raise KeyError(f"unknown clause ID {clause_id!r}") from None
+
+    def __contains__(self, clause_id: object) -> bool:
+        return clause_id in self._by_id
+
+    def __iter__(self) -> Iterator[Clause]:
+        return iter(self._by_id.values())
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def area(self, area: str) -> list[Clause]:
+        return [c for c in self if c.area == area]
+
+
+def load_json(name: str) -> Any:
+    """A data file of the contract, e.g. `load_json("clauses.json")`."""
+    return json.loads((DATA / name).read_text())
+
+
+@cache
+def catalogue() -> Catalogue:
+    doc = load_json("clauses.json")
+    clauses = [
+        Clause(
+            id=c["id"],
+            level=c["level"],
+            area=c["area"],
+            rule=c["rule"],
+            source=tuple(c["source"]),
+            refines=c.get("refines"),
+            decision=c.get("decision"),
+        )
+        for c in doc["clauses"]
+    ]
+    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"])

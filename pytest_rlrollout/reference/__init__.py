@@ -1,0 +1,7 @@
+"""The reference deployment: a real HTTP server that behaves as the contract says a hot-load
+deployment behaves, serving the tiny reference MoE model from snapshots in a local bucket."""
+
+from pytest_rlrollout.reference.server import Running, reference_deployment
+from pytest_rlrollout.reference.settings import Settings
+
+__all__ = ["Running", "Settings", "reference_deployment"]

@@ -1,0 +1,593 @@
+"""The reference deployment's HTTP API (Starlette): hot-load control, a control-plane stub the
+official SDK can discover, and OpenAI-compatible completions and chat completions."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pytest_rlrollout.reference.controller import Deployment, HotLoadError
+from pytest_rlrollout.reference.replica import Job, Token, TooEarly, Unavailable
+from pytest_rlrollout.reference.sampling import SamplingParams
+from pytest_rlrollout.reference.text import Text
+
+FINISH = ("stop", "length")
+UNSUPPORTED_FIELDS = ("routing_matrix_format", "top_sampling_logprobs", "top_sampling_format", "sampling_mask")
+
+
+def error(
+    status: int, message: str, code: str = "invalid_request_error", headers: dict | None = None, **extra
+) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": code, "type": code, **extra}}, status, headers=headers)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+@dataclass
+class Inference:
+    chat: bool
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    seed: int | None
+    stream: bool
+    logprobs: bool
+    echo: bool
+    echo_last: int | None
+    ignore_eos: bool
+    raw_output: bool
+    return_token_ids: bool
+    perf_metrics: bool
+    routing: bool
+    stop: list[str]
+    isolation: str | None
+    cache_max_len: int | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _typed(body: dict, key: str, kind: type | tuple, default=None, check=None, what: str = ""):
+    if key not in body or body[key] is None:
+        return default
+    value = body[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise BadRequest(f"{key}: expected {what or '/'.join(k.__name__ for k in kinds)}, got {json.dumps(value)[:40]}")
+    if check is not None and not check(value):
+        raise BadRequest(f"{key}: {json.dumps(value)[:40]} is out of range ({what})")
+    return value
+
+
+def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: int, names: set[str]) -> Inference:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for name in UNSUPPORTED_FIELDS:
+        if name in body:  # the official SDK falls back to inline routing on exactly this answer
+            raise BadRequest(f"Extra inputs are not permitted, field: '{name}'")
+    model = _typed(body, "model", str, what="a model or deployment name")
+    if model is None:
+        raise BadRequest("model is required")
+    if model not in names:
+        raise BadRequest(f"Model not found: {model}", status=404)
+    if chat:
+        messages = _typed(body, "messages", list, what="a list of messages")
+        if not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise BadRequest("messages: a non-empty list of {role: str, content: str}")
+        prompt = text.chat(messages)
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, str):
+            prompt = text.encode(raw)
+        elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            prompt = list(raw)
+        else:
+            raise BadRequest("prompt: expected a string or a list of token ids")
+    if not prompt:
+        raise BadRequest("the prompt is empty")
+    if any(t < 0 or t >= vocab for t in prompt):
+        raise BadRequest(f"prompt: token ids must be in [0, {vocab})")
+    max_tokens = _typed(body, "max_tokens", int, 16 if not chat else 128, lambda v: v >= 0, "a non-negative integer")
+    if len(prompt) + max_tokens > max_context:
+        raise BadRequest(
+            f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the context length {max_context}"
+        )
+    n = _typed(body, "n", int, 1, lambda v: v == 1, "only n=1 is served")
+    assert n == 1
+    temperature = float(_typed(body, "temperature", (int, float), 1.0, lambda v: 0 <= v <= 2, "0 to 2"))
+    top_p = float(_typed(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"))
+    top_k = _typed(body, "top_k", int, 0, lambda v: v >= 0, "a non-negative integer")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, (bool, int)) or (
+        isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs < 0
+    ):
+        raise BadRequest("logprobs: expected a boolean")
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise BadRequest("stop: expected a string or a list of strings")
+    flags = {
+        k: _typed(body, k, bool, False)
+        for k in (
+            "stream",
+            "echo",
+            "raw_output",
+            "return_token_ids",
+            "perf_metrics_in_response",
+            "include_routing_matrix",
+            "ignore_eos",
+        )
+    }
+    iso = _typed(body, "prompt_cache_isolation_key", str)
+    return Inference(
+        chat=chat,
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        params=SamplingParams(temperature, top_p, top_k),
+        seed=_typed(body, "seed", int),
+        stream=flags["stream"],
+        ignore_eos=flags["ignore_eos"],
+        logprobs=bool(logprobs) or flags["include_routing_matrix"],
+        echo=flags["echo"],
+        echo_last=_typed(body, "echo_last", int, None, lambda v: v >= 0, "a non-negative integer"),
+        raw_output=flags["raw_output"],
+        return_token_ids=flags["return_token_ids"],
+        perf_metrics=flags["perf_metrics_in_response"],
+        routing=flags["include_routing_matrix"],
+        stop=stop,
+        isolation=iso,
+        cache_max_len=_typed(body, "prompt_cache_max_len", int, None, lambda v: v >= 0, "a non-negative integer"),
+    )
+
+
+# --------------------------------------------------------------------------- one running request
+
+
+class Run:
+    """Turns a job's events into OpenAI-shaped chunks or a response body."""
+
+    def __init__(self, dep: Deployment, text: Text, req: Inference, headers: dict[str, str]):
+        self.dep, self.text, self.req = dep, text, req
+        self.f = dep.settings.fault
+        self._streamed = 0  # tokens streamed so far (R3-STREAM-1 fault)
+        self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        self.id = f"{'chatcmpl' if req.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.t0 = time.monotonic()
+        self.ttft: float | None = None
+        self.cached = 0
+        self.replica = ""
+        self.tokens: list[Token] = []
+        self.text_so_far = ""
+        self.finish: str | None = None
+        self.version = ""
+        self._decode = text.stream_decoder()
+        loop = asyncio.get_running_loop()
+        session = headers.get("x-multi-turn-session-id")
+        replica = dep.route(session, headers.get("x-session-affinity"))
+        self.version = self.admitted_version = replica.version
+        drain = headers.get("x-fireworks-hot-load-drain-timeout")
+        try:
+            drain_timeout = float(drain) if drain is not None else dep.settings.drain_timeout
+        except ValueError:
+            raise BadRequest("x-fireworks-hot-load-drain-timeout: expected seconds") from None
+        isolation = headers.get("x-prompt-cache-isolation-key") or req.isolation
+        seed = req.seed if req.seed is not None else (hash(self.id) & 0x7FFFFFFF)
+        self.job = Job(
+            prompt=np.array(req.prompt),
+            max_tokens=req.max_tokens,
+            params=req.params,
+            rng=np.random.default_rng(seed),
+            stop_ids=frozenset() if req.ignore_eos else text.stop_ids,
+            session=session,
+            isolation=isolation,
+            want_prompt_entries=req.echo or req.echo_last is not None,
+            loop=loop,
+            queue=self.queue,
+            drain_timeout=drain_timeout,
+            cache_max_len=req.cache_max_len,
+        )
+        self.replica_obj = replica
+        replica.submit(self.job)  # raises TooEarly while a SYNC swap is on
+
+    async def first(self) -> tuple[str, Any]:
+        """Wait for admission (or the error that replaces it)."""
+        ev = await self.queue.get()
+        if ev[0] == "start":
+            self.cached, self.replica = ev[1]["cached_tokens"], ev[1]["replica"]
+        return ev
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-request-id": self.request_id,
+            "fireworks-backend-host": self.replica,
+            "fireworks-cached-prompt-tokens": str(
+                self.cached + (self.dep.settings.block_size if self.f("CACHE-RPT-1") else 0)
+            ),
+            "fireworks-prompt-tokens": str(len(self.req.prompt)),
+            "fireworks-deployment": self.dep.settings.deployment,
+        }
+
+    def entry(
+        self,
+        token: int,
+        logprob: float,
+        sampling_logprob: float | None,
+        routing: np.ndarray | None,
+        prompt: bool = False,
+    ) -> dict:
+        f = self.f
+        e: dict[str, Any] = {
+            "token": self.text.piece(token),
+            "logprob": -logprob if f("INF-LOGPROBS-1") and not prompt else logprob,
+            "token_id": token,
+        }
+        if not f("INF-LOGPROBS-1a"):
+            e["sampling_logprob"] = sampling_logprob
+        e["top_logprobs"] = []
+        if self.req.routing and routing is not None and not self._routing_dropped(prompt):
+            m = np.array(routing, dtype=np.uint8)
+            if f("R3-RANGE-1"):
+                m.reshape(-1)[-1] = self.dep.replicas[0].model.experts
+            if f("R3-DET-1"):
+                m = np.random.default_rng().permuted(m, axis=-1)
+            raw = np.ascontiguousarray(m).tobytes()
+            e["routing_matrix"] = base64.b64encode(raw[:-1] if f("R3-SHAPE-1") else raw).decode()
+        return e
+
+    def _routing_dropped(self, prompt: bool) -> bool:
+        f = self.f
+        if (self.req.chat and f("R3-CHAT-1")) or (not self.req.chat and not self.req.stream and f("R3-COMP-1")):
+            return True
+        if prompt and f("R3-ECHO-1") and self.req.echo:
+            return True
+        if prompt or not (self.req.stream and f("R3-STREAM-1")):
+            return False
+        self._streamed += 1
+        return self._streamed % 2 == 0
+
+    def prompt_part(self, logprobs: np.ndarray, routing: np.ndarray) -> tuple[list[int], list[dict]]:
+        p = self.req.prompt
+        start = 0 if self.req.echo or self.f("R3-ECHOLAST-1") else max(0, len(p) - (self.req.echo_last or 0))
+        ids = p[start:]
+        entries = [self.entry(p[i], float(logprobs[i]), None, routing[i], prompt=True) for i in range(start, len(p))]
+        return ids, entries
+
+    def choice(self, text: str, entries: list[dict] | None, finish: str | None) -> dict:
+        c: dict[str, Any] = {"index": 0}
+        if self.req.chat:
+            c["delta" if self.req.stream else "message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        c["logprobs"] = {"content": entries} if self.req.logprobs and entries is not None else None
+        c["finish_reason"] = finish
+        return c
+
+    def model_name(self, version: str) -> str:
+        if self.req.stream and self.f("VER-STREAM-1") and version != self.admitted_version:
+            return self.req.model
+        if not self.req.stream and self.f("VER-NONSTREAM-1"):  # a version cached at start-up
+            return f"{self.req.model}@{self.dep.settings.base_identity}"
+        return f"{self.req.model}@{version}"
+
+    def chunk(self, choice: dict, version: str, **extra) -> bytes:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.req.chat else "text_completion",
+                "created": self.created, "model": self.model_name(version), "choices": [choice], **extra}  # fmt: skip
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    def completion_ids(self, prompt_ids: list[int]) -> list[int]:
+        return prompt_ids + [t.id for t in self.tokens]
+
+    def usage(self) -> dict:
+        n = len(self.tokens) + (1 if self.f("INF-USAGE-1") else 0)
+        p = len(self.req.prompt)
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": n,
+            "total_tokens": p + n,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+    def perf(self) -> dict:
+        return {
+            "prompt-tokens": len(self.req.prompt),
+            "cached-prompt-tokens": self.cached,
+            "server-time-to-first-token": round(self.ttft if self.ttft is not None else time.monotonic() - self.t0, 6),
+            "server-processing-time": round(time.monotonic() - self.t0, 6),
+            "backend-host": self.replica,
+        }
+
+    def final_extra(self, prompt_ids: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.req.raw_output:
+            out["raw_output"] = {
+                "prompt_token_ids": self.req.prompt,
+                "completion_token_ids": self.completion_ids([] if self.f("INF-RAW-1") else prompt_ids),
+                "completion": self.text_so_far,
+            }
+        if self.req.return_token_ids and not self.f("INF-TOKENIDS-1"):
+            out["prompt_token_ids"] = self.req.prompt
+            out["token_ids"] = [t.id for t in self.tokens]
+        return out
+
+    def _stop_hit(self) -> bool:
+        for s in self.req.stop:
+            at = self.text_so_far.find(s)
+            if at >= 0:
+                self.text_so_far = self.text_so_far[:at]
+                return True
+        return False
+
+    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if ev[0] in ("end", "error"):
+                return
+
+    def take(self, tok: Token) -> str:
+        """Record a token; returns the new text it adds (stop strings cut it short)."""
+        if self.ttft is None:
+            self.ttft = time.monotonic() - self.t0
+        self.tokens.append(tok)
+        self.version = tok.version
+        if tok.id in self.text.stop_ids:
+            return ""
+        before = len(self.text_so_far)
+        self.text_so_far += self._decode(tok.id)
+        if self.req.stop and self._stop_hit():
+            self.finish = "stop"
+        return self.text_so_far[before:]
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        prompt_ids: list[int] = []
+        try:
+            async for kind, value in self.events():
+                if kind == "prompt":
+                    prompt_ids, entries = self.prompt_part(*value)
+                    ptext = self.text.decode(prompt_ids) if not self.req.chat else ""
+                    yield self.chunk(self.choice(ptext, entries, None), self.version)
+                elif kind == "token":
+                    piece = self.take(value)
+                    entry = self.entry(value.id, value.logprob, value.sampling_logprob, value.routing)
+                    yield self.chunk(self.choice(piece, [entry], None), value.version)
+                    if self.finish:
+                        self.job.cancelled.set()
+                        break
+                elif kind == "end":
+                    self.finish = self.finish or value
+                elif kind == "abort":  # SWAP-ASYNC-1 fault: the stream is cut at the swap
+                    yield self.chunk(self.choice("", None, "abort"), self.version)
+                    return
+                elif kind == "error":
+                    status, message = value
+                    yield f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
+                    return
+            extra: dict[str, Any] = {"usage": self.usage()}
+            if self.req.perf_metrics and not self.f("INF-PERF-1"):
+                extra["perf_metrics"] = self.perf()
+            final = self.choice("", [] if self.req.logprobs else None, self.finish or "stop") | self.final_extra(
+                prompt_ids
+            )
+            yield self.chunk(final, self.version, **extra)
+            if self.f("INF-SSE-1"):
+                yield self.chunk(self.choice("", None, None), self.version, usage=None)
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.job.cancelled.set()
+
+    async def body(self) -> dict:
+        prompt_ids: list[int] = []
+        entries: list[dict] = []
+        async for kind, value in self.events():
+            if kind == "prompt":
+                prompt_ids, pentries = self.prompt_part(*value)
+                entries += pentries
+            elif kind == "token":
+                self.take(value)
+                entries.append(self.entry(value.id, value.logprob, value.sampling_logprob, value.routing))
+                if self.finish:
+                    self.job.cancelled.set()
+                    break
+            elif kind == "end":
+                self.finish = self.finish or value
+            elif kind == "error":
+                raise BadRequest(value[1], status=value[0])
+            elif kind == "abort":
+                self.finish = "abort"
+                break
+        text = (self.text.decode(prompt_ids) if prompt_ids and not self.req.chat else "") + self.text_so_far
+        choice = self.choice(text, entries, self.finish or "stop") | self.final_extra(prompt_ids)
+        out = {"id": self.id, "object": "chat.completion" if self.req.chat else "text_completion", "created": self.created,
+               "model": self.model_name(self.version), "choices": [choice], "usage": self.usage()}  # fmt: skip
+        if self.req.perf_metrics and not self.f("INF-PERF-1"):
+            out["perf_metrics"] = self.perf()
+        return out
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def create_app(dep: Deployment) -> Starlette:
+    s = dep.settings
+    base_dir = dep.full_dirs[s.base_identity]
+    text = Text(base_dir, dep.config)
+    vocab = dep.config["vocab_size"]
+    names = {s.model, s.deployment, f"{s.model}#{s.deployment}"}
+
+    def authorized(request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        return key == s.api_key
+
+    def auth_error() -> JSONResponse:
+        return error(401, "invalid or missing API key", "UNAUTHENTICATED")
+
+    async def json_body(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise BadRequest("the request body is not valid JSON") from None
+
+    def hot_load_headers(request: Request) -> JSONResponse | None:
+        if not authorized(request) and not s.fault("HL-AUTH-1"):
+            return auth_error()
+        if request.headers.get("fireworks-deployment") != s.deployment:
+            return error(404, f"fireworks-deployment must name {s.deployment}", "NOT_FOUND")
+        if request.headers.get("fireworks-model") not in (s.model, s.deployment):
+            return error(400, f"fireworks-model must name {s.model}", "INVALID_ARGUMENT")
+        return None
+
+    async def hot_load(request: Request) -> Response:
+        if (bad := hot_load_headers(request)) is not None:
+            return bad
+        if request.method == "GET":
+            return JSONResponse(dep.status())
+        try:
+            answer = dep.hot_load(await json_body(request))
+            return Response(b"", 200) if s.fault("HL-POST-1") else JSONResponse(answer)
+        except BadRequest as e:
+            return error(e.status, str(e))
+        except HotLoadError as e:
+            return error(e.status, e.message, **e.extra)
+
+    async def hint(request: Request) -> Response:
+        if (bad := hot_load_headers(request)) is not None:
+            return bad
+        try:
+            return JSONResponse(dep.hint(await json_body(request)))
+        except BadRequest as e:
+            return error(e.status, str(e))
+        except HotLoadError as e:
+            return error(e.status, e.message)
+
+    async def accounts(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        return JSONResponse({"accounts": [{"name": f"accounts/{s.account}", "displayName": s.account}], "totalSize": 1})
+
+    def _deployment_path_ok(request: Request) -> bool:
+        return request.path_params["account"] == s.account and request.path_params["deployment"] == s.deployment_id
+
+    async def deployment(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        if not _deployment_path_ok(request):
+            return error(404, "deployment not found", "NOT_FOUND")
+        return JSONResponse({
+            "name": s.deployment, "state": "READY", "baseModel": s.model, "enableHotLoad": True,
+            "hotLoadBucketType": "MINIO", "hotLoadBucketUrl": s.bucket.resolve().as_uri(),
+            "hotLoadTransitionType": s.transition, "minReplicaCount": s.replicas, "maxReplicaCount": s.replicas,
+        })  # fmt: skip
+
+    async def ledger(request: Request) -> Response:
+        if not authorized(request):
+            return auth_error()
+        if not _deployment_path_ok(request):
+            return error(404, "deployment not found", "NOT_FOUND")
+        if request.method == "DELETE":
+            if s.fault("HL-LEDGER-1"):
+                return error(405, "method not allowed", "UNIMPLEMENTED")
+            return JSONResponse(dep.reset_ledger())
+        return JSONResponse({"entries": dep.ledger})
+
+    def inference(chat: bool):
+        async def handler(request: Request) -> Response:
+            if not authorized(request):
+                return auth_error()
+            try:
+                req = parse_inference(await json_body(request), chat, text, vocab, s.max_context, names)
+                run = Run(dep, text, req, {k.lower(): v for k, v in request.headers.items()})
+            except BadRequest as e:
+                if s.fault("INF-ERR-1") and "not valid JSON" in str(e):
+                    return error(500, "internal error", "INTERNAL")
+                return error(e.status, str(e))
+            except Unavailable as e:
+                return error(503, str(e), "UNAVAILABLE")
+            except TooEarly as e:
+                return error(425, str(e), "TOO_EARLY", headers={"Retry-After": "1"})
+            kind, value = await run.first()
+            if kind == "error":
+                status, message = value
+                return error(
+                    status,
+                    message,
+                    "TOO_EARLY" if status == 425 else "INTERNAL",
+                    headers={"Retry-After": "1"} if status == 425 else None,
+                )
+            if req.stream:
+                return StreamingResponse(run.stream(), media_type="text/event-stream", headers=run.headers())
+            try:
+                return JSONResponse(await run.body(), headers=run.headers())
+            except BadRequest as e:
+                return error(e.status, str(e))
+
+        return handler
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        return error(
+            exc.status_code, exc.detail or "not found", "NOT_FOUND" if exc.status_code == 404 else "INVALID_ARGUMENT"
+        )
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        return error(500, f"internal error: {type(exc).__name__}", "INTERNAL")
+
+    async def openapi(request: Request) -> Response:
+        from pytest_rlrollout.reference.openapi import document
+
+        return JSONResponse(document(s.deployment, s.model))
+
+    routes = [
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/hot_load/v1/models/hot_load", hot_load, methods=["GET", "POST"]),
+        Route("/hot_load/v1/models/hot_load/hint", hint, methods=["POST"]),
+        Route("/v1/accounts", accounts, methods=["GET"]),
+        Route("/v1/accounts/{account}/deployments/{deployment}", deployment, methods=["GET"]),
+        Route("/v1/accounts/{account}/deployments/{deployment}/ledger", ledger, methods=["GET", "DELETE"]),
+    ]
+    for prefix in ("/inference/v1", "/v1"):
+        routes += [
+            Route(f"{prefix}/completions", inference(False), methods=["POST"]),
+            Route(f"{prefix}/chat/completions", inference(True), methods=["POST"]),
+        ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crash})
+    return _Recorded(app, dep.requests)
+
+
+class _Recorded:
+    """Keeps (method, path) of every request the deployment received: tests check what a
+    client did, e.g. that a read-only run sent no POST to the hot-load API."""
+
+    def __init__(self, app: Any, log: Any):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.log.append((scope["method"], scope["path"]))
+        await self.app(scope, receive, send)

@@ -1,0 +1,280 @@
+"""The deployment: replicas behind a session-affinity router, the bucket of snapshots, the
+ledger, and hot-load signals validated with the project's validator and loaded in the
+background on every replica."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.contract.identity import identity_problem
+from pytest_rlrollout.reference.model import Lora, Model
+from pytest_rlrollout.reference.replica import PendingSwap, Replica
+from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
+from pytest_rlrollout.reference.settings import Settings
+from pytest_rlrollout.snapshot import build, tiny_moe
+from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
+from pytest_rlrollout.snapshot.validate import Context, Finding, signal_findings, validate
+
+
+class HotLoadError(Exception):
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+RESET_POLICIES = {"all", "new_session", "none"}
+
+
+def reset_policy(value: object) -> str:
+    """reset_prompt_cache as the docs (strings) or the official SDK (booleans) send it."""
+    if value is None:
+        return "all"
+    if isinstance(value, bool):
+        return "all" if value else "none"
+    return str(value)
+
+
+class Deployment:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        bucket = settings.bucket
+        bucket.mkdir(parents=True, exist_ok=True)
+        base = bucket / settings.base_identity
+        if not base.exists():
+            tiny_moe.make_base(base)
+        self._workdir = Path(tempfile.mkdtemp(prefix="rlrollout-deployment-"))
+        self.full_dirs: dict[str, Path] = {settings.base_identity: base}
+        self.config = json.loads((base / "config.json").read_text())
+        model = Model.load(base)
+        self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
+        self.ledger: list[dict[str, Any]] = []
+        self.ledger_reset = False
+        self.loading: str | None = None
+        self._lock = threading.Lock()
+        self._round_robin = 0
+        self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)
+
+    def set_pace(self, **delays: float) -> None:
+        """Change how long loads, swaps and decode steps take (`load_delay`, `swap_delay`,
+        `token_delay`): the suite slows an in-process deployment only while a test observes a
+        swap in progress, and runs everything else at full speed."""
+        unknown = set(delays) - set(PACE)
+        if unknown:
+            raise ValueError(f"not a pace setting: {sorted(unknown)} (known: {', '.join(PACE)})")
+        self.settings = replace(self.settings, **delays)
+        for replica in self.replicas:
+            replica.settings = self.settings
+
+    # ----------------------------------------------------------------------- routing
+
+    def route(self, session: str | None, affinity: str | None) -> Replica:
+        """x-multi-turn-session-id decides, then x-session-affinity; otherwise the least loaded."""
+        f = self.settings.fault
+        if f("SESS-1") and affinity is None:  # a lone session id is ignored (with both, it still decides)
+            session = None
+        if f("SESS-3") and session is None:
+            affinity = None
+        key = affinity if f("SESS-2") and affinity is not None else session if session is not None else affinity
+        if key is not None:
+            return self.replicas[zlib.crc32(key.encode()) % len(self.replicas)]
+        with self._lock:
+            self._round_robin += 1
+            order = (
+                self.replicas[self._round_robin % len(self.replicas) :]
+                + self.replicas[: self._round_robin % len(self.replicas)]
+            )
+        return min(order, key=lambda r: r.load())
+
+    # ----------------------------------------------------------------------- hot-load
+
+    def status(self) -> dict[str, Any]:
+        replicas = [r.status() for r in self.replicas]
+        if self.settings.fault("HL-GET-1a"):
+            for r in replicas:
+                r["loading_state"] = None
+        return {"status": replicas} if self.settings.fault("HL-GET-1") else {"replicas": replicas}
+
+    def hot_load(self, body: Any) -> dict[str, Any]:
+        received = time.time()
+        f = self.settings.fault
+        if not isinstance(body, dict):
+            raise HotLoadError(400, "the request body must be a JSON object")
+        if isinstance(body.get("reset_prompt_cache"), bool) and f("HL-POST-3a"):
+            raise HotLoadError(400, "reset_prompt_cache: Input should be a valid string")
+        problems = signal_findings(body)
+        if f("HL-POST-2"):  # only the unknown-field rejection is broken; a missing identity is still refused
+            problems = [p for p in problems if "Extra inputs" not in p.message]
+        problems = [p for p in problems if p.clause == "HL-POST-2" or not f(p.clause)]
+        if f("HL-POST-2a"):
+            problems = [
+                _finding(p.clause, p.message.replace("Extra inputs are not permitted, field:", "unknown field:"))
+                for p in problems
+            ]
+        why = identity_problem(body.get("identity"))
+        if why and f("HL-POST-4"):
+            raise HotLoadError(500, f"internal error resolving identity {body.get('identity')!r}")
+        if why and not (f("SNAP-ID-1") and "'/'" in why):
+            problems.insert(
+                0, _finding("SNAP-ID-1", f"identity {body.get('identity')!r} {why}; it must be one path segment")
+            )
+        if problems:
+            raise HotLoadError(
+                400, "; ".join(p.message for p in problems), clauses=sorted({p.clause for p in problems})
+            )
+        identity = body["identity"]
+        policy = reset_policy(body.get("reset_prompt_cache"))
+        meta = body.get("incremental_snapshot_metadata") or None
+        with self._lock:
+            if self.loading is not None:
+                raise HotLoadError(409, f"snapshot {self.loading} is still loading; signal again once it is ready")
+            if any(e["identity"] == identity for e in self.ledger):
+                raise HotLoadError(
+                    409, f"identity {identity} is already in the ledger; every snapshot needs a new identity"
+                )
+            path = self.settings.bucket / identity
+            if not path.is_dir():
+                raise HotLoadError(400, f"snapshot {identity} not found in the bucket")
+            parent = self.full_dirs.get(meta.get("previous_snapshot_identity")) if meta else None
+            if meta and f("SNAP-INC-5"):  # the bug: apply the diff onto whatever is served
+                meta = {**meta, "previous_snapshot_identity": self.replicas[0].identity}
+                parent = self.full_dirs.get(self.replicas[0].identity)
+            ctx = Context(
+                base=self.full_dirs[self.settings.base_identity],
+                parent=parent,
+                signal={k: v for k, v in body.items() if k != "validation"} if f("HL-CONFIG-2") else body,
+                identity=identity,
+                served=tuple(r.identity for r in self.replicas),
+                ledger_reset=self.ledger_reset,
+                base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
+                hf_config=False,  # the deployment answers in milliseconds; transformers' import takes seconds
+            )
+            report = validate(path, context=ctx)
+            refused = [x for x in report.failures("MUST") if not f(x.clause)]
+            # a SNAP fault switch on: the violation is let through, and a load it breaks is
+            # "recovered" by keeping the old weights under the new identity (a swallowed error)
+            let_through = [x for x in report.failures("MUST") if f(x.clause) and x.clause.startswith("SNAP-")]
+            if f("HL-CONFIG-1"):
+                refused = [
+                    _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
+                    for x in refused
+                ]
+            deferred = refused if f("HL-POST-5a") else []
+            if refused and not (f("HL-POST-5") or f("HL-POST-5a")):
+                raise HotLoadError(
+                    400, "; ".join(str(x) for x in refused[:8]), clauses=sorted({x.clause for x in refused})
+                )
+            kind = report.kind
+            if meta and parent is None and not f("HL-POST-5"):
+                raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
+            entry = {
+                "identity": identity,
+                "kind": kind,
+                "received_at": received,
+                "signalled_at": time.time(),
+                "replicas": {},
+                "error": None,
+            }
+            self.ledger.insert(0, entry)
+            self.loading = identity
+            if kind != "incremental":
+                self.ledger_reset = False
+        targets = self.replicas[:1] if f("HL-GET-2") else self.replicas
+        remaining = [len(targets)]
+        for i, replica in enumerate(targets):
+            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, deferred, bool(let_through))
+            threading.Thread(target=self._load_on, args=args, daemon=True).start()
+        return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
+
+    def _load_on(
+        self, replica: Replica, i, identity, path: Path, kind, meta, policy, entry, remaining, deferred, swallow=False
+    ) -> None:
+        replica.set_loading("downloading", identity)
+        time.sleep(self.settings.load_delay + self.settings.stagger * i)
+        try:
+            replica.set_loading("loading", identity)
+            if deferred:  # HL-POST-5a fault: what POST should have refused fails now
+                raise ValueError("; ".join(str(x) for x in deferred[:4]))
+            model, lora = None, None
+            if kind == "lora":
+                lora = Lora.load(path, identity)
+            elif kind == "incremental":
+                model = Model.load(self._materialize(identity, path, meta["previous_snapshot_identity"]))
+            else:
+                model = Model.load(path)
+                self.full_dirs[identity] = path
+        except Exception as e:  # the previous snapshot keeps serving; the status says why
+            if swallow:
+                model, lora = replica.model, None
+                replica.request_swap(
+                    PendingSwap(identity, model, lora, policy, lambda: self._replica_finished(remaining))
+                )
+                return
+            stage = "loading" if self.settings.fault("HL-GET-3") else "error"
+            replica.set_loading(stage, identity, f"{type(e).__name__}: {e}")
+            entry["error"] = f"{replica.name}: {type(e).__name__}: {e}"
+            self._replica_finished(remaining)
+            return
+
+        def done() -> None:
+            entry["replicas"][replica.name] = time.time()
+            self._replica_finished(remaining)
+
+        replica.request_swap(PendingSwap(identity, model, lora, policy, done))
+
+    def _replica_finished(self, remaining: list[int]) -> None:
+        with self._lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                self.loading = None
+
+    def _materialize(self, identity: str, diff: Path, previous: str) -> Path:
+        """The full snapshot an ARC2 diff describes, built once and shared by the replicas."""
+        with self._lock:
+            if identity in self.full_dirs:
+                return self.full_dirs[identity]
+            out = build.apply_incremental(self.full_dirs[previous], diff, self._workdir / identity)
+            self.full_dirs[identity] = out
+            return out
+
+    def reset_ledger(self) -> dict[str, Any]:
+        with self._lock:
+            forgotten = len(self.ledger)
+            self.ledger, self.ledger_reset = [], True
+        return {"forgotten": forgotten}
+
+    def hint(self, body: Any) -> dict[str, Any]:
+        if not (isinstance(body, dict) and isinstance(body.get("identity"), str) and isinstance(body.get("file"), str)):
+            raise HotLoadError(400, "a hint is {'identity': str, 'file': str}")
+        if set(body) - {"identity", "file"}:
+            raise HotLoadError(
+                400, f"Extra inputs are not permitted, field: '{sorted(set(body) - {'identity', 'file'})[0]}'"
+            )
+        root = self.settings.bucket / body["identity"]
+        try:
+            known = root.is_dir() and SnapshotDir(root).has(body["file"])
+        except UnsafePath:
+            known = False
+        if not known:
+            raise HotLoadError(404, f"no file {body['file']!r} in snapshot {body['identity']!r}")
+        if self.settings.fault("HL-HINT-1") and self.loading is None and body["identity"] not in self.full_dirs:
+            self.hot_load({"identity": body["identity"]})
+        return {}
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _finding(clause: str, message: str):
+    return Finding(clause, catalogue()[clause].level, "signal", message)

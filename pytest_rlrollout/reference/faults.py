@@ -1,0 +1,86 @@
+"""Fault switches: for each clause the reference deployment implements, one realistic way to
+break exactly that clause. `rlrollout serve --fault ID` and `reference_deployment(faults=...)`
+turn them on; the project's tests prove each is observable on the wire (and the conformance
+suite must catch each one)."""
+
+from __future__ import annotations
+
+from pytest_rlrollout.contract import catalogue
+
+# SNAP clauses the deployment enforces at POST time: the fault stops rejecting that clause.
+_SNAP_AT_LOAD = {
+    c.id: f"stops refusing snapshots that violate {c.id} at hot-load time"
+    for c in catalogue().area("SNAP")
+    if c.level == "MUST" and c.id != "SNAP-ID-1"
+}
+
+FAULTS: dict[str, str] = {
+    **_SNAP_AT_LOAD,
+    "SNAP-ID-1": "accepts identities with '/', loading a nested directory of the bucket",
+    "HL-AUTH-1": "hot-load endpoints accept any API key",
+    "HL-POST-1": "a valid signal is answered 200 with an empty, non-JSON body",
+    "HL-POST-2": "unknown body fields are silently ignored",
+    "HL-POST-2a": "unknown body fields get 400 with a different wording ('unknown field')",
+    "HL-POST-3": "any reset_prompt_cache string is accepted",
+    "HL-POST-3a": "boolean reset_prompt_cache gets 400 'Input should be a valid string'",
+    "HL-POST-4": "an identity that is not one path segment gets 500",
+    "HL-POST-5": "snapshots are not validated at all: whatever loads is served",
+    "HL-POST-5a": "validation is deferred: POST says 200, the load then fails with stage 'error'",
+    "HL-GET-1": "status has no 'replicas' list ({'status': [...]})",
+    "HL-GET-1a": "loading_state is null",
+    "HL-GET-2": "only replica 0 loads new snapshots; the others keep the old one",
+    "HL-GET-3": "a failed load never reports stage 'error' (it stays 'loading')",
+    "HL-CONFIG-1": "config mismatches are refused with a different message ('config differs')",
+    "HL-CONFIG-2": "validation.extra_fields_ignore is ignored",
+    "HL-LEDGER-1": "DELETE .../ledger answers 405",
+    "HL-HINT-1": "a hint makes the replicas load the hinted snapshot",
+    "SWAP-ASYNC-1": "in-flight streams are cut at the swap (finish_reason 'abort', no [DONE])",
+    "SWAP-ASYNC-2": "after the swap, in-flight chunks alternate between the new and the old identity",
+    "SWAP-ASYNC-3": "ASYNC requests arriving during the swap get 425 at once",
+    "SWAP-ASYNC-4": "x-fireworks-hot-load-drain-timeout is ignored",
+    "SWAP-SYNC-1": "SYNC swaps in-flight streams mid-way instead of draining them",
+    "SWAP-SYNC-2": "requests during a SYNC swap get 503 instead of 425",
+    "SWAP-NEW-1": "status reports the new identity while the next 3 requests are still served by the old weights",
+    "SWAP-KV-1": "reset_prompt_cache also drops the KV of in-flight streams, which then end with an error",
+    "CACHE-RPT-1": "the fireworks-cached-prompt-tokens header disagrees with usage (one block more)",
+    "CACHE-HIT-1": "nothing is ever stored in the prompt cache",
+    "CACHE-MATRIX-ALL-SAME": "'all' keeps entries for the session that made them",
+    "CACHE-MATRIX-ALL-NEW": "'all' keeps entries for every session but the one that made them",
+    "CACHE-MATRIX-NS-SAME": "'new_session' drops every entry",
+    "CACHE-MATRIX-NS-NEW": "'new_session' keeps entries for everyone",
+    "CACHE-MATRIX-NONE-SAME": "'none' drops the entries of the session that made them",
+    "CACHE-MATRIX-NONE-NEW": "'none' restricts entries to the session that made them",
+    "CACHE-NOSESSION-1": "with 'new_session', requests without a session id count as one shared session",
+    "CACHE-ISO-1": "the prompt-cache isolation key is ignored",
+    "CACHE-EQ-1": "reused KV is slightly corrupted (x1.05), so cache hits change logprobs",
+    "SESS-1": "a lone x-multi-turn-session-id is ignored: such requests go to the least-loaded replica",
+    "SESS-2": "x-session-affinity wins over x-multi-turn-session-id",
+    "SESS-3": "x-session-affinity alone is ignored",
+    "VER-STREAM-1": "chunks sampled after a swap lose the '@identity' suffix",
+    "VER-NONSTREAM-1": "non-streaming responses keep naming the snapshot served at start-up",
+    "R3-SHAPE-1": "routing matrices are one byte short",
+    "R3-RANGE-1": "the last expert index of each matrix is E (out of range)",
+    "R3-CHAT-1": "chat completions carry no routing_matrix",
+    "R3-COMP-1": "non-streaming completions carry no routing_matrix",
+    "R3-STREAM-1": "streamed tokens carry routing_matrix on every other token only",
+    "R3-ECHO-1": "echoed prompt tokens carry no routing_matrix",
+    "R3-ECHOLAST-1": "echo_last returns every prompt token",
+    "R3-DET-1": "the order of each routing row is random",
+    "R3-CACHE-1": "prefix tokens served from the cache report the routing of the previous position",
+    "R3-CHANGE-1": "echoed routing is memoised per prompt and survives swaps",
+    "INF-SSE-1": "a trailing chunk with 'usage': null follows the real usage",
+    "INF-LOGPROBS-1": "logprobs are reported with the wrong sign (positive)",
+    "INF-LOGPROBS-1a": "entries carry no sampling_logprob",
+    "INF-USAGE-1": "usage.completion_tokens is one more than the tokens returned",
+    "INF-RAW-1": "with echo, raw_output.completion_token_ids leaves out the prompt",
+    "INF-TOKENIDS-1": "return_token_ids is ignored",
+    "INF-PERF-1": "perf_metrics_in_response is ignored",
+    "INF-ERR-1": "a body that is not JSON gets 500",
+}
+
+
+def check_faults(names) -> frozenset[str]:
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"unknown fault switch(es) {unknown}; known: {', '.join(sorted(FAULTS))}")
+    return frozenset(names)

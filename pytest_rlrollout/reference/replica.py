@@ -1,0 +1,363 @@
+"""A replica: its own weights, snapshot identity, loading state and prompt cache, and a worker
+thread that admits requests, prefills them (reusing cached prefixes), decodes every active
+request in one batched step per token, and swaps weights at a token boundary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_rlrollout.reference.model import Lora, Model, Sequence_, log_softmax
+from pytest_rlrollout.reference.prompt_cache import Entry, PromptCache
+from pytest_rlrollout.reference.sampling import SamplingParams, sample
+from pytest_rlrollout.reference.settings import Settings
+
+
+class TooEarly(Exception):
+    """The replica is swapping weights (SYNC) or the request waited past its drain timeout."""
+
+
+class Unavailable(Exception):
+    """503 (only with the SWAP-SYNC-2 fault switch)."""
+
+
+@dataclass(eq=False)  # a job is its own identity; field-wise equality would compare arrays
+class Job:
+    prompt: np.ndarray
+    max_tokens: int
+    params: SamplingParams
+    rng: np.random.Generator
+    stop_ids: frozenset[int]
+    session: str | None
+    isolation: str | None
+    want_prompt_entries: bool  # echo / echo_last: report logprobs and routing of prompt tokens
+    loop: Any  # the HTTP handler's event loop and queue: events cross threads through them
+    queue: Any
+    drain_timeout: float
+    cache_max_len: int | None = None  # prompt_cache_max_len: reuse at most this many tokens
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # decoding state
+    seq: Sequence_ | None = None
+    tokens: list[int] = field(default_factory=list)
+    generated: int = 0
+    routing: list[np.ndarray] = field(default_factory=list)  # per fed position
+    token_logprobs: list[float] = field(default_factory=list)
+    boundary_logits: dict[int, np.ndarray] = field(default_factory=dict)
+    lora: Lora | None = None
+    model: Model | None = None
+    version: str = ""
+    stale: bool = False  # SWAP-NEW-1 fault only: pinned to the weights before the swap
+    served_by: str = ""  # the snapshot identity at admission
+
+    def emit(self, event: tuple[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    logprob: float
+    sampling_logprob: float
+    routing: np.ndarray  # [L, k]
+    version: str  # the policy identity that sampled it
+
+
+@dataclass
+class PendingSwap:
+    identity: str
+    model: Model | None  # None: an adapter load (base weights unchanged)
+    lora: Lora | None
+    reset_policy: str
+    on_done: Callable[[], None]
+
+
+class Replica:
+    def __init__(self, index: int, settings: Settings, model: Model, identity: str):
+        self.index, self.settings = index, settings
+        self.name = f"replica-{index}"
+        self.model, self.identity = model, identity
+        self.lora: Lora | None = None
+        self.adapters: dict[str, str] = {}  # adapter identity -> status
+        self.readiness = True
+        self.stage, self.target = "ready", identity
+        self.error: str | None = None
+        self.cache = PromptCache(settings.block_size, settings.cache_entries, settings.faults)
+        self._stale: tuple[Model, Lora | None, str, int] | None = None  # SWAP-NEW-1 fault only
+        self._routing_memo: dict[tuple[int, ...], np.ndarray] = {}  # R3-CHANGE-1 fault only
+        self.swapping = False  # inside the swap itself
+        self.draining = False  # SYNC: waiting for in-flight requests before the swap
+        self._pending: list[Job] = []
+        self._active: list[Job] = []
+        self._swap: PendingSwap | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------- outside interface
+
+    @property
+    def version(self) -> str:
+        """The policy version streamed as `model@version`: the active adapter, else the snapshot."""
+        return self.lora.identity if self.lora is not None else self.identity
+
+    def load(self) -> int:
+        with self._cond:
+            return len(self._pending) + len(self._active)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            f = self.settings.fault
+            if self.settings.transition == "SYNC" and (self.draining or self.swapping):
+                if f("SWAP-SYNC-2"):
+                    raise Unavailable(f"{self.name} is unavailable")
+                raise TooEarly(f"{self.name} is swapping to {self.target}; retry with the same session key")
+            if self.settings.transition == "ASYNC" and self.swapping and f("SWAP-ASYNC-3"):
+                raise TooEarly(f"{self.name} is swapping to {self.target}")
+            self._pending.append(job)
+            self._cond.notify_all()
+
+    def request_swap(self, swap: PendingSwap) -> None:
+        with self._cond:
+            self._swap = swap
+            self._cond.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            out: dict[str, Any] = {
+                "name": self.name,
+                "readiness": self.readiness,
+                "current_snapshot_identity": self.identity,
+                "loading_state": {"stage": self.stage, "target_snapshot_identity": self.target},
+                "loaded_adapters": [{"identity": k, "status": v} for k, v in self.adapters.items()],
+            }
+            if self.error:
+                out["loading_state"]["error"] = self.error
+            return out
+
+    def set_loading(self, stage: str, target: str, error: str | None = None) -> None:
+        with self._cond:
+            self.stage, self.target, self.error = stage, target, error
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    # ----------------------------------------------------------------------- the worker
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._pending or self._active or self._swap):
+                    self._cond.wait()
+                if self._stop:
+                    for job in self._pending + self._active:
+                        job.emit(("error", (503, "the deployment is shutting down")))
+                    return
+                if self._swap is not None:
+                    if self.settings.transition == "ASYNC" or not self._active or self.settings.fault("SWAP-SYNC-1"):
+                        swap = self._swap
+                        self._swap = None
+                    else:
+                        self.draining, swap = True, None  # SYNC: let in-flight requests finish first
+                        self.stage = "swapping"
+                else:
+                    swap = None
+                admitted = []
+                if swap is None and not self.draining:
+                    admitted, self._pending = self._pending, []
+                active = list(self._active)
+            if swap is not None:
+                self._do_swap(swap)
+                continue
+            try:
+                self._step(admitted, active)
+            except Exception as e:  # a bug must end the requests, not the replica
+                for job in admitted + active:
+                    job.emit(("error", (500, f"{type(e).__name__}: {e}")))
+                with self._cond:
+                    self._active = [j for j in self._active if j not in active]
+            if self.settings.token_delay:
+                time.sleep(self.settings.token_delay)
+
+    def _do_swap(self, swap: PendingSwap) -> None:
+        with self._cond:
+            self.swapping, self.readiness, self.stage = True, False, "swapping"
+        deadline = time.monotonic() + self.settings.swap_delay
+        while True:  # the pause is observable: queued requests past their drain timeout get 425
+            self._expire_pending()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with self._cond:
+                self._cond.wait(timeout=min(left, 0.01))
+        f = self.settings.fault
+        with self._cond:
+            if f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC":
+                for job in self._active:
+                    job.emit(("abort", None))
+                self._active = []
+            if f("SWAP-KV-1") and swap.reset_policy != "all":
+                for job in self._active:
+                    job.emit(("error", (500, "the KV cache was reset")))
+                self._active = []
+            if f("SWAP-NEW-1"):
+                self._stale = (self.model, self.lora, self.version, 3)
+            if swap.model is not None:
+                self.model, self.identity, self.lora = swap.model, swap.identity, None
+            else:
+                self.lora = swap.lora
+                self.adapters[swap.identity] = "loaded"
+            self.cache.on_swap(swap.reset_policy)
+            self.stage, self.target, self.error = "ready", swap.identity, None
+            self.swapping, self.draining, self.readiness = False, False, True
+            self._cond.notify_all()
+        swap.on_done()
+
+    def _expire_pending(self) -> None:
+        if self.settings.fault("SWAP-ASYNC-4"):
+            return
+        now = time.monotonic()
+        with self._cond:
+            late = [j for j in self._pending if now - j.arrived > j.drain_timeout]
+            self._pending = [j for j in self._pending if j not in late]
+        for job in late:
+            job.emit(("error", (425, "waited longer than the hot-load drain timeout")))
+
+    def _step(self, admitted: list[Job], active: list[Job]) -> None:
+        events: list[tuple[Job, tuple[str, Any]]] = []  # delivered once per step, not once per token
+        f = self.settings.fault
+        feeds: list[tuple[Job, list[int]]] = []
+        for job in admitted:
+            if job.cancelled.is_set():
+                continue
+            job.model, job.lora, job.version = self.model, self.lora, self.version
+            if self._stale is not None:  # SWAP-NEW-1 fault: the old weights serve a few more requests
+                job.model, job.lora, job.version, left = self._stale
+                job.stale = True
+                self._stale = (job.model, job.lora, job.version, left - 1) if left > 1 else None
+            model = job.model
+            hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
+            cached = hit.length if hit else 0
+            if hit:
+                job.seq = model.clone_sequence(hit.entry.seq, cached)
+                if f("CACHE-EQ-1"):
+                    job.seq.k = [k * np.float32(1.05) for k in job.seq.k]
+                job.routing = list(hit.entry.routing[:cached])
+                if f("R3-CACHE-1"):
+                    job.routing = [job.routing[0], *job.routing[:-1]]
+                job.token_logprobs = list(hit.entry.token_logprobs[:cached])
+                job.boundary_logits = {b: v for b, v in hit.entry.boundary_logits.items() if b <= cached}
+                job.token_logprobs.append(float(log_softmax(hit.entry.boundary_logits[cached])[job.prompt[cached]]))
+            else:
+                job.seq = Sequence_()
+                job.token_logprobs = [0.0]  # the first token has no context
+            job.tokens = [int(t) for t in job.prompt]
+            job.served_by = self.identity
+            feeds.append((job, job.tokens[cached:]))
+            events.append((job, ("start", {"cached_tokens": cached, "replica": self.name})))
+        for job in active:
+            if not job.cancelled.is_set():
+                if not job.stale:  # ASYNC: in-flight requests resume on the new weights
+                    job.model, job.lora = self.model, self.lora
+                feeds.append((job, [job.tokens[-1]]))
+        if not feeds:
+            self._deliver(events)
+            with self._cond:
+                self._active = [j for j in self._active if not j.cancelled.is_set()]
+            return
+        # requests with different adapters cannot share a batch
+        groups: dict[tuple[int, int], list[tuple[Job, list[int]]]] = {}
+        for feed in feeds:
+            groups.setdefault((id(feed[0].model), id(feed[0].lora)), []).append(feed)
+        finished: list[Job] = []
+        for group in groups.values():
+            jobs = [j for j, _ in group]
+            outs = jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
+            last = np.stack([o.logits[-1] for o in outs])
+            greedy_lp = log_softmax(last.astype(np.float64))  # one pass for the whole batch
+            for b, ((job, fed), out) in enumerate(zip(group, outs, strict=True)):
+                start = len(job.tokens) - len(fed)
+                in_prompt = start < len(job.prompt) - 1
+                lp = log_softmax(out.logits) if in_prompt else None
+                for i in range(len(fed)):
+                    job.routing.append(out.routing[i])
+                    pos = start + i  # the position whose logits these are predicts position pos + 1
+                    if (pos + 1) % self.settings.block_size == 0:
+                        job.boundary_logits[pos + 1] = out.logits[i]
+                    if pos + 1 < len(job.prompt):
+                        job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
+                if job.generated == 0 and job.want_prompt_entries:
+                    prompt_routing = np.array(job.routing[: len(job.prompt)])
+                    if f("R3-CHANGE-1"):  # a memo that no swap invalidates
+                        prompt_routing = self._routing_memo.setdefault(
+                            tuple(job.tokens[: len(job.prompt)]), prompt_routing
+                        )
+                    events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing))))
+                if job.max_tokens == 0:
+                    finished.append(job)
+                    events.append((job, ("end", "length")))
+                    continue
+                if job.params.temperature <= 0:
+                    token = int(np.argmax(last[b]))
+                    logprob, sampling_logprob = float(greedy_lp[b, token]), 0.0
+                else:
+                    token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
+                job.generated += 1
+                job.tokens.append(token)
+                job.token_logprobs.append(logprob)
+                version = job.version if job.stale else self.version
+                if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
+                    version = job.served_by
+                events.append((job, ("token", Token(token, logprob, sampling_logprob, out.routing[-1], version))))
+                if token in job.stop_ids:
+                    finished.append(job)
+                    events.append((job, ("end", "stop")))
+                elif job.generated >= job.max_tokens:
+                    finished.append(job)
+                    events.append((job, ("end", "length")))
+        with self._cond:
+            keep = [j for j in self._active if j not in finished and not j.cancelled.is_set()]
+            keep += [j for j in admitted if j not in finished and not j.cancelled.is_set()]
+            self._active = keep
+        self._deliver(events)
+        for job in finished:
+            self._remember(job)
+
+    @staticmethod
+    def _deliver(events: list[tuple[Job, tuple[str, Any]]]) -> None:
+        by_loop: dict[int, tuple[Any, list]] = {}
+        for job, ev in events:
+            by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job.queue, ev))
+        for loop, items in by_loop.values():
+            loop.call_soon_threadsafe(_put_all, items)
+
+    def _remember(self, job: Job) -> None:
+        """Cache the computed positions (prompt and generated, minus the last unfed token)."""
+        if job.seq is None or job.lora is not self.lora or job.served_by != self.identity:
+            return  # a request that spanned a swap holds KV of two snapshots
+        n = job.seq.length
+        self.cache.store(
+            Entry(
+                tokens=np.array(job.tokens[:n]),
+                seq=self.model.clone_sequence(job.seq, n),
+                routing=np.array(job.routing[:n]),
+                token_logprobs=np.array(job.token_logprobs[:n]),
+                boundary_logits=dict(job.boundary_logits),
+                isolation=job.isolation,
+                session=job.session,
+            )
+        )
+
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)

@@ -1,0 +1,47 @@
+"""Everything that configures a reference deployment (names, replicas, timings, faults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pytest_rlrollout.reference.faults import check_faults
+from pytest_rlrollout.snapshot import tiny_moe
+
+Transition = Literal["ASYNC", "SYNC"]
+# A pace at which swaps can be observed from outside: streams last long enough, and loads and
+# swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
+OBSERVABLE_PACE = {"token_delay": 0.003, "swap_delay": 0.1, "load_delay": 0.03}
+
+
+@dataclass(frozen=True)
+class Settings:
+    bucket: Path
+    account: str = "rlrollout"
+    deployment_id: str = "reference"
+    model: str = tiny_moe.MODEL_NAME
+    api_key: str = "rl-reference-key"
+    replicas: int = 2
+    transition: Transition = "ASYNC"
+    base_identity: str = tiny_moe.BASE_IDENTITY
+    load_delay: float = 0.0  # seconds a replica spends downloading + loading a snapshot
+    stagger: float = 0.0  # extra load delay per replica index, so replica swaps are staggered
+    swap_delay: float = 0.0  # seconds a replica pauses at the swap itself
+    token_delay: float = 0.0  # seconds per decode step, so streams last long enough to observe
+    drain_timeout: float = 90.0  # default x-fireworks-hot-load-drain-timeout
+    block_size: int = 16  # prompt-cache granularity (tokens)
+    cache_entries: int = 256  # prompt-cache entries per replica
+    max_context: int = 2048
+    seed: int = 0
+    faults: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def deployment(self) -> str:
+        return f"accounts/{self.account}/deployments/{self.deployment_id}"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", check_faults(self.faults))
+
+    def fault(self, clause: str) -> bool:
+        return clause in self.faults

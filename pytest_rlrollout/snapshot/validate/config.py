@@ -1,0 +1,129 @@
+"""Checks on config.json: SNAP-CONFIG-1 (a Hugging Face config), SNAP-CONFIG-2 (equals the base's)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pytest_rlrollout.snapshot.layout import CONFIG
+from pytest_rlrollout.snapshot.validate.core import WEIGHTS, Inconclusive, NotApplicable, Problem, Subject, check
+
+IGNORED_CONFIG_KEYS = {"transformers_version", "_name_or_path", "quantization_config"}
+
+
+@check("SNAP-CONFIG-1", WEIGHTS)
+def _config_loads(s: Subject) -> Iterator[Problem]:
+    value, error = s.config
+    if error:
+        yield Problem(CONFIG, error)
+        return
+    if not isinstance(value, dict):
+        yield Problem(CONFIG, f"is a JSON {type(value).__name__}, not an object")
+        return
+    model_type = value.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        yield Problem(CONFIG, "has no model_type, so it cannot load as a Hugging Face config")
+        return
+    if s.ctx.hf_config:
+        complaint = _transformers_complaint(value)
+        if complaint:
+            yield Problem(CONFIG, complaint)
+
+
+def _transformers_complaint(config: dict[str, Any]) -> str | None:
+    known = transformers_model_types()
+    if known is None:
+        return None  # without transformers, a model_type is all that can be asked
+    if config["model_type"] not in known:
+        return f"model_type {config['model_type']!r} is not known to the installed transformers"
+    return None
+
+
+@cache
+def transformers_model_types() -> frozenset[str] | None:
+    """The model types the installed transformers knows, read from its mapping source files
+    without importing it (importing transformers' configs imports torch: seconds); None when
+    transformers is not installed."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    auto = Path(next(iter(spec.submodule_search_locations))) / "models" / "auto"
+    names: set[str] = set()
+    for file in ("auto_mappings.py", "configuration_auto.py"):  # the former since transformers 5
+        if (auto / file).is_file():
+            names |= _mapping_keys(ast.parse((auto / file).read_text()))
+    return frozenset(names) or None
+
+
+def _mapping_keys(tree: ast.Module) -> set[str]:
+    """The string keys given to CONFIG_MAPPING_NAMES: `= OrderedDict([(key, ...), ...])`,
+    `.update({key: ...})`."""
+    out: set[str] = set()
+    for stmt in tree.body:
+        if not _about_config_mapping(stmt):
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Dict):
+                out |= {k.value for k in node.keys if _is_str(k)}
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and _is_str(node.elts[0]):
+                out.add(node.elts[0].value)
+    return out
+
+
+def _about_config_mapping(stmt: ast.stmt) -> bool:
+    """`CONFIG_MAPPING_NAMES = ...` or `CONFIG_MAPPING_NAMES.<method>(...)`."""
+    if isinstance(stmt, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == "CONFIG_MAPPING_NAMES" for t in stmt.targets)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        return isinstance(func, ast.Attribute) and getattr(func.value, "id", None) == "CONFIG_MAPPING_NAMES"
+    return False
+
+
+def _is_str(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def config_differences(snapshot: Mapping[str, Any], base: Mapping[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """SNAP-CONFIG-2 in the documented wording; empty when the configs are equivalent."""
+    ignored = IGNORED_CONFIG_KEYS | set(ignore)
+
+    def canon(cfg: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in cfg.items() if k not in ignored}
+        if "torch_dtype" in out and "dtype" not in out:
+            out["dtype"] = out.pop("torch_dtype")
+        out.pop("torch_dtype", None)
+        return out
+
+    a, b = canon(snapshot), canon(base)
+    if "model_type" in a and "model_type" in b and a["model_type"] != b["model_type"]:
+        return [f"Types mismatch: snapshot model_type {a['model_type']!r}, base model_type {b['model_type']!r}"]
+    problems = []
+    extra_snapshot = sorted(set(a) - set(b))
+    extra_base = sorted(set(b) - set(a))
+    if extra_snapshot:
+        problems.append(f"Extra snapshot model config options: {extra_snapshot}")
+    if extra_base:
+        problems.append(f"Extra base model config options: {extra_base}")
+    for key in sorted(set(a) & set(b)):
+        if a[key] != b[key]:
+            problems.append(f"Config value mismatch for {key}: snapshot {a[key]!r}, base {b[key]!r}")
+    return problems
+
+
+@check("SNAP-CONFIG-2", WEIGHTS)
+def _config_matches_base(s: Subject) -> Iterator[Problem]:
+    if s.base is None:
+        raise NotApplicable("no base snapshot given")
+    mine = s.config_dict()
+    try:
+        theirs = s.base.config_dict()
+    except Inconclusive:
+        raise Inconclusive("the base snapshot's config.json did not load") from None
+    ignore = ((s.ctx.signal or {}).get("validation") or {}).get("extra_fields_ignore") or ()
+    for message in config_differences(mine, theirs, [k for k in ignore if isinstance(k, str)]):
+        yield Problem(CONFIG, message)

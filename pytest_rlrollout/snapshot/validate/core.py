@@ -1,0 +1,406 @@
+"""The validator's core: what a check sees (`Subject`), the check registry, and `validate`.
+
+Each check carries exactly one clause ID and reports problems of that clause only. A check
+whose input could not be read (because another clause already failed) is `inconclusive`
+instead of piling up follow-on findings, so one defect yields one clause's finding.
+The validator only reads: it opens files read-only and never writes into a snapshot.
+The checks themselves live beside this module, one module per area.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pytest_rlrollout.contract import Level, Outcome, Verdict, catalogue
+from pytest_rlrollout.contract.schemas import problems as schema_problems
+from pytest_rlrollout.snapshot import dtypes
+from pytest_rlrollout.snapshot import safetensors_io as st
+from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC, Kind, SnapshotDir, UnsafePath
+
+SHOWN = 5  # names quoted per message before "and N more"
+
+
+@dataclass(frozen=True)
+class Finding:
+    clause: str
+    level: Level
+    file: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        return f"{self.clause} [{self.level}] {where}{self.message}"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the validator knows besides the snapshot directory itself.
+
+    Offline, an exporter passes the base and (for a diff) the parent snapshot; at hot-load
+    time the deployment also passes the signal body and what its replicas serve.
+    """
+
+    base: Path | None = None
+    parent: Path | None = None
+    signal: Mapping[str, Any] | None = None
+    identity: str | None = None  # default: the signal's identity, else the directory name
+    parent_identity: str | None = None  # default: the parent directory name
+    served: tuple[str | None, ...] | None = None  # current identity of every replica
+    ledger_reset: bool = False
+    base_model: tuple[str, ...] = ()  # names adapter_config.json may use for the base
+    verify_data: bool = True  # decode ARC2 payloads (reads tensor data)
+    hf_config: bool = True  # ask transformers, when installed, whether it knows the model_type
+
+
+@dataclass
+class Report:
+    snapshot: str
+    kind: Kind
+    identity: str
+    findings: list[Finding] = field(default_factory=list)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+    def failures(self, level: Level = "SHOULD") -> list[Finding]:
+        """Findings that fail at this level: MUST only, or MUST and SHOULD."""
+        keep = {"MUST"} if level == "MUST" else {"MUST", "SHOULD", "MAY"}
+        return [f for f in self.findings if f.level in keep]
+
+    def ok(self, level: Level = "SHOULD") -> bool:
+        return not self.failures(level)
+
+    def of(self, clause: str) -> list[Finding]:
+        return [f for f in self.findings if f.clause == clause]
+
+    def as_dict(self, level: Level = "SHOULD") -> dict[str, Any]:
+        return {
+            "snapshot": self.snapshot,
+            "kind": self.kind,
+            "identity": self.identity,
+            "level": level,
+            "valid": self.ok(level),
+            "findings": [asdict(f) for f in self.findings],
+            "clauses": {k: {"outcome": v.outcome, "reason": v.reason} for k, v in sorted(self.verdicts.items())},
+        }
+
+    def text(self) -> str:
+        lines = [f"{self.snapshot}: {self.kind} snapshot, identity {self.identity!r}"]
+        lines += [f"  {f}" for f in self.findings]
+        counts = Counter(v.outcome.value for v in self.verdicts.values())
+        must = len(self.failures("MUST"))
+        verdict = "valid" if not self.findings else ("INVALID" if must else "valid with SHOULD findings")
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        lines.append(f"{verdict}: {len(self.findings)} finding(s); clauses: {summary}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str | None
+    message: str
+
+
+class NotApplicable(Exception):
+    """The clause does not apply to this snapshot or context."""
+
+
+class Inconclusive(Exception):
+    """The check's input could not be read; another clause already reports why."""
+
+
+@dataclass(frozen=True)
+class Check:
+    clause: str
+    kinds: frozenset[str]
+    fn: Callable[[Subject], Iterable[Problem]]
+
+
+CHECKS: dict[str, Check] = {}
+ALL_KINDS = frozenset({"full", "incremental", "lora"})
+WEIGHTS = frozenset({"full", "incremental"})
+
+
+def check(clause: str, kinds: frozenset[str] = ALL_KINDS):
+    def register(fn: Callable[[Subject], Iterable[Problem]]):
+        if clause not in catalogue():
+            raise KeyError(f"check for unknown clause {clause}")
+        if clause in CHECKS:
+            raise KeyError(f"two checks for {clause}")
+        CHECKS[clause] = Check(clause, kinds, fn)
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------- what a check sees
+
+
+class Subject:
+    """A snapshot directory plus context, read lazily and at most once."""
+
+    def __init__(self, root: str | os.PathLike[str], ctx: Context, kind: Kind | None = None, *, judged: bool = True):
+        self.dir = SnapshotDir(root)
+        self.ctx = ctx
+        self.kind: Kind = kind or self._detect_kind()
+        self.judged = judged  # False for the base and the parent: only their tensor tables are read
+
+    def _detect_kind(self) -> Kind:
+        if self.dir.is_lora():
+            return "lora"
+        if self.ctx.parent is not None or self.incremental_metadata is not None:
+            return "incremental"
+        return "full"
+
+    @cached_property
+    def incremental_metadata(self) -> Mapping[str, Any] | None:
+        meta = (self.ctx.signal or {}).get("incremental_snapshot_metadata")
+        return meta if isinstance(meta, Mapping) and meta else None
+
+    @cached_property
+    def identity(self) -> str:
+        if self.ctx.identity is not None:
+            return self.ctx.identity
+        signalled = (self.ctx.signal or {}).get("identity")
+        return signalled if isinstance(signalled, str) else self.dir.name
+
+    @cached_property
+    def parent(self) -> Subject | None:
+        return Subject(self.ctx.parent, Context(hf_config=False), "full", judged=False) if self.ctx.parent else None
+
+    @cached_property
+    def base(self) -> Subject | None:
+        return Subject(self.ctx.base, Context(hf_config=False), "full", judged=False) if self.ctx.base else None
+
+    # -- JSON documents: (value, error). Incremental snapshots inherit what they omit.
+
+    def _json(self, name: str) -> tuple[Any, str | None]:
+        if name not in self.dir.listing:
+            if self.kind == "incremental":
+                if self.parent is not None:
+                    return self.parent._json(name)
+                return None, "is missing; a diff inherits it from its parent, so pass --parent to check it"
+            return None, "is missing"
+        try:
+            return self.dir.read_json(name), None
+        except (ValueError, UnsafePath) as e:
+            return None, str(e)
+
+    @cached_property
+    def config(self) -> tuple[Any, str | None]:
+        return self._json(CONFIG)
+
+    @cached_property
+    def index(self) -> tuple[Any, str | None]:
+        return self._json(INDEX)
+
+    @cached_property
+    def spec(self) -> tuple[Any, str | None]:
+        return self._json(SPEC)
+
+    def config_dict(self) -> dict[str, Any]:
+        value, _ = self.config
+        if not isinstance(value, dict):
+            raise Inconclusive("config.json did not load (SNAP-CONFIG-1)")
+        return value
+
+    def weight_map(self) -> dict[str, str]:
+        """The index's weight_map (entries naming no file left out); Inconclusive when it did not load."""
+        if self._weight_map is None:
+            raise Inconclusive("model.safetensors.index.json did not load (SNAP-INDEX-1)")
+        return self._weight_map
+
+    @cached_property
+    def _weight_map(self) -> dict[str, str] | None:
+        value, _ = self.index
+        if not (isinstance(value, dict) and isinstance(value.get("weight_map"), dict)):
+            return None
+        return {k: v for k, v in value["weight_map"].items() if isinstance(v, str)}
+
+    def tensor_map(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Spec entries as (normalised dtype, shape); malformed entries are left out (SNAP-SPEC-1/2)."""
+        if self._tensor_map is None:
+            raise Inconclusive("model.weight.spec.json did not load (SNAP-SPEC-1)")
+        return self._tensor_map
+
+    @cached_property
+    def _tensor_map(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+        value, _ = self.spec
+        if not (isinstance(value, dict) and isinstance(value.get("tensor_map"), dict)):
+            return None
+        out = {}
+        for name, e in value["tensor_map"].items():
+            if isinstance(e, dict) and isinstance(e.get("dtype"), str) and st.uint_list(e.get("shape")):
+                code = dtypes.normalise(e["dtype"])
+                if code is not None:
+                    out[name] = (code, tuple(e["shape"]))
+        return out
+
+    def quantization_config(self) -> dict[str, Any] | None:
+        q = self.config_dict().get("quantization_config")
+        return q if isinstance(q, dict) else None
+
+    # -- safetensors files
+
+    @cached_property
+    def headers(self) -> dict[str, st.Header]:
+        return {n: h for n, h in self._parsed.items() if isinstance(h, st.Header)}
+
+    @cached_property
+    def header_errors(self) -> dict[str, str]:
+        return {n: h for n, h in self._parsed.items() if isinstance(h, str)}
+
+    @cached_property
+    def _parsed(self) -> dict[str, st.Header | str]:
+        out: dict[str, st.Header | str] = {}
+        for name in self.dir.safetensors_files:
+            try:
+                path = self.dir.path(name)
+            except UnsafePath as e:
+                out[name] = f"{e}; not read"
+                continue
+            if not self.dir.is_regular(name):
+                out[name] = "not a regular file; not read"
+                continue
+            try:
+                out[name] = st.read_header(path)
+            except st.HeaderError as e:
+                out[name] = str(e)
+                continue
+            except OSError as e:
+                out[name] = f"cannot read: {e.strerror or e}"
+                continue
+            complaint = st.library_opinion(path) if self.judged else None  # a second opinion, where it matters
+            if complaint is not None:
+                out[name] = f"the safetensors library refuses it: {complaint}"
+        return out
+
+    @cached_property
+    def tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The snapshot's tensors as (dtype, shape): from the files for a full snapshot; from the
+        spec (or the parent's tensors) for a diff, whose files hold only U8 payloads."""
+        if self.kind == "incremental":
+            # Decoding keeps the parent's header, so the target's dtypes and shapes are the
+            # parent's; whether the diff's own spec agrees is SNAP-INC-2's question.
+            if self.parent is not None:
+                return self.parent.tensors
+            if SPEC in self.dir.listing:
+                return self.tensor_map()
+            raise Inconclusive("a diff without model.weight.spec.json and without --parent has no tensor table")
+        try:
+            loaded = set(self.weight_map().values())
+        except Inconclusive:
+            loaded = set(self.headers)
+        table = {}
+        for file, h in self.headers.items():
+            if file in loaded:  # tensors of unreferenced files are never loaded (SNAP-INDEX-3a)
+                for name, t in h.tensors.items():
+                    table[name] = (t.dtype, t.shape)
+        if not table:
+            with suppress(Inconclusive):
+                return self.tensor_map()
+        return table
+
+    @cached_property
+    def unreadable_tensors(self) -> set[str]:
+        """weight_map tensors whose file did not parse: their absence is SNAP-SAFETENSORS-1's finding."""
+        try:
+            wm = self.weight_map()
+        except Inconclusive:
+            return set()
+        return {t for t, f in wm.items() if f in self.header_errors}
+
+
+def names(items: Iterable[str]) -> str:
+    items = sorted(items)
+    shown = ", ".join(items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def signal_findings(signal: Mapping[str, Any]) -> list[Finding]:
+    """Findings on a hot-load request body, from its JSON Schema (the identity is SNAP-ID-1's check)."""
+    cat = catalogue()
+    out = []
+    for problem in schema_problems("hot-load-request", signal):
+        if problem.path[:1] == ("identity",):
+            continue  # the identity is judged by the SNAP-ID-1 check itself
+        out.append(Finding(problem.clause, cat[problem.clause].level, "signal", problem.message))
+    return out
+
+
+def validate(
+    snapshot: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str] | None = None,
+    parent: str | os.PathLike[str] | None = None,
+    signal: Mapping[str, Any] | None = None,
+    context: Context | None = None,
+    **context_fields: Any,
+) -> Report:
+    """Validate a snapshot directory against every SNAP clause; reads, never writes.
+
+    `base` enables the comparisons against the base model (SNAP-CONFIG-2, SNAP-COVER-1,
+    SNAP-TOK-1a, SNAP-LORA-3); `parent` marks the directory as an ARC2 diff of that
+    snapshot; `signal` is the hot-load request body that would announce it.
+    """
+    if context is not None and (base or parent or signal is not None or context_fields):
+        raise TypeError("pass either context= or the individual fields, not both")
+    ctx = context or Context(
+        base=Path(base) if base else None,
+        parent=Path(parent) if parent else None,
+        signal=signal,
+        **context_fields,
+    )
+    subject = Subject(snapshot, ctx)
+    cat = catalogue()
+    report = Report(str(snapshot), subject.kind, subject.identity)
+    looks_like_adapter = (
+        subject.kind != "lora" and subject.dir.adapter_weight_files and CONFIG not in subject.dir.listing
+    )
+    for clause in (c.id for c in cat if c.id in CHECKS):
+        chk = CHECKS[clause]
+        if looks_like_adapter and clause != "SNAP-LORA-1":
+            why = "the directory looks like a LoRA adapter (SNAP-LORA-1)"
+            report.verdicts[clause] = Verdict(Outcome.INCONCLUSIVE, why)
+            continue
+        if subject.kind not in chk.kinds:
+            why = f"does not apply to {subject.kind} snapshots"
+            report.verdicts[clause] = Verdict(Outcome.NOT_APPLICABLE, why)
+            continue
+        try:
+            problems = list(chk.fn(subject))
+        except NotApplicable as e:
+            report.verdicts[clause] = Verdict(Outcome.NOT_APPLICABLE, str(e))
+            continue
+        except Inconclusive as e:
+            report.verdicts[clause] = Verdict(Outcome.INCONCLUSIVE, str(e))
+            continue
+        level = cat[clause].level
+        report.findings += [Finding(clause, level, p.file, p.message) for p in problems]
+        report.verdicts[clause] = Verdict(Outcome.FAIL if problems else Outcome.PASS)
+    if ctx.signal is not None:
+        extra = signal_findings(ctx.signal)
+        report.findings += extra
+        for f in extra:
+            report.verdicts[f.clause] = Verdict(Outcome.FAIL)
+    return report
+
+
+def load_signal(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A hot-load request body from a JSON file (for `--signal`)."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a hot-load signal is a JSON object")
+    return doc

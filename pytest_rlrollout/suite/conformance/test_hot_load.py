@@ -1,0 +1,337 @@
+"""HL — the hot-load control API, and the SNAP rules a deployment enforces when signalled.
+
+Tests marked `rl_swaps` change what the deployment serves: they run only with
+`--rl-allow-hot-load` on a live deployment, one at a time across xdist workers, and build
+their snapshots with `rl_snapshot_factory` (sentinel deltas wherever a delta will do).
+"""
+
+import json
+
+import pytest
+
+from pytest_rlrollout.contract.schemas import problems
+from pytest_rlrollout.snapshot import broken, tiny_moe
+from pytest_rlrollout.suite.observe import expect_loaded
+from pytest_rlrollout.suite.outcomes import inconclusive
+
+clause = pytest.mark.rl_clause
+swaps = pytest.mark.rl_swaps
+PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
+
+
+def status_body(rl_deployment) -> dict:
+    r = rl_deployment.status()
+    assert r.status_code == 200, f"GET status: {r.status_code} {r.text[:200]}"
+    return r.json()
+
+
+def numeric_key(config: dict) -> str:
+    """A config value whose change is harmless to serve (for config-mismatch snapshots)."""
+    for key in ("rms_norm_eps", "layer_norm_eps", "initializer_range"):
+        if isinstance(config.get(key), float):
+            return key
+    return next(k for k, v in sorted(config.items()) if isinstance(v, float))
+
+
+def never_served(rl_deployment, identity: str, before: list) -> None:
+    rl_deployment.settle()
+    replicas = rl_deployment.replicas()
+    if not replicas:
+        inconclusive("the status lists no replicas, so what they serve cannot be seen (see HL-GET-1)")
+    now = [r.get("current_snapshot_identity") for r in replicas]
+    assert identity not in now, f"{identity} is being served: {now}"
+    assert now == before, f"the previous snapshot does not serve every replica any more: {before} -> {now}"
+    adapters = [
+        a.get("identity") for r in replicas for a in r.get("loaded_adapters") or [] if a.get("status") == "loaded"
+    ]
+    assert identity not in adapters, f"{identity} was loaded as an adapter"
+
+
+def served_identities(rl_deployment) -> list:
+    return [r.get("current_snapshot_identity") for r in rl_deployment.replicas()]
+
+
+# --------------------------------------------------------------------------- status (read-only)
+
+
+@clause("HL-GET-1")
+def test_status_lists_replicas(rl_deployment):
+    body = status_body(rl_deployment)
+    assert isinstance(body.get("replicas"), list) and body["replicas"], f"no 'replicas' list: {json.dumps(body)[:300]}"
+    found = [f"{p.message} at {p.path}" for p in problems("hot-load-status", body) if p.clause == "HL-GET-1"]
+    assert not found, found
+
+
+@clause("HL-GET-1a")
+def test_status_has_loading_state(rl_deployment):
+    replicas = status_body(rl_deployment).get("replicas")
+    if not isinstance(replicas, list) or not replicas:
+        inconclusive("no replicas list to look into (see HL-GET-1)")
+    for r in replicas:
+        state = r.get("loading_state")
+        assert isinstance(state, dict), f"loading_state is {state!r}"
+        assert isinstance(state.get("stage"), str), state
+        assert isinstance(state.get("target_snapshot_identity"), str), (
+            f"target_snapshot_identity is not a string: {state}"
+        )
+
+
+# --------------------------------------------------------------------------- signals
+
+
+@swaps
+@clause("HL-AUTH-1")
+def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap):
+    built = rl_swap.build("auth")
+    before = served_identities(rl_deployment)
+    bad = {
+        "no API key": ({"Authorization": ""}, (401, 403)),
+        "wrong API key": ({"Authorization": "Bearer not-the-key"}, (401, 403)),
+        "wrong deployment": ({"fireworks-deployment": "accounts/nobody/deployments/nothing"}, range(400, 500)),
+        "wrong model": ({"fireworks-model": "accounts/nobody/models/nothing"}, range(400, 500)),
+    }
+    for what, (headers, wanted) in bad.items():
+        r = rl_deployment.hot_load(built.signal, headers=headers)
+        assert r.status_code in wanted, f"{what}: POST got {r.status_code} {r.text[:200]}"
+    for what in ("no API key", "wrong API key"):
+        r = rl_deployment.status(headers=bad[what][0])
+        assert r.status_code in (401, 403), f"{what}: GET status got {r.status_code}"
+    never_served(rl_deployment, built.identity, before)
+
+
+@swaps
+@clause("HL-POST-1")
+def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap):
+    built = rl_snapshot_factory.full("post-1")
+    result = rl_swap.signal(built)
+    assert result.response.status_code == 200, f"{result.response.status_code} {result.response.text[:300]}"
+    try:
+        body = result.response.json()
+    except ValueError:
+        pytest.fail(f"the answer is not JSON: {result.response.text[:200]!r}")
+    assert isinstance(body, dict), f"the answer is {type(body).__name__}, not an object"
+
+
+@swaps
+@clause("HL-POST-2")
+def test_unknown_field_gets_400(rl_deployment, rl_swap):
+    built = rl_swap.build("post-2")
+    r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+
+
+@swaps
+@clause("HL-POST-2a")
+def test_unknown_field_message_wording(rl_deployment, rl_swap):
+    built = rl_swap.build("post-2a")
+    r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
+    if r.status_code != 400:
+        inconclusive(f"the unknown field was not refused ({r.status_code}; see HL-POST-2)")
+    assert "Extra inputs are not permitted" in r.text and "unexpected_field" in r.text, r.text[:300]
+
+
+@swaps
+@clause("HL-POST-3")
+def test_reset_prompt_cache_values(rl_deployment, rl_swap):
+    built = rl_swap.build("post-3")
+    r = rl_deployment.hot_load({**built.signal, "reset_prompt_cache": "sometimes"})
+    assert r.status_code == 400, f"reset_prompt_cache='sometimes' got {r.status_code}"
+    rl_deployment.settle()
+    for policy in ("all", "new_session", "none"):
+        result = rl_swap.signal(rl_swap.build(f"post-3-{policy}"), reset_prompt_cache=policy)
+        assert result.response.status_code == 200, (
+            f"{policy!r}: {result.response.status_code} {result.response.text[:200]}"
+        )
+
+
+@swaps
+@clause("HL-POST-3a")
+def test_reset_prompt_cache_booleans(rl_deployment, rl_swap):
+    for value in (True, False):
+        result = rl_swap.signal(rl_swap.build(f"post-3a-{str(value).lower()}"), reset_prompt_cache=value)
+        assert result.response.status_code == 200, (
+            f"{value}: {result.response.status_code} {result.response.text[:200]}"
+        )
+
+
+@swaps
+@clause("HL-POST-4")
+def test_identity_not_one_segment_gets_4xx(rl_deployment):
+    for identity in ("a/b", "..", ".", "", "back\\slash", "nul\x00byte", "ctl\x01char"):
+        r = rl_deployment.hot_load({"identity": identity})
+        assert 400 <= r.status_code < 500, f"identity {identity!r}: {r.status_code} {r.text[:200]}"
+
+
+@swaps
+@clause("SNAP-ID-1")
+def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory):
+    built = rl_swap.build("nested")
+    nested = f"{built.identity}-dir/inner"
+    rl_snapshot_factory.upload_as(built.local, nested)
+    before = served_identities(rl_deployment)
+    r = rl_deployment.hot_load({**built.signal, "identity": nested})
+    assert r.status_code != 200, f"identity {nested!r} was accepted"
+    never_served(rl_deployment, nested, before)
+
+
+def _variants():
+    from pytest_rlrollout.contract import catalogue
+
+    return [
+        pytest.param(c.id, marks=pytest.mark.rl_clause(c.id), id=c.id)
+        for c in catalogue().area("SNAP")
+        if c.level == "MUST" and c.id in broken.BREAKERS and c.id != "SNAP-ID-1"
+    ]
+
+
+@swaps
+@clause("HL-POST-5")
+@pytest.mark.parametrize("violated", _variants())
+def test_violating_snapshot_is_never_served(
+    rl_deployment, rl_snapshot_factory, rl_swap, rl_reference_cases, violated, tmp_path
+):
+    if rl_deployment.base_config != json.loads((rl_reference_cases.base / "config.json").read_text()):
+        inconclusive("broken variants are built from the reference model; this deployment serves another model")
+    case = broken.broken_case(violated, rl_reference_cases, tmp_path)
+    signal = dict(case.signal or {})
+    if "incremental_snapshot_metadata" in signal and case.parent == rl_reference_cases.base:
+        # the diff is against the base: rebase it on a served snapshot holding exactly the base
+        if rl_snapshot_factory.record.overlays.get(rl_deployment.serving()) != {}:
+            rl_swap.signal(rl_snapshot_factory.full("base-again"))
+        serving = rl_deployment.serving()
+        if rl_snapshot_factory.record.overlays.get(serving) != {}:
+            inconclusive("could not serve a snapshot equal to the base to diff against")
+        meta = signal["incremental_snapshot_metadata"]
+        if meta.get("previous_snapshot_identity") == tiny_moe.BASE_IDENTITY:
+            signal["incremental_snapshot_metadata"] = {**meta, "previous_snapshot_identity": serving}
+    if case.ledger_reset:
+        if not 200 <= rl_deployment.reset_ledger().status_code < 300:
+            inconclusive("this variant needs a ledger reset, and the reset failed (see HL-LEDGER-1)")
+        rl_snapshot_factory.ledger_reset()
+    built = rl_snapshot_factory.copy_in(case.snapshot, violated.lower(), signal)
+    before = served_identities(rl_deployment)
+    rl_deployment.hot_load(built.signal)
+    never_served(rl_deployment, built.identity, before)
+
+
+@swaps
+@clause("HL-POST-5a")
+def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory):
+    key = numeric_key(rl_deployment.base_config or {})
+    built = rl_snapshot_factory.step(
+        rl_deployment.serving(), "post-5a", config_edit=lambda c: c.update({key: c[key] * 10})
+    )
+    r = rl_deployment.hot_load(built.signal)
+    assert 400 <= r.status_code < 500, f"a config mismatch was answered {r.status_code} at POST time"
+    assert key in r.text or "config" in r.text.lower(), f"the message does not name the failed rule: {r.text[:300]}"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@swaps
+@clause("HL-GET-2")
+def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap):
+    result = rl_swap.signal(rl_swap.build("get-2"))
+    expect_loaded(result, own=True)
+    for r in rl_deployment.replicas():
+        assert r.get("readiness") is True and r.get("current_snapshot_identity") == result.built.identity, r
+
+
+@swaps
+@clause("HL-GET-2")
+@pytest.mark.rl_requires("lora")
+def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory):
+    built = rl_snapshot_factory.lora()
+    expect_loaded(rl_swap.signal(built), own=True)
+    rl_swap("after-lora")  # back to serving plain snapshots for the tests that follow
+
+
+@swaps
+@clause("HL-CONFIG-1")
+def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_snapshot_factory):
+    key = numeric_key(rl_deployment.base_config or {})
+    edits = {
+        f"Config value mismatch for {key}": lambda c: c.update({key: c[key] * 10}),
+        "Extra snapshot model config options": lambda c: c.update({PROBE_KEY: 1}),
+    }
+    for wording, edit in edits.items():
+        built = rl_snapshot_factory.step(rl_deployment.serving(), "config-1", config_edit=edit)
+        before = served_identities(rl_deployment)
+        r = rl_deployment.hot_load(built.signal)
+        rl_deployment.settle()
+        said = r.text + json.dumps(rl_deployment.replicas())
+        never_served(rl_deployment, built.identity, before)
+        assert wording in said, f"no {wording!r} in the answer or the status: {said[:400]}"
+
+
+@swaps
+@clause("HL-CONFIG-2")
+def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory):
+    key = numeric_key(rl_deployment.base_config or {})
+    for field, edit in ((PROBE_KEY, lambda c: c.update({PROBE_KEY: 1})), (key, lambda c: c.update({key: c[key] * 10}))):
+        built = rl_snapshot_factory.step(rl_deployment.serving(), "config-2", config_edit=edit)
+        expect_loaded(rl_swap.signal(built, validation={"extra_fields_ignore": [field]}))
+
+
+@swaps
+@clause("HL-LEDGER-1")
+def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory):
+    serving = rl_deployment.serving()
+    if not rl_snapshot_factory.knows(serving):
+        rl_swap("before-reset")
+        serving = rl_deployment.serving()
+    r = rl_deployment.reset_ledger()
+    assert 200 <= r.status_code < 300, f"DELETE ledger: {r.status_code} {r.text[:200]}"
+    rl_snapshot_factory.ledger_reset()
+    incremental = rl_snapshot_factory.sentinel(serving, "after-reset")
+    before = served_identities(rl_deployment)
+    rl_deployment.hot_load(incremental.signal)
+    never_served(rl_deployment, incremental.identity, before)
+    expect_loaded(rl_swap.signal(rl_snapshot_factory.full("after-reset-full")))
+
+
+@swaps
+@clause("HL-HINT-1")
+def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap):
+    built = rl_swap.build("hint")
+    before = served_identities(rl_deployment)
+    r = rl_deployment.hint(built.identity, "config.json")
+    if r.status_code in (404, 405, 501):
+        from pytest_rlrollout.suite.outcomes import unsupported
+
+        unsupported(f"no hint endpoint ({r.status_code})")
+    assert r.status_code == 200, f"{r.status_code} {r.text[:200]}"
+    for replica in rl_deployment.replicas():
+        assert (replica.get("loading_state") or {}).get("target_snapshot_identity") != built.identity, replica
+    never_served(rl_deployment, built.identity, before)
+
+
+# Last in the module: on a deployment that never reports a failed load, replicas stay "loading"
+# and every later swap test would first wait out the swap timeout.
+
+
+@swaps
+@clause("HL-GET-3")
+def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory):
+    built = rl_swap.build("get-3")
+    before = served_identities(rl_deployment)
+    with rl_deployment.observable_swaps():  # the shard must go before the deployment reads it
+        r = rl_deployment.hot_load(built.signal)
+        assert r.status_code == 200, f"the valid signal was refused: {r.status_code}"
+        # the deployment downloads after answering: a shard gone now makes the load fail
+        shard = sorted(p.name for p in built.local.glob("*.safetensors"))[0]
+        rl_snapshot_factory.bucket.remove_file(built.identity, shard)
+        waited = rl_deployment.wait_for(built.identity)
+    if waited.ok:
+        inconclusive("the deployment had read the snapshot before the shard was removed")
+    if "(HL-GET-1)" in (waited.error or ""):
+        inconclusive(waited.error)
+    if any(not isinstance(r.get("loading_state"), dict) for r in waited.replicas):
+        inconclusive("replicas report no loading_state to carry the error (see HL-GET-1a)")
+    assert waited.error is not None and "not served within" not in waited.error, (
+        f"no replica reported stage 'error' for {built.identity}: {waited.replicas}"
+    )
+    failed = [r for r in waited.replicas if (r.get("loading_state") or {}).get("stage") == "error"]
+    assert all(r["loading_state"].get("target_snapshot_identity") == built.identity for r in failed), failed
+    assert served_identities(rl_deployment) == before

@@ -1,0 +1,430 @@
+"""The deployment under test: `RLDeployment` and the `rl_deployment` fixture, with the per-test
+concerns around it (one autouse fixture each): what a test requires, the lock that keeps
+read-only tests out of swaps, and the test's cassette when recording or replaying.
+
+Local runs (the default) start the reference deployment, one per xdist worker. Live runs talk
+to `--rl-deployment`; they change nothing without `--rl-allow-hot-load` and record what was
+served at the start. Replays answer every request from cassettes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlrollout.suite.options import RLOptions, options
+from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.reference import Running
+    from pytest_rlrollout.remote.bucket import Bucket
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
+    from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.remote.stream import Stream
+
+
+class HotLoadNotAllowed(Exception):
+    """A state change was attempted on a live deployment without --rl-allow-hot-load."""
+
+
+class RLDeployment:
+    """The deployment under test, as the `rl_deployment` fixture hands it out.
+
+    Reads never change state; `hot_load`, `hint` and `reset_ledger` raise `HotLoadNotAllowed`
+    on a live deployment unless the run passed `--rl-allow-hot-load`.
+    """
+
+    def __init__(
+        self,
+        client: DeploymentClient,
+        opts: RLOptions,
+        *,
+        base_snapshot: Path | None,
+        bucket: Bucket | None,
+        transition: str | None,
+        local: Running | None = None,
+    ):
+        self.client, self.options = client, opts
+        self.base_snapshot, self.bucket = base_snapshot, bucket
+        self.timeouts = opts.timeouts
+        self._transition = transition
+        self._local = local  # the bundled reference deployment, when it runs in this process
+        self._capabilities: dict[str, Any] | None = None
+
+    @property
+    def target(self) -> Target:
+        return self.client.target
+
+    @property
+    def mode(self) -> str:
+        """`local`, `live` or `replay`."""
+        return self.options.mode
+
+    @property
+    def allow_hot_load(self) -> bool:
+        return self.options.allow_hot_load
+
+    @property
+    def key(self) -> str:
+        """Names the deployment for the lock and the run's shared record (same URL + name = same)."""
+        return f"{self.target.base_url}|{self.target.deployment}"
+
+    @property
+    def cassettes(self) -> CassetteTransport | None:
+        """The recording or replaying transport, or None."""
+        from pytest_rlrollout.remote.cassette import CassetteTransport
+
+        t = self.client.transport
+        return t if isinstance(t, CassetteTransport) else None
+
+    # ----------------------------------------------------------------------- reading
+
+    def status(self, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """GET the hot-load status."""
+        return self.client.status(headers=headers)
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """The status's replicas; [] when the status cannot be read."""
+        return self.client.replicas()
+
+    def served_identities(self) -> list[str | None]:
+        """`current_snapshot_identity` of every replica."""
+        return self.client.served_identities()
+
+    def serving(self) -> str | None:
+        """The snapshot identity every replica serves, or None when they differ."""
+        ids = set(self.served_identities())
+        return ids.pop() if len(ids) == 1 else None
+
+    def ledger(self) -> httpx.Response:
+        return self.client.ledger()
+
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Stream:
+        """A completion (streamed when `body["stream"]`) parsed into a `Stream`: policy version
+        per chunk, logprobs entries, routing matrices, usage, cached tokens of every channel."""
+        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
+
+    def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
+        """POST raw bytes to the completions endpoint (malformed requests on purpose)."""
+        return self.client.post_inference(content, chat=chat)
+
+    def auth_headers(self) -> dict[str, str]:
+        return self.client.auth_headers()
+
+    def mark(self, name: str) -> float:
+        """Now, in seconds; on the cassette's timeline when recording or replaying."""
+        return self.client.mark(name)
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """Discovered once, without changing state: moe, nonstream_version, replicas, lora,
+        ledger, backend_host, transition."""
+        if self._capabilities is None:
+            caps = self.client.capabilities()
+            declared = (self.client.resource().get("hotLoadTransitionType") or "").upper() or None
+            caps["transition"] = self._transition or declared
+            self._capabilities = caps
+        return self._capabilities
+
+    @property
+    def base_config(self) -> dict[str, Any] | None:
+        """config.json of the served base model, when a local copy is known (--rl-base-snapshot)."""
+        if self.base_snapshot is None or not (self.base_snapshot / "config.json").is_file():
+            return None
+        return json.loads((self.base_snapshot / "config.json").read_text())
+
+    @property
+    def long_stream_tokens(self) -> int:
+        """Tokens a stream must last for a swap to land inside it (--rl-long-stream-tokens)."""
+        return self.timeouts.long_stream_tokens
+
+    @property
+    def swap_timeout(self) -> float:
+        return self.timeouts.swap
+
+    @contextlib.contextmanager
+    def observable_swaps(self) -> Iterator[None]:
+        """While a test observes a swap in progress (a stream crossing it, probes landing inside
+        it, a shard removed before it is read): the bundled reference deployment slows its loads,
+        swaps and decode steps to a pace a client can observe, and otherwise runs at full speed.
+        A deployment elsewhere keeps its own pace."""
+        if self._local is None:
+            yield
+            return
+        from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+
+        self._local.deployment.set_pace(**OBSERVABLE_PACE)
+        try:
+            yield
+        finally:
+            self._local.deployment.set_pace(**dict.fromkeys(OBSERVABLE_PACE, 0.0))
+
+    def wait_for(
+        self, identity: str, *, lora: bool = False, progress: Callable[[list[dict[str, Any]]], None] | None = None
+    ) -> Waited:
+        """Wait until every replica serves `identity`, a replica reports its load failed, the
+        rollout stalls part-way, or the swap timeout passes."""
+        t = self.timeouts
+        return self.client.wait(identity, timeout=t.swap, poll=t.poll, lora=lora, progress=progress,
+                                stalled_after=t.stalled_after)  # fmt: skip
+
+    def settle(self) -> bool:
+        """Poll until no replica is loading or swapping; False at the deadline or when no
+        replica can be seen."""
+        from pytest_rlrollout.remote.client import FIRST_POLL, busy
+        from pytest_rlrollout.remote.polling import ticks
+
+        for _ in ticks(self.timeouts.swap, self.timeouts.poll, start=min(self.timeouts.poll, FIRST_POLL)):
+            replicas = self.replicas()
+            if not replicas:
+                return False  # nothing to observe (see HL-GET-1)
+            if all(r.get("readiness") and not busy(r) for r in replicas):
+                return True
+        return False
+
+    # ----------------------------------------------------------------------- changing state (guarded)
+
+    def hot_load(self, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """POST a signal; a 409 while another load is in progress (one load at a time) is retried
+        until the swap timeout, as a trainer's client would."""
+        from pytest_rlrollout.remote.polling import ticks
+
+        self._check_allowed("hot-load")
+        for _ in ticks(self.timeouts.swap, self.timeouts.retry):
+            r = self.client.hot_load(body, headers=headers)
+            if r.status_code != 409 or "ledger" in r.text:
+                return r
+        return r
+
+    def hint(self, identity: str, file: str) -> httpx.Response:
+        self._check_allowed("hot-load hint")
+        return self.client.hint(identity, file)
+
+    def reset_ledger(self) -> httpx.Response:
+        self._check_allowed("ledger reset")
+        return self.client.reset_ledger()
+
+    def _check_allowed(self, what: str) -> None:
+        if not self.allow_hot_load:
+            raise HotLoadNotAllowed(
+                f"refusing a {what} on {self.target.deployment}: pass --rl-allow-hot-load to allow state changes"
+            )
+
+
+# --------------------------------------------------------------------------- opening one
+
+
+def run_dir(config: pytest.Config) -> Path:
+    """A directory shared by the controller and every xdist worker of this run."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+@contextlib.contextmanager
+def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.remote.bucket import Bucket
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.snapshot import tiny_moe
+
+    bucket = tmp.mktemp("rl-bucket")
+    # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
+    with reference_deployment(bucket, faults=opts.local_faults, transition=opts.transition) as dep:
+        target = Target(dep.name, dep.base_url, dep.model, dep.api_key)
+        transport = _recorder(opts, target.api_key)
+        with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request) as client:
+            yield RLDeployment(client, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
+                               transition=opts.transition, local=dep)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _live(opts: RLOptions) -> Iterator[RLDeployment]:
+    from pytest_rlrollout.remote.bucket import Bucket
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+
+    assert opts.deployment and opts.base_url and opts.model and opts.api_key
+    target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "")
+    bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
+    with DeploymentClient(target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request) as client:
+        yield RLDeployment(client, opts, base_snapshot=opts.base_snapshot, bucket=bucket, transition=opts.transition)
+
+
+@contextlib.contextmanager
+def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+    from pytest_rlrollout.remote.bucket import Bucket
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.secret import Secret
+    from pytest_rlrollout.snapshot import tiny_moe
+
+    assert opts.replay is not None and opts.replay_meta is not None
+    key = Secret("replay-key")
+    transport = CassetteTransport("replay", key, opts.replay, Cassette.load(opts.replay / "_session.json"))
+    # snapshots are still built (their signals must match the recording), into a bucket nobody reads
+    bucket = tmp.mktemp("rl-replay-bucket")
+    base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
+    target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key)
+    with DeploymentClient(target, transport=transport) as client:
+        yield RLDeployment(client, opts, base_snapshot=base, bucket=Bucket(bucket), transition=opts.transition)
+
+
+def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
+    """A recording transport when --rl-record is given, else None (plain HTTP)."""
+    if opts.record is None:
+        return None
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
+
+    session = Cassette(opts.record / "_session.json")
+    return CassetteTransport("record", key, opts.record, session, record_mode=opts.record_mode)
+
+
+@pytest.fixture(scope="session")
+def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+    """The deployment under test (`--rl-deployment`); the bundled reference deployment by
+    default; recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
+    config = request.config
+    opts = options(config)
+    opened = {"local": lambda: _local(opts, tmp_path_factory), "live": lambda: _live(opts),
+              "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
+    with opened() as dep:
+        dep.capabilities  # discovered now, so recordings hold it in the session cassette  # noqa: B018
+        _record_state(config, "start", dep)
+        yield dep
+        _record_state(config, f"end-{os.getpid()}", dep)
+        cassettes = dep.cassettes
+        if cassettes is not None and cassettes.mode == "record":
+            cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
+                                          recorded_mode=dep.mode, transition=dep.capabilities["transition"],
+                                          run_id=run_id(config))  # fmt: skip
+            cassettes.session.write(dep.target.api_key)
+
+
+def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
+    """Start / end status of a live run, for the report's restore instructions (the first start wins)."""
+    if dep.mode != "live":
+        return
+    path = run_dir(config) / "rl-state" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError), open(path, "x") as f:
+        json.dump({"replicas": dep.replicas(), "at": time.time()}, f)
+
+
+def run_id(config: pytest.Config) -> str:
+    """Unique per run; in replay, the recording's; when adding to existing cassettes
+    (--rl-record-mode=once), theirs, so that old and new cassettes name the same snapshots."""
+    opts = options(config)
+    if opts.replay_meta is not None:
+        return opts.replay_meta["run_id"]
+    session = opts.record / "_session.json" if opts.record else None
+    if session is not None and opts.record_mode == "once" and session.is_file():
+        return json.loads(session.read_text())["meta"]["run_id"]
+    worker_uid = (getattr(config, "workerinput", {}) or {}).get("testrunuid")
+    if worker_uid:
+        return worker_uid[:8]
+    import uuid
+
+    marker = run_dir(config) / "rl-run-id"
+    if not marker.exists():
+        marker.write_text(uuid.uuid4().hex)
+    return marker.read_text()[:8]
+
+
+# --------------------------------------------------------------------------- per test, one concern each
+
+
+def _uses_deployment(request: pytest.FixtureRequest) -> bool:
+    return "rl_deployment" in request.fixturenames
+
+
+@pytest.fixture(autouse=True)
+def _rl_requirements(request: pytest.FixtureRequest) -> None:
+    """`rl_swaps` needs state changes allowed; `rl_requires(...)` needs those capabilities."""
+    if not _uses_deployment(request):
+        return
+    dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
+        inconclusive("this test changes the deployment's state; pass --rl-allow-hot-load to run it")
+    for mark in request.node.iter_markers("rl_requires"):
+        for capability in mark.args:
+            _require(dep, capability)
+
+
+def _require(dep: RLDeployment, capability: str) -> None:
+    """rl_requires: `moe`, `lora`, `ledger`, `nonstream_version`, `backend_host`, `transition:ASYNC`."""
+    caps = dep.capabilities
+    if capability.startswith("transition:"):
+        wanted = capability.split(":", 1)[1]
+        if caps["transition"] is None:
+            inconclusive("the transition type is unknown: the deployment resource does not say; pass --rl-transition")
+        if caps["transition"] != wanted:
+            not_applicable(f"the deployment uses {caps['transition']} transitions, this clause is about {wanted}")
+        return
+    if capability not in caps:
+        raise pytest.UsageError(f"rl_requires: unknown capability {capability!r}")
+    if not caps[capability]:
+        unsupported(f"the deployment does not offer {capability}")
+
+
+@pytest.fixture(autouse=True)
+def _rl_lock(request: pytest.FixtureRequest, _rl_requirements: None) -> Iterator[None]:
+    """Exclusive for `rl_swaps` tests, shared for every other test of the deployment, across
+    processes; a swap test leaves the deployment at rest for the next one."""
+    if not _uses_deployment(request):
+        yield
+        return
+    from pytest_rlrollout.remote.lock import DeploymentLock
+
+    dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    swaps = request.node.get_closest_marker("rl_swaps") is not None
+    lock = DeploymentLock(dep.key)
+    with lock.exclusive() if swaps else lock.shared():
+        yield
+        if swaps:
+            dep.settle()
+
+
+@pytest.fixture(autouse=True)
+def _rl_cassette(request: pytest.FixtureRequest, _rl_requirements: None) -> Iterator[Cassette | None]:
+    """This test's cassette when recording or replaying (None otherwise)."""
+    if not _uses_deployment(request):
+        yield None
+        return
+    dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    t = dep.cassettes
+    if t is None:
+        yield None
+        return
+    from pytest_rlrollout.remote.cassette import Cassette, cassette_name
+
+    path = t.directory / cassette_name(request.node.nodeid)
+    if t.mode == "replay":
+        if not path.is_file():
+            inconclusive(f"no cassette for this test in {t.directory} (record it with --rl-record)")
+        cassette = Cassette.load(path)
+    else:
+        cassette = Cassette(path)
+    keep = t.mode == "record" and not (t.record_mode == "once" and path.is_file())
+    t.use(cassette)
+    try:
+        yield cassette
+    finally:
+        t.use(t.session)
+        if keep:
+            cassette.meta["test"] = request.node.nodeid
+            cassette.write(dep.target.api_key)

@@ -1,0 +1,103 @@
+"""The project's contract document, generated from the catalogue: each clause's rule, level and
+decision, the conformance tests that judge it, and the fault switch or broken snapshot that
+proves those tests can fail. `rlrollout clauses --format md` prints it; `docs/contract.md` is
+a committed copy kept in step by a test."""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from collections.abc import Iterator
+
+from pytest_rlrollout.contract import SEVERITY, Clause, catalogue
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+OUTCOMES = {
+    "pass": "the clause holds, on an observation",
+    "fail": "the deployment (or snapshot) violates the clause; the report shows the exchange",
+    "unsupported": "the deployment lacks an optional capability",
+    "not-applicable": "the clause does not apply (a dense model, another snapshot kind, the other transition)",
+    "inconclusive": "the observation could not be made; never silently a pass",
+    "error": "the suite itself broke",
+}
+
+
+def judging_tests() -> dict[str, list[str]]:
+    """Clause → the conformance tests tagged with it (`module::test[param]`), read from the
+    tests' own markers."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(CONFORMANCE.glob("test_*.py")):
+        module = importlib.import_module(f"pytest_rlrollout.suite.conformance.{path.stem}")
+        for name, fn in vars(module).items():
+            if not (name.startswith("test_") and callable(fn)):
+                continue
+            for clause, param in _clauses_of(getattr(fn, "pytestmark", [])):
+                out[clause].append(f"{path.name}::{name}" + (f"[{param}]" if param else ""))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def _clauses_of(marks: list) -> Iterator[tuple[str, str | None]]:
+    for mark in marks:
+        if mark.name == "rl_clause":
+            for clause in mark.args:
+                yield clause, None
+        elif mark.name == "parametrize":
+            for value in mark.args[1]:
+                for inner in getattr(value, "marks", ()):
+                    if inner.name == "rl_clause":
+                        yield from ((clause, value.id) for clause in inner.args)
+
+
+def contract_markdown() -> str:
+    from pytest_rlrollout.reference.faults import FAULTS
+    from pytest_rlrollout.snapshot.broken import BREAKERS
+    from pytest_rlrollout.snapshot.validate import CHECKS
+
+    cat = catalogue()
+    tests = judging_tests()
+    lines = [
+        "# The RL-rollout deployment contract",
+        "",
+        "Generated from the clause catalogue (`pytest_rlrollout/contract/data/clauses.json`) by",
+        "`rlrollout clauses --format md`; a test keeps this copy in step. Clause IDs are fixed.",
+        "",
+        "## Levels",
+        "",
+        *(f"- **{level}**: {text}" for level, text in cat.levels.items()),
+        "",
+        "## Outcomes",
+        "",
+        "Every clause of a report has one outcome; when several tests judge a clause, the first of",
+        "this list among theirs wins.",
+        "",
+        *(f"- `{o}`: {OUTCOMES[o]}" for o in SEVERITY),
+        "",
+        "## Sources",
+        "",
+        *(f"- **{key}**: {text}" for key, text in cat.sources.items()),
+    ]
+    by_area: dict[str, list[Clause]] = defaultdict(list)
+    for c in cat:
+        by_area[c.area].append(c)
+    for area, about in cat.areas.items():
+        lines += ["", f"## {area}: {about['title']}", "", about["about"]]
+        for c in by_area[area]:
+            lines += ["", f"### {c.id} ({c.level})", "", c.rule]
+            if c.refines:
+                lines += ["", f"Refines {c.refines}."]
+            if c.decision:
+                lines += ["", f"Decision: {c.decision}"]
+            judged = []
+            if c.id in CHECKS:
+                judged.append("the validator's check")
+            judged += [f"`{t}`" for t in tests.get(c.id, [])]
+            lines += ["", "Judged by: " + (", ".join(judged) if judged else "no conformance test yet")]
+            proofs = []
+            if c.id in FAULTS:
+                proofs.append(f"fault switch `{c.id}`: {FAULTS[c.id]}")
+            if c.id in BREAKERS:
+                proofs.append(f"broken snapshot: {BREAKERS[c.id].what}")
+            if proofs:
+                lines += ["", "Can fail: " + "; ".join(proofs) + "."]
+            lines += ["", f"Sources: {', '.join(c.source)}."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,308 @@
+"""The `--rl-*` options, read once into one typed `RLOptions` (kept in `config.stash`).
+
+Which deployment is under test (local / live / replay) is decided here and nowhere else, every
+wait of the suite lives in one `Timeouts` profile, and every usage error (a missing model, key
+or bucket, a replay directory that is not one, options that contradict each other) ends the run
+before collection with one message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from pytest_rlrollout.remote.secret import Secret
+
+Mode = Literal["local", "live", "replay"]
+DEFAULT_BASE_URL = "https://api.fireworks.ai"
+SUITE = Path(__file__).parent
+CONFORMANCE = SUITE / "conformance"
+SHIPPED_CASSETTES = SUITE / "cassettes"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every wait of the suite (one profile per kind of deployment)."""
+
+    swap: float  # a signal until every replica serves the snapshot
+    poll: float  # between status polls while waiting for a swap to finish
+    probe: float  # between status polls while trying to catch a swap in progress (a short window)
+    stalled_after: float  # a rollout that stopped part-way is given up after this long
+    retry: float  # between retries of a refused-while-busy signal (409: one load at a time)
+    request: float  # one HTTP exchange
+    long_stream_tokens: int  # tokens a stream must last for a swap to land inside it
+
+    def with_(self, **changes: Any) -> Timeouts:
+        return Timeouts(**{**self.__dict__, **{k: v for k, v in changes.items() if v is not None}})
+
+
+# The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB.
+LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, long_stream_tokens=64)
+LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0, request=120.0, long_stream_tokens=256)
+
+
+@dataclass(frozen=True)
+class RLOptions:
+    """What the user asked for, checked: the run's one source of configuration."""
+
+    mode: Mode
+    deployment: str | None  # accounts/<a>/deployments/<d>; None for the local reference deployment
+    base_url: str | None
+    inference_url: str | None
+    model: str | None
+    api_key: Secret | None = None
+    allow_hot_load: bool = False
+    bucket_url: str | None = None
+    base_snapshot: Path | None = None
+    transition: str | None = None  # ASYNC | SYNC, or None: ask the deployment
+    level: Literal["must", "should"] = "should"
+    report: Path | None = None
+    record: Path | None = None
+    record_mode: str = "rewrite"
+    replay: Path | None = None
+    replay_meta: dict[str, Any] | None = None  # the recording's _session.json meta
+    local_faults: frozenset[str] = frozenset()
+    timeouts: Timeouts = LOCAL
+    # the exporter gate (--rl-snapshot)
+    snapshot: Path | None = None
+    parent: Path | None = None
+    signal: dict[str, Any] | None = None
+    after_ledger_reset: bool = False
+    base_models: tuple[str, ...] = ()
+    hf_config: bool = True  # ask transformers whether it knows the config's model_type
+
+    @property
+    def recorded_mode(self) -> Mode:
+        """Where the exchanges come from: in replay, where they were recorded."""
+        if self.mode == "replay":
+            return (self.replay_meta or {}).get("recorded_mode", "live")
+        return self.mode
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rlrollout", "RL-rollout deployment contract")
+    add = group.addoption
+    add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d> (default: start the bundled "
+        "reference deployment)")  # fmt: skip
+    add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
+    add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
+    add("--rl-model", metavar="NAME", help="the model the deployment serves (fireworks-model)")
+    add("--rl-api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
+    add("--rl-allow-hot-load", action="store_true", default=False,
+        help="allow state changes (hot-loads, ledger resets) on a live deployment")  # fmt: skip
+    add("--rl-bucket-url", metavar="URL",
+        help="where the suite uploads the snapshots it swaps in (the deployment's bucket; fsspec URL or directory)")  # fmt: skip
+    add("--rl-base-snapshot", "--rl-base", dest="rl_base", metavar="DIR",
+        help="a local copy of the base model the deployment serves (its directory name = its identity)")  # fmt: skip
+    add("--rl-transition", choices=["ASYNC", "SYNC", "async", "sync"],
+        help="the deployment's transition type (local: start the reference deployment with it)")  # fmt: skip
+    add(
+        "--rl-swap-timeout", type=float, metavar="SECONDS", help="how long a swap may take (default: 3 local, 900 live)"
+    )
+    add("--rl-long-stream-tokens", type=int, metavar="N",
+        help="length of the streams swaps must land in (default: 64 local, 256 live)")  # fmt: skip
+    add("--rl-level", choices=["must", "should"], default="should",
+        help="'must': failures of SHOULD clauses are reported but do not fail the run")  # fmt: skip
+    add("--rl-report", metavar="PATH", help="write the per-clause report as JSON (and .md beside it)")
+    add("--rl-record", metavar="DIR", help="record every exchange with the deployment into cassettes in DIR")
+    add("--rl-record-mode", choices=["rewrite", "once", "none"], default="rewrite",
+        help="rewrite: record every test anew; once: only tests without a cassette; none: replay DIR")  # fmt: skip
+    add("--rl-replay", metavar="DIR", help="replay the cassettes in DIR (or a shipped set: reference, "
+        "reference-sync) instead of talking to a deployment")  # fmt: skip
+    add("--rl-local-fault", metavar="CLAUSE-ID", action="append", default=[],
+        help="start the local reference deployment with this fault switch on (mutation testing)")  # fmt: skip
+    add("--rl-snapshot", metavar="DIR", help="validate this snapshot directory (the exporter gate)")
+    add("--rl-parent", metavar="DIR", help="the parent snapshot: --rl-snapshot is an ARC2 diff of it")
+    add("--rl-signal", metavar="FILE", help="the hot-load request body (JSON) announcing the snapshot")
+    add("--rl-after-ledger-reset", action="store_true", default=False,
+        help="the deployment's ledger was just reset (the snapshot must then be full: SNAP-INC-7)")  # fmt: skip
+    add("--rl-base-model", metavar="NAME", action="append", default=[],
+        help="a name adapter_config.json may use for the base model")  # fmt: skip
+    add("--rl-no-transformers", action="store_true", default=False,
+        help="do not ask transformers whether it knows config.json's model_type")  # fmt: skip
+    for name, help_ in (("rl_deployment", "default deployment"), ("rl_base_url", "default API base URL"),
+                        ("rl_model", "default model name")):  # fmt: skip
+        parser.addini(name, help_, default=None)
+
+
+def read_options(config: pytest.Config) -> RLOptions:
+    """The options of this run, checked; raises pytest.UsageError naming what to fix."""
+    get = config.getoption
+
+    def cli_or_ini(name: str) -> str | None:
+        return get(name) or config.getini(name) or None
+
+    record, replay = get("rl_record"), get("rl_replay")
+    record_mode = get("rl_record_mode")
+    if record and record_mode == "none":
+        record, replay = None, record
+    if record and replay:
+        _usage("--rl-record and --rl-replay exclude each other")
+    deployment = cli_or_ini("rl_deployment")
+    deployment = None if deployment == "local" else deployment
+    mode: Mode = "replay" if replay else "live" if deployment else "local"
+    faults = frozenset(get("rl_local_fault"))
+    transition = (get("rl_transition") or "").upper() or None
+    timeouts = LIVE if mode == "live" else LOCAL
+
+    for name, value in (("--rl-swap-timeout", get("rl_swap_timeout")), ("--rl-long-stream-tokens",
+                        get("rl_long_stream_tokens"))):  # fmt: skip
+        if value is not None and value <= 0:
+            _usage(f"{name} must be positive, not {value}")
+
+    base_snapshot = _directory(get("rl_base"), "--rl-base-snapshot", need="config.json")
+    common: dict[str, Any] = dict(
+        base_snapshot=base_snapshot,
+        level=get("rl_level"),
+        report=Path(get("rl_report")) if get("rl_report") else None,
+        record=Path(record) if record else None,
+        record_mode=record_mode,
+        **_gate_options(config),
+    )
+    if mode == "replay":
+        given = [f for f, v in (("--rl-deployment", deployment), ("--rl-base-url", get("rl_base_url")),
+                                ("--rl-inference-url", get("rl_inference_url")), ("--rl-bucket-url", get("rl_bucket_url")),
+                                ("--rl-local-fault", faults)) if v]  # fmt: skip
+        if given:
+            _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
+        directory = cassette_dir(replay)
+        meta = _session_meta(directory)
+        # answers come from the cassette at once: polling needs no interval; stream lengths are the recording's
+        recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
+        timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, long_stream_tokens=recorded.long_stream_tokens)
+        return RLOptions(mode="replay", deployment=meta.get("deployment"), base_url=None, inference_url=None,
+                         model=meta.get("model"), replay=directory, replay_meta=meta,
+                         transition=transition or meta.get("transition"),
+                         timeouts=_timeouts(config, timeouts), allow_hot_load=True, **common)  # fmt: skip
+    if faults:
+        if mode == "live":
+            _usage(f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment}")
+        from pytest_rlrollout.reference.faults import FAULTS
+
+        unknown = sorted(faults - set(FAULTS))
+        if unknown:
+            _usage(
+                f"--rl-local-fault: unknown fault switch(es) {unknown}; each clause's switch is listed in docs/contract.md"
+            )
+    if mode == "local":
+        stray = [f for f, v in (("--rl-base-url", get("rl_base_url")), ("--rl-inference-url", get("rl_inference_url")),
+                                ("--rl-model", get("rl_model")), ("--rl-bucket-url", get("rl_bucket_url")),
+                                ("--rl-api-key", get("rl_api_key"))) if v]  # fmt: skip
+        if stray:
+            _usage(
+                f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>"
+            )
+        return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None,
+                         transition=transition or "ASYNC", local_faults=faults, allow_hot_load=True,
+                         timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+    return _live_options(config, deployment, transition, _timeouts(config, timeouts), common)
+
+
+def _live_options(config: pytest.Config, deployment: str, transition, timeouts: Timeouts, common) -> RLOptions:
+    get = config.getoption
+    parts = deployment.split("/")
+    if len(parts) != 4 or parts[0] != "accounts" or parts[2] != "deployments" or not all(parts):
+        _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
+    model = get("rl_model") or config.getini("rl_model") or None
+    if not model:
+        _usage(f"--rl-deployment {deployment}: also pass --rl-model (the model it serves)")
+    key = get("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
+    if not key:
+        _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
+    bucket_url = get("rl_bucket_url")
+    allow = get("rl_allow_hot_load")
+    if allow and not bucket_url:
+        _usage("--rl-allow-hot-load: also pass --rl-bucket-url (where the suite uploads the snapshots it swaps in)")
+    if allow and common["base_snapshot"] is None:
+        _usage("--rl-allow-hot-load: also pass --rl-base-snapshot (a local copy of the served base, to build "
+               "the snapshots it swaps in)")  # fmt: skip
+    if bucket_url:
+        from pytest_rlrollout.remote.bucket import Bucket
+
+        try:
+            Bucket(bucket_url)
+        except ValueError as e:
+            _usage(f"--rl-bucket-url: {e}")
+    base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
+    return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key),
+                     inference_url=(get("rl_inference_url") or base_url + "/inference").rstrip("/"),
+                     allow_hot_load=allow, bucket_url=bucket_url, transition=transition, timeouts=timeouts,
+                     **common)  # fmt: skip
+
+
+def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
+    get = config.getoption
+    return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"))
+
+
+def _gate_options(config: pytest.Config) -> dict[str, Any]:
+    get = config.getoption
+    signal = None
+    if get("rl_signal"):
+        path = Path(get("rl_signal"))
+        try:
+            signal = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            _usage(f"--rl-signal {path}: cannot read a JSON body ({e})")
+        if not isinstance(signal, dict):
+            _usage(f"--rl-signal {path}: a hot-load signal is a JSON object, not {type(signal).__name__}")
+    return dict(
+        snapshot=_directory(get("rl_snapshot"), "--rl-snapshot"),
+        parent=_directory(get("rl_parent"), "--rl-parent"),
+        signal=signal,
+        after_ledger_reset=get("rl_after_ledger_reset"),
+        base_models=tuple(get("rl_base_model")),
+        hf_config=not get("rl_no_transformers"),
+    )
+
+
+def _directory(value: str | None, option: str, need: str | None = None) -> Path | None:
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_dir():
+        _usage(f"{option} {value}: not a directory")
+    if need and not (path / need).is_file():
+        _usage(f"{option} {value}: no {need} in it")
+    return path
+
+
+def cassette_dir(value: str | os.PathLike[str]) -> Path:
+    """A cassette directory, or the name of a set shipped with the package (`reference`)."""
+    path = Path(value)
+    if not path.is_dir() and (SHIPPED_CASSETTES / str(value)).is_dir():
+        path = SHIPPED_CASSETTES / str(value)
+    if not path.is_dir():
+        shipped = ", ".join(sorted(p.name for p in SHIPPED_CASSETTES.iterdir() if p.is_dir()))
+        _usage(f"--rl-replay {value}: no such directory (shipped sets: {shipped})")
+    return path
+
+
+def _session_meta(directory: Path) -> dict[str, Any]:
+    session = directory / "_session.json"
+    if not session.is_file():
+        _usage(f"--rl-replay {directory}: no _session.json (record a run with --rl-record first)")
+    try:
+        meta = json.loads(session.read_text()).get("meta")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError) as e:
+        _usage(f"--rl-replay {directory}: _session.json is not a recorded session ({e})")
+    if not isinstance(meta, dict) or not isinstance(meta.get("deployment"), str):
+        _usage(f"--rl-replay {directory}: _session.json holds no recorded session (no meta.deployment)")
+    return meta
+
+
+def _usage(message: str):
+    raise pytest.UsageError(message)
+
+
+OPTIONS = pytest.StashKey[RLOptions]()
+
+
+def options(config: pytest.Config) -> RLOptions:
+    """This run's options (read in pytest_configure)."""
+    return config.stash[OPTIONS]

@@ -1,0 +1,53 @@
+"""The contract's outcome vocabulary in pytest terms.
+
+A test that cannot judge its clause says why with `not_applicable`, `unsupported` or
+`inconclusive` (a pytest skip whose reason starts with the outcome); failures and errors come
+from pytest itself. `outcome_of` reads a test report back into the vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import pytest
+
+from pytest_rlrollout.contract.outcomes import UNJUDGED, Outcome
+
+# --rl-level=must turns a failure of SHOULD clauses into an xfail whose reason starts with this.
+SHOULD_FAILURE = "rl-should-failure:"
+
+
+def skip_as(outcome: Outcome, reason: str) -> NoReturn:
+    pytest.skip(f"{outcome}: {reason}")
+
+
+def not_applicable(reason: str) -> NoReturn:
+    skip_as(Outcome.NOT_APPLICABLE, reason)
+
+
+def unsupported(reason: str) -> NoReturn:
+    skip_as(Outcome.UNSUPPORTED, reason)
+
+
+def inconclusive(reason: str) -> NoReturn:
+    skip_as(Outcome.INCONCLUSIVE, reason)
+
+
+def outcome_of(report: pytest.TestReport) -> tuple[Outcome, str]:
+    """The outcome of one test phase, with its evidence (the failure's last lines, or the reason)."""
+    if report.passed:
+        return Outcome.PASS, ""
+    if getattr(report, "wasxfail", "").startswith(SHOULD_FAILURE):  # judged, not counted (--rl-level=must)
+        return Outcome.FAIL, _tail(report.longreprtext)
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        for typed in UNJUDGED:
+            if reason.startswith(f"{typed}: "):
+                return typed, reason[len(typed) + 2 :]
+        return Outcome.INCONCLUSIVE, f"skipped without a typed outcome: {reason}"
+    return (Outcome.FAIL if report.when == "call" else Outcome.ERROR), _tail(report.longreprtext)
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

@@ -1,0 +1,116 @@
+"""The run's report: collects every clause-tagged test's outcome (on the controller only; xdist
+workers just run tests), writes `--rl-report`, and prints the roll-up at the end."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rlrollout.contract import SEVERITY
+from pytest_rlrollout.suite.deployment import run_dir
+from pytest_rlrollout.suite.options import RLOptions, options
+from pytest_rlrollout.suite.report import Collector, document, rollup, write
+
+
+class Reporting:
+    def __init__(self, config: pytest.Config):
+        self.config, self.collector, self.started = config, Collector(), time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.collector.record(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        path = options(self.config).report
+        if path and self.collector.by_test:
+            write(path, document(self.collector.clauses(), provenance(self.config)))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.collector.by_test:
+            return
+        counts = rollup(self.collector.clauses())
+        terminalreporter.section("rl-rollout clauses")
+        for group in ("levels", "areas"):
+            for name, c in counts[group].items():
+                shown = "  ".join(f"{v} {c[v]}" for v in reversed(SEVERITY) if c.get(v))
+                terminalreporter.write_line(f"{name:8} {shown}")
+        terminalreporter.write_line(f"wall time {time.monotonic() - self.started:.1f} s")
+        report = options(self.config).report
+        if report:
+            terminalreporter.write_line(f"report: {report} (+ .md)")
+
+
+def provenance(config: pytest.Config) -> dict[str, Any]:
+    """Where the verdicts come from: deployment, mode, recording, suite version, base digest, and
+    for a live run what was served at the start and at the end."""
+    from pytest_rlrollout import __version__
+
+    o = options(config)
+    cassettes = o.replay or o.record
+    out = {
+        "deployment": o.deployment or "local",
+        "mode": o.mode,
+        "cassettes": _cassette_digest(cassettes),
+        "recorded": str(o.record) if o.record else None,
+        "base_url": o.base_url,
+        "suite_version": __version__,
+        "level": o.level,
+        "transition": o.transition,
+        "snapshot": str(o.snapshot) if o.snapshot else None,
+        "base_digest": _base_digest(o),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    if o.mode == "live":
+        out.update(_live_state(config))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _cassette_digest(directory: Path | None) -> str | None:
+    if directory is None or not directory.is_dir():
+        return None
+    from pytest_rlrollout.remote.cassette import digest
+
+    return digest(directory)
+
+
+def _base_digest(o: RLOptions) -> str | None:
+    """sha256 over the base's config, index and spec (what a swap is built from)."""
+    from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC
+
+    if o.base_snapshot is None:
+        if o.mode == "local":
+            from pytest_rlrollout.snapshot import tiny_moe
+
+            return f"reference model {tiny_moe.BASE_IDENTITY}"
+        return None
+    h = hashlib.sha256()
+    for name in (CONFIG, INDEX, SPEC):
+        path = o.base_snapshot / name
+        h.update(path.read_bytes() if path.is_file() else b"")
+    return "sha256:" + h.hexdigest()
+
+
+def _live_state(config: pytest.Config) -> dict[str, Any]:
+    """What was served at the start and at the end, and how to restore the start."""
+    folder = run_dir(config) / "rl-state"
+    if not (folder / "start.json").is_file():
+        return {}
+    start = json.loads((folder / "start.json").read_text())["replicas"]
+    ends = sorted(folder.glob("end-*.json"), key=lambda p: json.loads(p.read_text())["at"])
+    end = json.loads(ends[-1].read_text())["replicas"] if ends else start
+    removed = sorted({i for p in folder.glob("removed-*.json") for i in json.loads(p.read_text())})
+    before = sorted({str(r.get("current_snapshot_identity")) for r in start})
+    after = sorted({str(r.get("current_snapshot_identity")) for r in end})
+    out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed}
+    if before != after:
+        out["restore"] = (
+            f"the run left {after} serving; to serve {before} again, upload it under a new identity "
+            f"(identities cannot be reused) and signal it as a full snapshot, "
+            f'e.g. POST /hot_load/v1/models/hot_load {{"identity": "<new identity>"}}'
+        )
+    return out

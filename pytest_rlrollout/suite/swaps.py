@@ -1,0 +1,124 @@
+"""Swapping the deployment to new snapshots: the `rl_snapshot_factory` and `rl_swap` fixtures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlrollout.suite.deployment import RLDeployment, run_dir, run_id
+from pytest_rlrollout.suite.outcomes import inconclusive
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.remote.cassette import Cassette
+    from pytest_rlrollout.remote.client import Waited
+    from pytest_rlrollout.suite.snapshots import Built, Op, SnapshotFactory
+
+
+@dataclass
+class SwapResult:
+    built: Built  # the snapshot signalled
+    response: httpx.Response  # the answer to the signal
+    waited: Waited | None  # how the wait ended; None when the signal was refused
+
+
+class Swapper:
+    """`rl_swap`: build the next snapshot and swap the deployment to it."""
+
+    def __init__(self, deployment: RLDeployment, factory: SnapshotFactory):
+        self.deployment, self.factory = deployment, factory
+
+    def __call__(self, label: str = "step", change: dict[str, Op] | None = None, **signal: Any) -> SwapResult:
+        """Swap to a new snapshot (a sentinel delta when possible) and wait. A swap that fails
+        here is a precondition of the calling test, so the test is inconclusive, not failed."""
+        result = self.signal(self.build(label, change), **signal)
+        if result.waited is None or not result.waited.ok:
+            why = result.response.text[:300] if result.waited is None else result.waited.error
+            inconclusive(f"the swap to {result.built.identity} did not complete ({why}); see HL-POST-1/HL-GET-2")
+        return result
+
+    def build(self, label: str = "step", change: dict[str, Op] | None = None) -> Built:
+        """The next snapshot, built and uploaded but not signalled."""
+        return self.factory.step(self.deployment.serving(), label, change)
+
+    def signal(self, built: Built, **signal: Any) -> SwapResult:
+        """Signal `built` (with extra body fields) and wait until it is served or fails."""
+        return self.follow(built, self.post(built, **signal))
+
+    def post(self, built: Built, **signal: Any) -> httpx.Response:
+        """Only the POST: tests that act between the signal and the rollout call `follow` after."""
+        return self.deployment.hot_load({**built.signal, **signal})
+
+    def follow(self, built: Built, response: httpx.Response) -> SwapResult:
+        """Wait until the signalled snapshot is served everywhere or fails, and leave the
+        deployment at rest either way."""
+        if response.status_code != 200:
+            self.deployment.settle()
+            return SwapResult(built, response, None)
+        waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora")
+        if waited.ok and built.kind == "full":
+            self.factory.loaded_full()
+        if not waited.ok:
+            self.deployment.settle()
+        return SwapResult(built, response, waited)
+
+
+@pytest.fixture(scope="session")
+def _rl_snapshots(
+    request: pytest.FixtureRequest, rl_deployment: RLDeployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SnapshotFactory]:
+    """The run's snapshot factory; removes what it uploaded at the end of the session."""
+    from pytest_rlrollout.suite.snapshots import SnapshotFactory
+
+    missing = [o for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot",
+                              rl_deployment.base_snapshot)) if v is None]  # fmt: skip
+    if missing:
+        inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
+    assert rl_deployment.bucket is not None and rl_deployment.base_snapshot is not None
+    config = request.config
+    record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
+    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
+                           run_id(config), record, model=rl_deployment.target.model)  # fmt: skip
+    yield made
+    removed = made.cleanup()
+    if rl_deployment.mode == "live":
+        path = run_dir(config) / "rl-state" / f"removed-{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(removed))
+
+
+@pytest.fixture
+def rl_snapshot_factory(
+    request: pytest.FixtureRequest,
+    rl_deployment: RLDeployment,
+    _rl_snapshots: SnapshotFactory,
+    _rl_cassette: Cassette | None,
+) -> SnapshotFactory:
+    """Builds and uploads the snapshots swap tests signal: `step(serving)`, `sentinel(parent,
+    change=)`, `full()`, `lora()`, `copy_in(dir)`; identities are named after the test, so a
+    replay builds the same bytes. Everything uploaded is removed at the end of the session."""
+    from pytest_rlrollout.remote.cassette import portable_id
+
+    factory = _rl_snapshots
+    factory.for_test(portable_id(request.node.nodeid))
+    if _rl_cassette is not None:  # what the factory knew travels with the test's cassette
+        if rl_deployment.mode == "replay":
+            if "factory" in _rl_cassette.meta:
+                factory.restore(_rl_cassette.meta["factory"])
+        else:
+            _rl_cassette.meta["factory"] = factory.state()
+    return factory
+
+
+@pytest.fixture
+def rl_swap(rl_deployment: RLDeployment, rl_snapshot_factory: SnapshotFactory) -> Swapper:
+    """`rl_swap(label, change=None, **signal_fields)` swaps to a new snapshot and waits for it;
+    `build()`, `signal(built)`, `post(built)` and `follow(built, response)` split the steps."""
+    return Swapper(rl_deployment, rl_snapshot_factory)

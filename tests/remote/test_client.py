@@ -1,0 +1,94 @@
+"""The deployment client against the reference deployment."""
+
+import numpy as np
+import pytest
+
+from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.stream import routing_matrix
+from pytest_rlrollout.snapshot import build, tiny_moe
+
+BASE = tiny_moe.BASE_IDENTITY
+
+
+def client_for(dep):
+    return DeploymentClient(Target(dep.name, dep.base_url, dep.model, dep.api_key))
+
+
+@pytest.mark.parametrize(
+    "name", ["accounts/a/models/m", "a/deployments/d", "accounts//deployments/d", "accounts/a/deployments"]
+)
+def test_target_names_must_be_deployments(name):
+    with pytest.raises(ValueError, match="accounts/<account>/deployments/<deployment>"):
+        Target(name, "http://x", "m", "k")
+
+
+def test_target_defaults():
+    t = Target("accounts/a/deployments/d", "https://api.example/", "accounts/a/models/m", "k")
+    assert t.inference_url == "https://api.example/inference" and t.account == "a" and t.deployment_id == "d"
+
+
+def test_hot_load_and_wait_with_progress(dep, bucket):
+    build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
+    seen = []
+    with client_for(dep) as c:
+        assert c.served_identities() == [BASE, BASE]
+        assert c.hot_load({"identity": "step-1"}).status_code == 200
+        waited = c.wait("step-1", timeout=20, poll=0.01, progress=seen.append)
+        assert waited.ok and waited.error is None and len(waited.replicas) == 2
+        assert seen and all(len(s) == 2 for s in seen)
+        assert c.served_identities() == ["step-1", "step-1"]
+        assert c.ledger().json()["entries"][0]["identity"] == "step-1"
+
+
+def test_wait_reports_a_failed_load_and_a_deadline(start, bucket):
+    dep = start(load_delay=0.3)
+    build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
+    with client_for(dep) as c:
+        assert c.hot_load({"identity": "step-1"}).status_code == 200
+        (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")
+        failed = c.wait("step-1", timeout=20, poll=0.01)
+        assert not failed.ok and "step-1" not in c.served_identities()
+        never = c.wait("never-signalled", timeout=0.2, poll=0.01)
+        assert not never.ok and "within" in never.error
+
+
+def test_streams_are_parsed_into_contract_terms(dep):
+    with client_for(dep) as c:
+        body = {"prompt": list(range(10, 90)), "max_tokens": 5, "temperature": 0, "logprobs": True, "include_routing_matrix": True,
+                "perf_metrics_in_response": True, "stream": True}  # fmt: skip
+        headers = {"x-multi-turn-session-id": "s"}
+        first = c.complete(body, headers=headers)
+        again = c.complete(body, headers=headers)
+    assert first.status == 200 and first.done and first.finish_reason == "length"
+    assert set(first.versions) == {BASE} and len(first.entries) == 5
+    assert all(routing_matrix(e, 3, 2).shape == (3, 2) for e in first.entries)
+    assert first.cached_tokens() == {"usage": 0, "header": 0, "perf_metrics": 0}
+    assert again.cached_tokens() == {"usage": 64, "header": 64, "perf_metrics": 64}
+    with pytest.raises(ValueError, match="expected L\\*k"):
+        routing_matrix(first.entries[0], 3, 3)
+
+
+def test_non_streaming_and_errors(dep):
+    with client_for(dep) as c:
+        ok = c.complete({"prompt": [1, 2], "max_tokens": 2, "temperature": 0})
+        bad = c.complete({"prompt": [], "max_tokens": 2})
+        chat = c.complete(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}, chat=True
+        )
+    assert ok.status == 200 and ok.versions == [BASE] and ok.usage["completion_tokens"] == 2
+    assert bad.status == 400 and bad.chunks == []
+    assert chat.status == 200 and chat.final["object"] == "chat.completion"
+
+
+def test_capabilities_of_the_reference_deployment(dep):
+    with client_for(dep) as c:
+        caps = c.capabilities()
+    assert caps == {"moe": True, "nonstream_version": True, "replicas": 2, "lora": True, "ledger": True,
+                    "backend_host": True}  # fmt: skip
+
+
+def test_routing_matrix_decoding():
+    import base64
+
+    entry = {"routing_matrix": base64.b64encode(bytes([1, 2, 3, 4, 5, 6])).decode()}
+    assert np.array_equal(routing_matrix(entry, 3, 2), np.array([[1, 2], [3, 4], [5, 6]], np.uint8))

@@ -1,0 +1,54 @@
+import json
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from pytest_rlrollout.snapshot import build, tiny_moe
+
+from ..support import tree_hash
+
+
+def test_make_base_is_deterministic(tmp_path):
+    a = tiny_moe.make_base(tmp_path / "a" / tiny_moe.BASE_IDENTITY)
+    b = tiny_moe.make_base(tmp_path / "b" / tiny_moe.BASE_IDENTITY)
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir())
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def test_architecture(reference):
+    cfg = json.loads((reference.base / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3_moe" and cfg["mlp_only_layers"] == [0]
+    assert tiny_moe.moe_layers(cfg) == [1, 2, 3]
+    assert tiny_moe.num_experts(cfg) == 8 and cfg["num_experts_per_tok"] == 2
+    tensors = build.read_snapshot(reference.base)
+    assert "model.layers.0.mlp.gate_proj.weight" in tensors
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in tensors
+    assert tensors["model.embed_tokens.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
+    assert all(t.dtype == "BF16" for t in tensors.values())
+    assert all(np.isfinite(t.float32()).all() for t in tensors.values())
+
+
+def test_moe_layer_conventions():
+    base = {"num_hidden_layers": 6, "num_experts": 4}
+    assert tiny_moe.moe_layers(base) == [0, 1, 2, 3, 4, 5]
+    assert tiny_moe.moe_layers({**base, "decoder_sparse_step": 2}) == [1, 3, 5]
+    assert tiny_moe.moe_layers({**base, "first_k_dense_replace": 2}) == [2, 3, 4, 5]
+    assert tiny_moe.moe_layers({**base, "num_experts": 0}) == []
+
+
+def test_tokenizer_and_chat_template(reference):
+    tok = Tokenizer.from_file(str(reference.base / "tokenizer.json"))
+    text = "the policy samples a rollout from the deployment"
+    ids = tok.encode(text).ids
+    assert tok.decode(ids) == text and len(ids) < len(text) / 2  # real merges happened
+    cfg = json.loads((reference.base / "config.json").read_text())
+    assert max(ids) < cfg["vocab_size"]
+    assert tok.token_to_id("<|im_end|>") == cfg["eos_token_id"]
+    tcfg = json.loads((reference.base / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tcfg["chat_template"]
+
+
+def test_base_directory_hash_is_stable_across_calls(tmp_path):
+    p = tiny_moe.make_base(tmp_path / "x")
+    assert tree_hash(p) == tree_hash(p)

@@ -1,0 +1,92 @@
+"""The rl_deployment fixture: the local default, a deployment at a plain URL, and hot-load safety."""
+
+from pytest_rlrollout.snapshot import tiny_moe
+
+USER_TESTS = """
+import pytest
+from pytest_rlrollout.snapshot import build, tiny_moe
+from pytest_rlrollout.suite.deployment import HotLoadNotAllowed
+
+
+def test_read_only(rl_deployment):
+    status = rl_deployment.status().json()
+    assert len(status["replicas"]) == 2
+    assert rl_deployment.complete({"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).status == 200
+
+
+def test_state_change(rl_deployment):
+    if rl_deployment.bucket is not None:  # the local reference deployment: put the snapshot in its bucket
+        base = rl_deployment.base_snapshot
+        build.derive(base, rl_deployment.bucket.local_path / "step-x", build.perturbed(base, seed=5))
+    try:
+        r = rl_deployment.hot_load({"identity": "step-x"})
+    except HotLoadNotAllowed as e:
+        pytest.skip(f"not allowed: {e}")
+    assert r.status_code == 200, r.text
+    assert rl_deployment.wait_for("step-x").ok
+    assert rl_deployment.serving() == "step-x" and rl_deployment.served_identities() == ["step-x", "step-x"]
+"""
+
+
+def test_local_default(pytester):
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_plain_url_is_read_only_without_the_flag(pytester, dep, bucket):
+    pytester.makepyfile(test_user=USER_TESTS)
+    args = [
+        f"--rl-deployment={dep.name}",
+        f"--rl-base-url={dep.base_url}",
+        f"--rl-model={dep.model}",
+        f"--rl-api-key={dep.api_key}",
+        "-rs",
+    ]
+    guarded = pytester.runpytest_inprocess(*args)
+    guarded.assert_outcomes(passed=1, skipped=1)
+    guarded.stdout.fnmatch_lines(["*not allowed*--rl-allow-hot-load*"])
+    assert dep.deployment.ledger == []  # no signal reached the deployment
+    allowed = pytester.runpytest_inprocess(
+        *args,
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+    )
+    allowed.assert_outcomes(passed=2)
+    assert [e["identity"] for e in dep.deployment.ledger] == ["step-x"]
+
+
+def test_rl_session_clients_carry_the_session(pytester):
+    pytester.makepyfile(
+        test_session="""
+def test_openai_and_httpx(rl_session):
+    client = rl_session.openai()
+    chat = client.chat.completions.create(model=rl_session.deployment.target.deployment, max_tokens=2,
+                                          messages=[{"role": "user", "content": "hi"}], temperature=0)
+    assert "@" in chat.model
+    first = rl_session.complete({"prompt": list(range(10, 90)), "max_tokens": 1, "temperature": 0})
+    second = rl_session.complete({"prompt": list(range(10, 90)), "max_tokens": 1, "temperature": 0})
+    assert first.cached_tokens()["usage"] == 0 and second.cached_tokens()["usage"] > 0  # same session, same cache
+    with rl_session.http() as http:
+        r = http.post("/v1/completions", json={"model": rl_session.deployment.target.deployment,
+                                               "prompt": [1, 2, 3], "max_tokens": 1})
+        assert r.status_code == 200
+"""
+    )
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_the_fixture_api_is_explicit_and_typed():
+    """No attribute forwarding: what the README documents is what the class defines."""
+    import inspect
+
+    from pytest_rlrollout.remote.client import Target
+    from pytest_rlrollout.suite.deployment import RLDeployment
+
+    assert "__getattr__" not in vars(RLDeployment)
+    for name in ("status", "replicas", "served_identities", "serving", "ledger", "complete", "post_inference",
+                 "wait_for", "settle", "hot_load", "hint", "reset_ledger", "mark"):  # fmt: skip
+        assert inspect.signature(getattr(RLDeployment, name)).return_annotation != inspect.Signature.empty, name
+    target = Target("accounts/a/deployments/d", "http://x", "m", "sk-secret-123")
+    assert "sk-secret-123" not in repr(target) and "sk-secret-123" not in str(target.api_key)

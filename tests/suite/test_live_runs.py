@@ -1,0 +1,103 @@
+"""The installed suite as users run it against deployments at plain URLs: read-only without
+--rl-allow-hot-load (checked on the server's own request log), green against `rlrollout serve`
+in another process, and runnable from a wheel in a fresh virtual environment."""
+
+import json
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.reference import reference_deployment
+from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+from pytest_rlrollout.snapshot import tiny_moe
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+ROOT = Path(__file__).resolve().parents[2]
+JUDGED = {"pass", "not-applicable"}
+
+
+def outcomes(report: Path) -> dict[str, str]:
+    return {k: v["outcome"] for k, v in json.loads(report.read_text())["clauses"].items()}
+
+
+def test_without_allow_hot_load_nothing_changes_state(pytester, tmp_path):
+    bucket = tmp_path / "bucket"
+    with reference_deployment(bucket, **OBSERVABLE_PACE) as dep:
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE), "-p", "no:randomly", f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "--rl-report=r.json",
+        )  # fmt: skip
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+        changes = [(m, p) for m, p in dep.deployment.requests if (m, p) != ("GET", p) and "/inference/" not in p]
+        assert changes == [], f"a read-only run sent {changes}"
+        assert dep.deployment.ledger == []
+    got = outcomes(pytester.path / "r.json")
+    assert got["HL-POST-1"] == "inconclusive" and got["HL-GET-1"] == "pass", got
+    assert set(got.values()) <= JUDGED | {"inconclusive"}, got
+
+
+def serve(bucket: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_rlrollout.cli", "serve", f"--bucket={bucket}", *extra],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    printed = ""
+    for line in proc.stdout:
+        printed += line
+        if line.startswith("serving"):
+            return proc, printed
+    raise AssertionError(f"serve stopped: {printed}")
+
+
+def test_suite_against_rlrollout_serve_in_another_process(pytester, tmp_path):
+    bucket = tmp_path / "bucket"
+    proc, printed = serve(bucket)
+    try:
+        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
+        result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", *command, "--rl-report=r.json")
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    report = pytester.path / "r.json"
+    got = outcomes(report)
+    assert set(got.values()) <= JUDGED, {k: v for k, v in got.items() if v not in JUDGED}
+    tested = {c.id for c in catalogue() if c.area != "NUM"}
+    assert tested <= set(got), sorted(tested - set(got))
+    # the run cleaned up after itself and says what it left serving
+    assert [p.name for p in bucket.iterdir()] == [tiny_moe.BASE_IDENTITY]
+    provenance = json.loads(report.read_text())["provenance"]
+    assert provenance["mode"] == "live" and provenance["uploaded_and_removed"]
+    assert provenance["served_at_start"] == [tiny_moe.BASE_IDENTITY]
+    assert "restore" in provenance and tiny_moe.BASE_IDENTITY in provenance["restore"]
+
+
+def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
+    """The wheel carries everything the suite needs: tests, catalogue, schemas, shipped cassettes."""
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+                    str(ROOT)], check=True, timeout=600)  # fmt: skip
+    wheel = next(dist.glob("pytest_rlrollout-*.whl"))
+    env_dir = tmp_path / "venv"
+    # dependencies come from this interpreter's site-packages; the package itself only from the wheel
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([py, "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=600)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    where = subprocess.run([py, "-c", "import pytest_rlrollout; print(pytest_rlrollout.__file__)"],
+                           capture_output=True, text=True, check=True, cwd=outside).stdout  # fmt: skip
+    assert str(env_dir) in where, where
+    rlrollout = env_dir / "bin" / "rlrollout"
+    replayed = subprocess.run([rlrollout, "conformance", "-q", "--rl-replay=reference", "--rl-report=r.json"],
+                              capture_output=True, text=True, cwd=outside, timeout=900)  # fmt: skip
+    assert replayed.returncode == 0, replayed.stdout[-3000:]
+    got = outcomes(outside / "r.json")
+    assert set(got.values()) <= JUDGED and len(got) >= 70, got
+    local = subprocess.run([rlrollout, "conformance", "-q", "session", "inference"], capture_output=True, text=True,
+                           cwd=outside, timeout=900)  # fmt: skip
+    assert local.returncode == 0, local.stdout[-3000:]
+    docs = subprocess.run([rlrollout, "clauses", "--format", "md"], capture_output=True, text=True, cwd=outside)
+    assert docs.stdout == (ROOT / "docs" / "contract.md").read_text()

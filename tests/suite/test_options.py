@@ -1,0 +1,67 @@
+"""Every misconfiguration ends the run before collection: pytest's usage-error exit code (4) and
+one message saying what to fix; no deployment is started and no test is collected."""
+
+import json
+
+import pytest
+
+ACCOUNT = "accounts/a/deployments/d"
+
+
+def setup_files(pytester):
+    (pytester.path / "no-session").mkdir()
+    (pytester.path / "empty-session").mkdir()
+    (pytester.path / "empty-session" / "_session.json").write_text("[1, 2]")
+    (pytester.path / "signal.json").write_text("{not json")
+    (pytester.path / "base").mkdir()
+    (pytester.path / "base" / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+
+
+LIVE = [f"--rl-deployment={ACCOUNT}", "--rl-model=m", "--rl-api-key=k"]
+CASES = {
+    "missing model": ([f"--rl-deployment={ACCOUNT}", "--rl-api-key=k"], "also pass --rl-model"),
+    "missing key": ([f"--rl-deployment={ACCOUNT}", "--rl-model=m"], "pass --rl-api-key or set FIREWORKS_API_KEY"),
+    "hot-load without a bucket": (
+        [*LIVE, "--rl-allow-hot-load", "--rl-base-snapshot=base"],
+        "also pass --rl-bucket-url",
+    ),
+    "hot-load without a base": (
+        [*LIVE, "--rl-allow-hot-load", "--rl-bucket-url=bucket"],
+        "also pass --rl-base-snapshot",
+    ),
+    "not a deployment name": (
+        ["--rl-deployment=accounts/a/models/m", "--rl-model=m", "--rl-api-key=k"],
+        "is not accounts/<account>/deployments/<deployment>",
+    ),
+    "unknown replay directory": (["--rl-replay=nowhere"], "--rl-replay nowhere: no such directory"),
+    "replay directory without a session": (["--rl-replay=no-session"], "no _session.json"),
+    "replay directory with a broken session": (["--rl-replay=empty-session"], "_session.json"),
+    "record and replay": (["--rl-record=rec", "--rl-replay=reference"], "exclude each other"),
+    "replay and a deployment": (
+        ["--rl-replay=reference", f"--rl-deployment={ACCOUNT}"],
+        "talks to no deployment; drop --rl-deployment",
+    ),
+    "replay and a base URL": (["--rl-replay=reference", "--rl-base-url=http://x"], "drop --rl-base-url"),
+    "local fault on a live deployment": (
+        [*LIVE, "--rl-local-fault=SESS-1"],
+        "cannot apply to accounts/a/deployments/d",
+    ),
+    "unknown local fault": (["--rl-local-fault=HL-NOPE-1"], "unknown fault switch"),
+    "live options without a deployment": (["--rl-model=m"], "also pass --rl-deployment"),
+    "snapshot that is not a directory": (["--rl-snapshot=nowhere"], "--rl-snapshot nowhere: not a directory"),
+    "signal that is not JSON": (["--rl-snapshot=base", "--rl-signal=signal.json"], "cannot read a JSON body"),
+    "negative swap timeout": (["--rl-swap-timeout=-1"], "--rl-swap-timeout must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_misconfiguration_ends_the_run_before_collection(pytester, monkeypatch, case):
+    monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
+    setup_files(pytester)
+    pytester.makepyfile(test_user="def test_x(rl_deployment): pass")
+    args, message = CASES[case]
+    result = pytester.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines + result.errlines
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and message in errors[0], result.errlines
+    assert not any("collected" in line or "passed" in line for line in result.outlines), result.outlines

@@ -1,0 +1,72 @@
+"""Clause outcomes end up in the report: the lattice, roll-ups, JSON and Markdown, xdist."""
+
+import json
+
+import pytest
+
+TESTS = """
+import pytest
+from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
+
+clause = pytest.mark.rl_clause
+
+@clause("INF-SSE-1")
+def test_pass(): pass
+
+@clause("INF-USAGE-1")
+def test_fail(): assert 1 == 2, "usage.completion_tokens is 6, 5 tokens were returned"
+
+@clause("R3-SHAPE-1")
+def test_na(): not_applicable("a dense model has no routing")
+
+@clause("HL-HINT-1")
+def test_unsupported(): unsupported("no hint endpoint")
+
+@clause("SWAP-ASYNC-3")
+def test_inconclusive(): inconclusive("the swap finished before any probe landed")
+
+@pytest.fixture
+def broken(): raise RuntimeError("the suite broke")
+
+@clause("SESS-1")
+def test_error(broken): pass
+
+@clause("CACHE-HIT-1")
+def test_plain_skip(): pytest.skip("for no stated reason")
+
+@clause("VER-STREAM-1")
+def test_one(): pass
+
+@clause("VER-STREAM-1")
+def test_two(): assert False, "chunk 7 has no @identity"
+
+def test_untagged(): pass
+"""
+
+EXPECTED = {
+    "INF-SSE-1": "pass", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
+    "SWAP-ASYNC-3": "inconclusive", "SESS-1": "error", "CACHE-HIT-1": "inconclusive", "VER-STREAM-1": "fail",
+}  # fmt: skip
+
+
+# one xdist worker is enough to carry reports through the worker -> controller path
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]])
+def test_report_outcomes(pytester, workers):
+    pytester.makepyfile(test_clauses=TESTS)
+    result = pytester.runpytest_inprocess("--rl-report=out/report.json", *workers)
+    doc = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert {k: v["outcome"] for k, v in doc["clauses"].items()} == EXPECTED
+    assert "usage.completion_tokens is 6" in doc["clauses"]["INF-USAGE-1"]["tests"][0]["evidence"]
+    assert doc["summary"]["levels"]["MUST"]["fail"] == 2
+    assert doc["provenance"]["deployment"] == "local" and doc["provenance"]["suite_version"]
+    md = (pytester.path / "out" / "report.md").read_text()
+    assert "| VER-STREAM-1 | MUST | fail |" in md and "chunk 7 has no @identity" in md
+    result.stdout.fnmatch_lines(["*rl-rollout clauses*", "MUST*pass 1*", "report: out/report.json (+ .md)"])
+
+
+def test_no_report_without_clause_tests(pytester):
+    pytester.makepyfile(test_plain="def test_x(): pass")
+    result = pytester.runpytest_inprocess("--rl-report=out/report.json")
+    result.assert_outcomes(passed=1)
+    assert not (pytester.path / "out").exists()
+    result.stdout.no_fnmatch_line("*rl-rollout clauses*")

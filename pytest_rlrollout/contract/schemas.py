@@ -9,13 +9,14 @@ messages name the path and the constraint.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from pytest_rlrollout.contract.catalogue import load_json
+from pytest_rlrollout.contract.catalogue import DATA, load_json
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,23 @@ class SchemaProblem:
 
 @cache
 def schema(name: str) -> dict[str, Any]:
-    """A schema of the contract, e.g. `schema("weight-spec")`."""
-    return load_json(f"{name}.schema.json")
+    """A schema of the contract, e.g. `schema("weight-spec")`, with every `$ref` inlined (the
+    chat request shares the completion request's fields), so each constraint is reached by a
+    plain path from the root and keeps its `x-clause`."""
+    raw = load_json(f"{name}.schema.json")
+    if '"$ref"' not in json.dumps(raw):
+        return raw
+    import jsonschema_rs
+
+    return jsonschema_rs.dereference(raw, registry=_registry())
+
+
+@cache
+def _registry() -> Any:
+    import jsonschema_rs
+
+    docs = [load_json(p.name) for p in sorted(DATA.glob("*.schema.json"))]
+    return jsonschema_rs.Registry([(d["$id"], d) for d in docs if "$id" in d])
 
 
 @cache
@@ -99,7 +115,7 @@ def _message(e: Any) -> str:
         extra = [k for k in e.instance if k not in allowed]
         # The wording the official SDK's reset_prompt_cache fallback matches on.
         return "; ".join(f"Extra inputs are not permitted, field: '{k}'" for k in extra)
-    if e.validator == "pattern" and "description" in e.schema:
+    if e.validator in ("pattern", "anyOf", "oneOf") and "description" in e.schema:
         return f"{prefix}{e.instance!r} is not {e.schema['description']}"
     return f"{prefix}{e.message}"
 

@@ -9,7 +9,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,147 +20,16 @@ from starlette.routing import Route
 
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.replica import Job, Token, TooEarly, Unavailable
-from pytest_rlrollout.reference.sampling import SamplingParams
+from pytest_rlrollout.reference.inference_request import BadRequest, Inference, parse_inference
 from pytest_rlrollout.reference.text import Text
 
 FINISH = ("stop", "length")
-UNSUPPORTED_FIELDS = ("routing_matrix_format", "top_sampling_logprobs", "top_sampling_format", "sampling_mask")
 
 
 def error(
     status: int, message: str, code: str = "invalid_request_error", headers: dict | None = None, **extra
 ) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": code, "type": code, **extra}}, status, headers=headers)
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-# --------------------------------------------------------------------------- request parsing
-
-
-@dataclass
-class Inference:
-    chat: bool
-    model: str
-    prompt: list[int]
-    max_tokens: int
-    params: SamplingParams
-    seed: int | None
-    stream: bool
-    logprobs: bool
-    echo: bool
-    echo_last: int | None
-    ignore_eos: bool
-    raw_output: bool
-    return_token_ids: bool
-    perf_metrics: bool
-    routing: bool
-    stop: list[str]
-    isolation: str | None
-    cache_max_len: int | None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _typed(body: dict, key: str, kind: type | tuple, default=None, check=None, what: str = ""):
-    if key not in body or body[key] is None:
-        return default
-    value = body[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise BadRequest(f"{key}: expected {what or '/'.join(k.__name__ for k in kinds)}, got {json.dumps(value)[:40]}")
-    if check is not None and not check(value):
-        raise BadRequest(f"{key}: {json.dumps(value)[:40]} is out of range ({what})")
-    return value
-
-
-def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: int, names: set[str]) -> Inference:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    for name in UNSUPPORTED_FIELDS:
-        if name in body:  # the official SDK falls back to inline routing on exactly this answer
-            raise BadRequest(f"Extra inputs are not permitted, field: '{name}'")
-    model = _typed(body, "model", str, what="a model or deployment name")
-    if model is None:
-        raise BadRequest("model is required")
-    if model not in names:
-        raise BadRequest(f"Model not found: {model}", status=404)
-    if chat:
-        messages = _typed(body, "messages", list, what="a list of messages")
-        if not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages
-        ):
-            raise BadRequest("messages: a non-empty list of {role: str, content: str}")
-        prompt = text.chat(messages)
-    else:
-        raw = body.get("prompt")
-        if isinstance(raw, str):
-            prompt = text.encode(raw)
-        elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-            prompt = list(raw)
-        else:
-            raise BadRequest("prompt: expected a string or a list of token ids")
-    if not prompt:
-        raise BadRequest("the prompt is empty")
-    if any(t < 0 or t >= vocab for t in prompt):
-        raise BadRequest(f"prompt: token ids must be in [0, {vocab})")
-    max_tokens = _typed(body, "max_tokens", int, 16 if not chat else 128, lambda v: v >= 0, "a non-negative integer")
-    if len(prompt) + max_tokens > max_context:
-        raise BadRequest(
-            f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the context length {max_context}"
-        )
-    n = _typed(body, "n", int, 1, lambda v: v == 1, "only n=1 is served")
-    assert n == 1
-    temperature = float(_typed(body, "temperature", (int, float), 1.0, lambda v: 0 <= v <= 2, "0 to 2"))
-    top_p = float(_typed(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"))
-    top_k = _typed(body, "top_k", int, 0, lambda v: v >= 0, "a non-negative integer")
-    logprobs = body.get("logprobs", False)
-    if not isinstance(logprobs, (bool, int)) or (
-        isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs < 0
-    ):
-        raise BadRequest("logprobs: expected a boolean")
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise BadRequest("stop: expected a string or a list of strings")
-    flags = {
-        k: _typed(body, k, bool, False)
-        for k in (
-            "stream",
-            "echo",
-            "raw_output",
-            "return_token_ids",
-            "perf_metrics_in_response",
-            "include_routing_matrix",
-            "ignore_eos",
-        )
-    }
-    iso = _typed(body, "prompt_cache_isolation_key", str)
-    return Inference(
-        chat=chat,
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        params=SamplingParams(temperature, top_p, top_k),
-        seed=_typed(body, "seed", int),
-        stream=flags["stream"],
-        ignore_eos=flags["ignore_eos"],
-        logprobs=bool(logprobs) or flags["include_routing_matrix"],
-        echo=flags["echo"],
-        echo_last=_typed(body, "echo_last", int, None, lambda v: v >= 0, "a non-negative integer"),
-        raw_output=flags["raw_output"],
-        return_token_ids=flags["return_token_ids"],
-        perf_metrics=flags["perf_metrics_in_response"],
-        routing=flags["include_routing_matrix"],
-        stop=stop,
-        isolation=iso,
-        cache_max_len=_typed(body, "prompt_cache_max_len", int, None, lambda v: v >= 0, "a non-negative integer"),
-    )
 
 
 # --------------------------------------------------------------------------- one running request

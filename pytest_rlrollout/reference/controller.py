@@ -156,7 +156,6 @@ class Deployment:
                 served=tuple(r.identity for r in self.replicas),
                 ledger_reset=self.ledger_reset,
                 base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
-                hf_config=False,  # the deployment answers in milliseconds; transformers' import takes seconds
             )
             report = validate(path, context=ctx)
             refused = [x for x in report.failures("MUST") if not f(x.clause)]

@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
-from pytest_rlrollout.reference.replica import Job, Token, TooEarly, Unavailable
 from pytest_rlrollout.reference.inference_request import BadRequest, Inference, parse_inference
+from pytest_rlrollout.reference.replica import Job, Token, TooEarly, Unavailable
 from pytest_rlrollout.reference.text import Text
 
 FINISH = ("stop", "length")

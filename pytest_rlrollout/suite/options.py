@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,8 @@ class Timeouts:
     long_stream_tokens: int  # tokens a stream must last for a swap to land inside it
 
     def with_(self, **changes: Any) -> Timeouts:
-        return Timeouts(**{**self.__dict__, **{k: v for k, v in changes.items() if v is not None}})
+        """A copy with the changes that are not None (options the user left out)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 # The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB.
@@ -133,89 +134,76 @@ def add_options(parser: pytest.Parser) -> None:
 def read_options(config: pytest.Config) -> RLOptions:
     """The options of this run, checked; raises pytest.UsageError naming what to fix."""
     get = config.getoption
-
-    def cli_or_ini(name: str) -> str | None:
-        return get(name) or config.getini(name) or None
-
     record, replay = get("rl_record"), get("rl_replay")
-    record_mode = get("rl_record_mode")
-    if record and record_mode == "none":
+    if record and get("rl_record_mode") == "none":
         record, replay = None, record
     if record and replay:
         _usage("--rl-record and --rl-replay exclude each other")
-    deployment = cli_or_ini("rl_deployment")
-    deployment = None if deployment == "local" else deployment
-    mode: Mode = "replay" if replay else "live" if deployment else "local"
-    faults = frozenset(get("rl_local_fault"))
-    transition = (get("rl_transition") or "").upper() or None
-    timeouts = LIVE if mode == "live" else LOCAL
-
-    for name, value in (("--rl-swap-timeout", get("rl_swap_timeout")), ("--rl-long-stream-tokens",
-                        get("rl_long_stream_tokens"))):  # fmt: skip
-        if value is not None and value <= 0:
-            _usage(f"{name} must be positive, not {value}")
-
-    base_snapshot = _directory(get("rl_base"), "--rl-base-snapshot", need="config.json")
+    for name in ("rl_swap_timeout", "rl_long_stream_tokens"):
+        if get(name) is not None and get(name) <= 0:
+            _usage(f"{_flag(name)} must be positive, not {get(name)}")
     common: dict[str, Any] = dict(
-        base_snapshot=base_snapshot,
+        base_snapshot=_directory(get("rl_base"), "--rl-base-snapshot", need="config.json"),
         level=get("rl_level"),
         report=Path(get("rl_report")) if get("rl_report") else None,
         record=Path(record) if record else None,
-        record_mode=record_mode,
+        record_mode=get("rl_record_mode"),
+        transition=(get("rl_transition") or "").upper() or None,
         **_gate_options(config),
     )
-    if mode == "replay":
-        given = [f for f, v in (("--rl-deployment", deployment), ("--rl-base-url", get("rl_base_url")),
-                                ("--rl-inference-url", get("rl_inference_url")), ("--rl-bucket-url", get("rl_bucket_url")),
-                                ("--rl-local-fault", faults)) if v]  # fmt: skip
-        if given:
-            _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
-        directory = cassette_dir(replay)
-        meta = _session_meta(directory)
-        # answers come from the cassette at once: polling needs no interval; stream lengths are the recording's
-        recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
-        timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, long_stream_tokens=recorded.long_stream_tokens)
-        return RLOptions(mode="replay", deployment=meta.get("deployment"), base_url=None, inference_url=None,
-                         model=meta.get("model"), replay=directory, replay_meta=meta,
-                         transition=transition or meta.get("transition"),
-                         timeouts=_timeouts(config, timeouts), allow_hot_load=True, **common)  # fmt: skip
+    deployment = get("rl_deployment") or config.getini("rl_deployment") or None
+    if replay:
+        return _replay_options(config, replay, common)
+    if deployment in (None, "local"):
+        return _local_options(config, common)
+    return _live_options(config, deployment, common)
+
+
+def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
+    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_bucket_url", "rl_local_fault")
+    if given:
+        _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
+    directory = cassette_dir(replay)
+    meta = _session_meta(directory)
+    # answers come from the cassette at once: polling needs no interval; stream lengths are the recording's
+    recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
+    timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, long_stream_tokens=recorded.long_stream_tokens)
+    common["transition"] = common["transition"] or meta.get("transition")
+    return RLOptions(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
+                     model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
+                     timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+
+
+def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
+    stray = _given(config, "rl_base_url", "rl_inference_url", "rl_model", "rl_bucket_url", "rl_api_key")
+    if stray:
+        _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
+    faults = frozenset(config.getoption("rl_local_fault"))
     if faults:
-        if mode == "live":
-            _usage(f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment}")
         from pytest_rlrollout.reference.faults import FAULTS
 
         unknown = sorted(faults - set(FAULTS))
         if unknown:
-            _usage(
-                f"--rl-local-fault: unknown fault switch(es) {unknown}; each clause's switch is listed in docs/contract.md"
-            )
-    if mode == "local":
-        stray = [f for f, v in (("--rl-base-url", get("rl_base_url")), ("--rl-inference-url", get("rl_inference_url")),
-                                ("--rl-model", get("rl_model")), ("--rl-bucket-url", get("rl_bucket_url")),
-                                ("--rl-api-key", get("rl_api_key"))) if v]  # fmt: skip
-        if stray:
-            _usage(
-                f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>"
-            )
-        return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None,
-                         transition=transition or "ASYNC", local_faults=faults, allow_hot_load=True,
-                         timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
-    return _live_options(config, deployment, transition, _timeouts(config, timeouts), common)
+            _usage(f"--rl-local-fault: unknown fault switch(es) {unknown}; docs/contract.md lists each clause's")
+    common["transition"] = common["transition"] or "ASYNC"
+    return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
+                     allow_hot_load=True, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
-def _live_options(config: pytest.Config, deployment: str, transition, timeouts: Timeouts, common) -> RLOptions:
+def _live_options(config: pytest.Config, deployment: str, common: dict[str, Any]) -> RLOptions:
     get = config.getoption
     parts = deployment.split("/")
     if len(parts) != 4 or parts[0] != "accounts" or parts[2] != "deployments" or not all(parts):
         _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
+    if get("rl_local_fault"):
+        _usage(f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment}")
     model = get("rl_model") or config.getini("rl_model") or None
     if not model:
         _usage(f"--rl-deployment {deployment}: also pass --rl-model (the model it serves)")
     key = get("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
     if not key:
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
-    bucket_url = get("rl_bucket_url")
-    allow = get("rl_allow_hot_load")
+    bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
     if allow and not bucket_url:
         _usage("--rl-allow-hot-load: also pass --rl-bucket-url (where the suite uploads the snapshots it swaps in)")
     if allow and common["base_snapshot"] is None:
@@ -231,8 +219,16 @@ def _live_options(config: pytest.Config, deployment: str, transition, timeouts: 
     base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key),
                      inference_url=(get("rl_inference_url") or base_url + "/inference").rstrip("/"),
-                     allow_hot_load=allow, bucket_url=bucket_url, transition=transition, timeouts=timeouts,
-                     **common)  # fmt: skip
+                     allow_hot_load=allow, bucket_url=bucket_url, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
+
+
+def _given(config: pytest.Config, *names: str) -> list[str]:
+    """The flags of the options among `names` given on the command line."""
+    return [_flag(n) for n in names if config.getoption(n)]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:

@@ -40,7 +40,9 @@ def outcome_of(report: pytest.TestReport) -> tuple[Outcome, str]:
     if getattr(report, "wasxfail", "").startswith(SHOULD_FAILURE):  # judged, not counted (--rl-level=must)
         return Outcome.FAIL, _tail(report.longreprtext)
     if report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        # (path, line, reason); a report that crossed a JSON transport carries a list
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple | list) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         for typed in UNJUDGED:
             if reason.startswith(f"{typed}: "):

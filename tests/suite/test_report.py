@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 TESTS = """
 import pytest
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
@@ -49,11 +47,9 @@ EXPECTED = {
 }  # fmt: skip
 
 
-# one xdist worker is enough to carry reports through the worker -> controller path
-@pytest.mark.parametrize("workers", [[], ["-n", "1"]])
-def test_report_outcomes(pytester, workers):
+def test_report_outcomes(pytester):
     pytester.makepyfile(test_clauses=TESTS)
-    result = pytester.runpytest_inprocess("--rl-report=out/report.json", *workers)
+    result = pytester.runpytest_inprocess("--rl-report=out/report.json")
     doc = json.loads((pytester.path / "out" / "report.json").read_text())
     assert {k: v["outcome"] for k, v in doc["clauses"].items()} == EXPECTED
     assert "usage.completion_tokens is 6" in doc["clauses"]["INF-USAGE-1"]["tests"][0]["evidence"]
@@ -62,6 +58,21 @@ def test_report_outcomes(pytester, workers):
     md = (pytester.path / "out" / "report.md").read_text()
     assert "| VER-STREAM-1 | MUST | fail |" in md and "chunk 7 has no @identity" in md
     result.stdout.fnmatch_lines(["*rl-rollout clauses*", "MUST*pass 1*", "report: out/report.json (+ .md)"])
+
+
+def test_reports_from_xdist_workers_keep_their_clauses(pytester, request):
+    """xdist ships each worker's report to the controller as JSON (the serialization hooks);
+    the clauses travel with it in user_properties."""
+    from pytest_rlrollout.suite.report import Collector
+
+    pytester.makepyfile(test_clauses=TESTS)
+    reports = pytester.inline_run("-p", "no:rlrollout-reporting").getreports("pytest_runtest_logreport")
+    hook, config = request.config.hook, request.config
+    collector = Collector()
+    for report in reports:
+        data = hook.pytest_report_to_serializable(config=config, report=report)
+        collector.record(hook.pytest_report_from_serializable(config=config, data=json.loads(json.dumps(data))))
+    assert {k: v.outcome for k, v in collector.clauses().items()} == EXPECTED
 
 
 def test_no_report_without_clause_tests(pytester):

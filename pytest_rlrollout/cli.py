@@ -1,16 +1,33 @@
-"""The `rlrollout` command: validate, export, delta, apply, make-base, clauses."""
+"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, conformance, clauses."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import re
+import shlex
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.snapshot.validate import Report
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+# What a shell reports for a writer killed by SIGPIPE (128 + 13). Chosen over 0 because output
+# cut short is not success (`rlrollout validate DIR | head` must not read as "valid" under
+# `set -o pipefail`), and over 1/2 because those mean findings / usage errors here.
+EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class UsageError(Exception):
+    """A command-line mistake the user can fix: one line on stderr, exit 2."""
 
 
 def _size(text: str) -> int:
@@ -35,11 +52,55 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         hf_config=not args.no_transformers,
     )
     level = args.level.upper()
+    doc = report.as_dict(level)
+    hints = _validate_hints(report, args)
     if args.format == "json":
-        print(json.dumps(report.as_dict(level), indent=2))
+        print(json.dumps({**doc, "hints": hints}, indent=2))
     else:
-        print(report.text())
-    return EXIT_OK if report.ok(level) else EXIT_FINDINGS
+        print("\n".join([report.text(level), *(f"hint: {h}" for h in hints)]))
+    # one value decides both, so the exit code and the JSON's `valid` cannot disagree
+    return EXIT_OK if doc["valid"] else EXIT_FINDINGS
+
+
+def _validate_hints(report: Report, args: argparse.Namespace) -> list[str]:
+    """What to run next, for the two mistakes whose findings do not say it themselves."""
+    hints = []
+    snapshot = shlex.quote(str(args.snapshot))
+    diff = args.parent is None and (report.kind == "incremental" or _holds_arc2_payloads(args.snapshot))
+    if diff:
+        # without the parent the diff is judged as a full snapshot (or half-judged), so every
+        # U8 payload shows up as a wrong tensor
+        hints.append(
+            f"{snapshot} holds ARC2 diff payloads (1-D U8 tensors with Adler-32 checksums): "
+            f"pass --parent PARENT, the snapshot the diff applies to"
+        )
+    elif report.of("SNAP-INDEX-2"):
+        hints.append(
+            f"shards mix layers (as save_pretrained's size-based split does): "
+            f"`rlrollout export {snapshot} DST` re-lays the checkpoint one layer per shard"
+        )
+    return hints
+
+
+def _holds_arc2_payloads(snapshot: Path) -> bool:
+    """Whether every tensor of every safetensors file is an ARC2 payload: 1-D U8 with a decimal
+    checksum under its name in `__metadata__` (what `rlrollout delta` writes)."""
+    from pytest_rlrollout.snapshot import safetensors_io as st
+
+    files = sorted(Path(snapshot).glob("*.safetensors"))
+    if not files:
+        return False
+    for path in files:
+        try:
+            header = st.read_header(path)
+        except (OSError, st.HeaderError):
+            return False
+        if not header.tensors:
+            return False
+        for name, t in header.tensors.items():
+            if t.dtype != "U8" or len(t.shape) != 1 or not header.metadata.get(name, "").isdigit():
+                return False
+    return True
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -73,28 +134,85 @@ def _cmd_make_base(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _fault_switches() -> dict[str, str]:
+    """Every fault switch `serve --fault` takes, with what it does (behaviours included)."""
+    from pytest_rlrollout.reference.faults import BEHAVIOURS, FAULTS
+
+    return FAULTS | BEHAVIOURS
+
+
+def _check_faults(names: Sequence[str]) -> frozenset[str]:
+    """The switches; a usage error naming the unknown ones."""
+    unknown = [n for n in dict.fromkeys(names) if n not in _fault_switches()]
+    if unknown:
+        raise UsageError(
+            f"--fault: unknown fault switch(es) {', '.join(unknown)} (`rlrollout serve --list-faults` lists them)"
+        )
+    return frozenset(names)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        print(f"rlrollout serve: could not remove the temporary bucket {path}: {e}", file=sys.stderr)
+
+
+def _stop_on(signum: int, stop: threading.Event, cleanup: contextlib.ExitStack) -> None:
+    """Make `signum` set `stop` until `cleanup` unwinds. A signal ignored on purpose stays ignored:
+    `nohup rlrollout serve &` must survive the terminal closing (SIGHUP) and Ctrl-C (SIGINT)."""
+    if signal.getsignal(signum) == signal.SIG_IGN:
+        return
+    previous = signal.signal(signum, lambda *_: stop.set())
+    if previous is not None:  # None: a handler set outside Python, which cannot be put back
+        cleanup.callback(signal.signal, signum, previous)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
     import tempfile
-    import threading
+
+    if args.list_faults:
+        switches = _fault_switches()
+        width = max(map(len, switches), default=0)
+        print("\n".join(f"{name:{width}}  {what}" for name, what in switches.items()))
+        return EXIT_OK
+    faults = _check_faults(args.fault)  # before anything is built, bound or created
 
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
 
-    bucket = args.bucket or Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
     options = dict(
         replicas=args.replicas,
         transition=args.transition.upper(),
         api_key=args.api_key,
-        faults=frozenset(args.fault),
+        faults=faults,
         stagger=args.stagger,
         **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
     # the built-in key is public; a key of the user's own is never echoed
     shown_key = args.api_key if args.api_key == "rl-reference-key" else "<the --api-key you chose>"
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with reference_deployment(bucket, host=args.host, port=args.port, **options) as dep:
+    with contextlib.ExitStack() as cleanup:
+        # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
+        # way Ctrl-C does, so the cleanup below runs. Installed before there is anything to clean
+        # up and restored last (an in-process caller keeps its own handlers).
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None:
+                _stop_on(signum, stop, cleanup)
+        if args.bucket is None:
+            bucket = Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
+            # removed after the deployment stops (the stack unwinds last-in first-out); a
+            # --bucket the user named is theirs and never removed
+            cleanup.callback(_remove_tree, bucket)
+        else:
+            bucket = args.bucket
+        dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
+        # From here on Ctrl-C is a request to stop, like SIGTERM: set before anything is printed,
+        # so it never lands as a KeyboardInterrupt between the output and the wait (exit 0 either
+        # way). Restored first on the way out: a second Ctrl-C during shutdown interrupts it.
+        _stop_on(signal.SIGINT, stop, cleanup)
         print(f"base URL:   {dep.base_url}")
         print(f"deployment: {dep.name}")
         print(f"model:      {dep.model}")
@@ -110,8 +228,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(
             f"serving {dep.settings.base_identity} on {args.replicas} replica(s), {options['transition']}", flush=True
         )
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        stop.wait()
     return EXIT_OK
 
 
@@ -121,14 +238,14 @@ def _cmd_clauses(args: argparse.Namespace) -> int:
     cat = catalogue()
     if args.format == "md":
         if args.area:
-            raise ValueError("--format md prints the whole contract; drop --area")
+            raise UsageError("--format md prints the whole contract; drop --area")
         from pytest_rlrollout.suite.docs import contract_markdown
 
         sys.stdout.write(contract_markdown())
         return EXIT_OK
     area = args.area.upper() if args.area else None
     if area is not None and area not in cat.areas:
-        raise ValueError(f"--area {args.area}: no such area (areas: {', '.join(cat.areas)})")
+        raise UsageError(f"--area {args.area}: no such area (areas: {', '.join(cat.areas)})")
     chosen = [c for c in cat if area is None or c.area == area]
     if args.format == "json":
         print(json.dumps([c.__dict__ for c in chosen], indent=2))
@@ -187,7 +304,16 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--replicas", type=int, default=2)
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", default="rl-reference-key")
-    sv.add_argument("--fault", action="append", default=[], metavar="CLAUSE-ID", help="break one clause on purpose")
+    sv.add_argument(
+        "--fault",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="SWITCH",
+        help="fault switches to turn on (break a clause on purpose): a clause ID, ID:VARIANT, or a behaviour name; "
+        "takes several and repeats",
+    )
+    sv.add_argument("--list-faults", action="store_true", help="list every fault switch with what it does, and exit")
     # the delays default to the pace at which the conformance suite can observe swaps
     sv.add_argument("--load-delay", type=float, help="seconds each replica takes to load a snapshot")
     sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
@@ -223,9 +349,84 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     return int(pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest]))
 
 
+class _OptionTable:
+    """Stands in for pytest's Parser when `add_options` runs, and puts each option it registers on
+    an argparse parser instead: the `--rl-*` help comes from the plugin's one table of options."""
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        self._parser = parser
+        self._groups: dict[str, Any] = {}
+        self.ini: list[tuple[str, str]] = []
+
+    def getgroup(self, name: str, description: str = "", after: str | None = None) -> _OptionTable._Group:
+        if name not in self._groups:
+            self._groups[name] = self._parser.add_argument_group(description or name)
+        return _OptionTable._Group(self._groups[name])
+
+    def addoption(self, *opts: str, **attrs: Any) -> None:
+        self.getgroup("custom options").addoption(*opts, **attrs)
+
+    def addini(self, name: str, help: str, *args: Any, **kwargs: Any) -> None:
+        self.ini.append((name, help))
+
+    class _Group:
+        def __init__(self, group: Any):
+            self._group = group
+
+        def addoption(self, *opts: str, **attrs: Any) -> None:
+            self._group.add_argument(*opts, **attrs)
+
+
+def conformance_help() -> str:
+    """`rlrollout conformance --help`: the usage and every `--rl-*` option the plugin registers."""
+    from pytest_rlrollout.suite.options import CONFORMANCE, add_options
+
+    modules = ", ".join(sorted(p.stem.removeprefix("test_") for p in CONFORMANCE.glob("test_*.py")))
+    description = (
+        "Runs the conformance suite installed with the package, by default against the bundled reference "
+        f"deployment. MODULE selects modules ({modules}); every other argument goes to pytest unchanged "
+        "(-n 2, -k EXPR, -x, ...: `pytest --help` lists pytest's own options)."
+    )
+    p = argparse.ArgumentParser(
+        prog="rlrollout conformance",
+        usage="rlrollout conformance [MODULE ...] [--rl-OPTION ...] [pytest options]",
+        description=description,
+        add_help=False,
+    )
+    table = _OptionTable(p)
+    add_options(table)  # type: ignore[arg-type]  # duck-typed: getgroup/addoption/addini
+    text = p.format_help()
+    if table.ini:
+        width = max(len(name) for name, _ in table.ini)
+        lines = [f"  {name:{width}}  {help_}" for name, help_ in table.ini]
+        text += "\nini-file settings (pytest.ini, [tool.pytest.ini_options]):\n" + "\n".join(lines) + "\n"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["conformance"] and not {"-h", "--help"} & set(argv[1:2]):
+    try:
+        code = _main(argv)
+        # flush here, not at interpreter exit, so a closed pipe surfaces inside this handler
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`). Point stdout at /dev/null so the interpreter's own
+        # flush at exit finds nowhere to fail and prints no "Exception ignored" noise.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["conformance"]:
+        if argv[1:2] in (["-h"], ["--help"]):
+            sys.stdout.write(conformance_help())
+            return EXIT_OK
         # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
         return _cmd_conformance(argparse.Namespace(pytest_args=argv[1:]))
     args = parser().parse_args(argv)
@@ -234,7 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.run(args)
-    except (SnapshotError, DeltaError, NotADirectoryError, FileNotFoundError, ValueError, OSError) as e:
+    except BrokenPipeError:
+        raise  # an OSError, but not a failure of the command: main() ends quietly
+    except (UsageError, SnapshotError, DeltaError, NotADirectoryError, FileNotFoundError, ValueError, OSError) as e:
         print(f"rlrollout {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -1,19 +1,34 @@
 import json
+import os
+import queue
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from pytest_rlrollout.cli import main
-from pytest_rlrollout.snapshot import broken
+from pytest_rlrollout.cli import EXIT_BROKEN_PIPE, main, parser
+from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.reference.faults import FAULTS
+from pytest_rlrollout.snapshot import broken, build
+from pytest_rlrollout.snapshot import safetensors_io as st
+from pytest_rlrollout.snapshot.layout import INDEX, SPEC
 
 from .support import tree_hash
 
+# Subprocesses run from the checkout, so `-m pytest_rlrollout.cli` is the code under test
+# whatever an installed copy points at.
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "pytest_rlrollout.cli"]
+
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_rlrollout.cli", *map(str, args)], capture_output=True, text=True
-    )
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_validate_exit_codes(reference, tmp_path, capsys):
@@ -78,3 +93,288 @@ def test_clauses_lists_the_catalogue(capsys):
     assert main(["clauses", "--area", "snap"]) == 0
     out = capsys.readouterr().out
     assert "SNAP-INDEX-2" in out and "HL-POST-1" not in out
+
+
+# --------------------------------------------------------------------------- conformance --help
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_conformance_help_lists_every_rl_option_of_the_plugin(flag, capsys, monkeypatch):
+    from _pytest.config.argparsing import Parser
+
+    from pytest_rlrollout.suite.options import add_options
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: help texts compare unwrapped
+    assert main(["conformance", flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlrollout conformance")
+    # what pytest itself registers from the plugin's table
+    pytest_parser = Parser(_ispytest=True)
+    add_options(pytest_parser)
+    options = pytest_parser.getgroup("rlrollout").options
+    assert len(options) > 10
+    for option in options:
+        for name in option.names():
+            assert re.search(rf"(^|[ ,]){re.escape(name)}\b", out, re.MULTILINE), name
+        assert " ".join(option.attrs()["help"].split()) in out, option.names()
+
+
+def test_conformance_passes_every_other_argument_to_pytest(monkeypatch):
+    import pytest as pytest_module
+
+    seen = []
+    monkeypatch.setattr(pytest_module, "main", lambda args: seen.append(args) or 0)
+    assert main(["conformance", "swap", "-n", "2", "--rl-level=must", "--help"]) == 0
+    [args] = seen
+    assert args[0].endswith("test_swap.py") and args[-4:] == ["-n", "2", "--rl-level=must", "--help"]
+
+
+# --------------------------------------------------------------------------- serve --fault
+
+
+def test_serve_fault_takes_several_switches_and_repeats():
+    args = parser().parse_args(["serve", "--fault", "A", "B", "--fault", "C"])
+    assert args.fault == ["A", "B", "C"]
+    assert parser().parse_args(["serve"]).fault == []
+
+
+class _Started(Exception):
+    """Raised by the stand-in deployment: serving would have begun."""
+
+
+@pytest.fixture
+def fake_deployment(monkeypatch):
+    """serve's deployment replaced by one that records its arguments and stops at once."""
+    import tempfile
+
+    import pytest_rlrollout.reference as reference
+
+    seen: dict = {}
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        seen.setdefault("buckets", []).append(Path(real_mkdtemp(*args, **kwargs)))
+        return str(seen["buckets"][-1])
+
+    def deployment(bucket, **options):
+        seen.update(bucket=Path(bucket), exists=Path(bucket).is_dir(), **options)
+        raise _Started
+
+    monkeypatch.setattr(reference, "reference_deployment", deployment)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return seen
+
+
+def test_serve_checks_fault_switches_before_starting_anything(fake_deployment, capsys):
+    known = list(FAULTS)[:3]
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(_Started):
+        main(["serve", "--fault", known[0], known[1], "--fault", known[2]])
+    assert fake_deployment["faults"] == frozenset(known)
+    assert fake_deployment["exists"] and not fake_deployment["bucket"].exists()  # its own bucket: gone
+    assert {s: signal.getsignal(s) for s in before} == before  # an in-process caller keeps its handlers
+    fake_deployment.clear()
+
+    assert main(["serve", "--fault", known[0], "NO-SUCH-1", "--fault", "nonsense:x"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "NO-SUCH-1" in err and "nonsense:x" in err and known[0] not in err
+    assert "rlrollout serve --list-faults" in err
+    assert fake_deployment == {}  # no bucket made, no deployment started
+
+
+def test_serve_list_faults_names_every_switch(capsys):
+    from pytest_rlrollout.reference import faults
+
+    assert main(["serve", "--list-faults"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [*faults.FAULTS, *getattr(faults, "BEHAVIOURS", {})]
+
+
+# --------------------------------------------------------------------------- serve's bucket
+
+
+def _start_serve(*args) -> tuple[subprocess.Popen, Path]:
+    """`rlrollout serve` in its own process, once it printed its bucket (deadline: 60 s)."""
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            pytest.fail("serve printed no bucket within 60 s")
+        if line is None:
+            pytest.fail(f"serve ended before printing its bucket: {proc.wait()} {proc.stderr.read()}")
+        if line.startswith("bucket:"):
+            return proc, Path(line.split(":", 1)[1].strip())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_serve_removes_the_temporary_bucket_it_made(signum):
+    proc, bucket = _start_serve()
+    try:
+        assert bucket.is_dir()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert not bucket.exists()
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_serve_never_removes_a_bucket_it_was_given(tmp_path):
+    given = tmp_path / "bucket"
+    given.mkdir()
+    (given / "mine.txt").write_text("the user's")
+    proc, bucket = _start_serve("--bucket", given)
+    try:
+        assert bucket == given
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert (given / "mine.txt").read_text() == "the user's"
+
+
+# --------------------------------------------------------------------------- clauses, pipes
+
+
+def test_clauses_unknown_area_is_a_usage_error(capsys):
+    assert main(["clauses", "--area", "NOPE"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "--area NOPE" in err and all(area in err for area in catalogue().areas)
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETPIPE_SZ"), reason="pipe sizes are Linux's")
+def test_output_into_a_reader_that_stops_after_one_line_ends_quietly(capsys):
+    import fcntl
+
+    pipe_size = 4096
+    assert main(["clauses"]) == 0
+    # the writer must still have output pending when the reader leaves, or nothing is tested
+    assert len(capsys.readouterr().out.encode()) > 3 * pipe_size
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, pipe_size)
+    proc = subprocess.Popen([*CLI, "clauses"], stdout=w, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(w)
+    with os.fdopen(r, "rb") as reader:  # `| head -1`
+        assert reader.readline().startswith(b"SNAP-")
+    _, err = proc.communicate(timeout=60)
+    assert err == b""
+    assert proc.returncode == EXIT_BROKEN_PIPE
+
+
+# --------------------------------------------------------------------------- validate's output
+
+
+def _validate(capsys, *args) -> tuple[int, str]:
+    code = main(["validate", *map(str, args)])
+    return code, capsys.readouterr().out
+
+
+def _mixed_shards(base: Path, dst: Path, shards: int = 8) -> Path:
+    """The base re-sharded regardless of layers, as a size-based split does: the layer tensors
+    dealt round-robin, so each of the shards mixes layers; non-layer tensors get their own."""
+    dst.mkdir()
+    entries = sorted(build.checkpoint_entries(base), key=lambda e: e.name)
+    layered = [e for e in entries if ".layers." in e.name]
+    parts = [[e for e in entries if e not in layered], *(layered[i::shards] for i in range(shards))]
+    weight_map = {}
+    for i, part in enumerate(parts, 1):
+        name = f"model-{i:05d}-of-{len(parts):05d}.safetensors"
+        st.write_file(dst / name, part, {"format": "pt"})
+        weight_map.update({e.name: name for e in part})
+    (dst / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    build.carry_files(base, dst)
+    shutil.copyfile(base / SPEC, dst / SPEC)
+    return dst
+
+
+def _counted(text: str) -> int:
+    """How many findings the text accounts for: 1 per plain line, N per folded one."""
+    lines = [line for line in text.splitlines() if re.match(r"  [A-Z0-9]+(-[A-Za-z0-9]+)+ \[", line)]
+    return sum(int(m.group(1)) if (m := re.search(r"\] (\d+) findings: ", line)) else 1 for line in lines)
+
+
+def test_validate_folds_findings_of_one_cause_and_suggests_export(reference, tmp_path, capsys):
+    snap = _mixed_shards(reference.base, tmp_path / "checkpoint")
+    code, text = _validate(capsys, snap, "--base", reference.base)
+    assert code == 1
+    [line] = [line for line in text.splitlines() if "SNAP-INDEX-2" in line]
+    assert re.search(r"SNAP-INDEX-2 \[MUST\] 8 findings: <file>: mixes layers <n>; ", line)
+    examples = line.split("; e.g. ")[1].split(", ")
+    assert examples == [f"model-0000{i}-of-00009.safetensors" for i in (2, 3, 4)]
+    assert "(--format json lists every finding)" in text
+    assert (
+        f"hint: shards mix layers (as save_pretrained's size-based split does): `rlrollout export {snap} DST`" in text
+    )
+
+    code, out = _validate(capsys, snap, "--base", reference.base, "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and len([f for f in doc["findings"] if f["clause"] == "SNAP-INDEX-2"]) == 8  # JSON: every one
+    assert _counted(text) == len(doc["findings"])
+    assert doc["hints"] and "rlrollout export" in doc["hints"][0]
+
+    # the hint is right: export re-lays the checkpoint one layer per shard
+    assert main(["export", str(snap), str(tmp_path / "relaid")]) == 0
+    assert _validate(capsys, tmp_path / "relaid", "--base", reference.base)[0] == 0
+
+    one = broken.broken_case("SNAP-INDEX-2", reference, tmp_path / "one")
+    code, text = _validate(capsys, one.snapshot, "--base", reference.base)
+    assert "mixes layers 1, 2" in text and "rlrollout export" in text  # one finding: printed as it is
+
+
+def test_validate_of_a_diff_without_its_parent_suggests_parent(reference, tmp_path, capsys):
+    inc = reference["incremental"]
+    code, text = _validate(capsys, inc.snapshot, "--base", inc.base)
+    assert code == 1
+    assert "hint: " in text and "holds ARC2 diff payloads" in text and "pass --parent PARENT" in text
+    assert "rlrollout export" not in text
+    findings = [line for line in text.splitlines() if line.startswith("  SNAP-")]
+    assert len(findings) < 10  # hundreds of per-tensor findings, folded by cause
+    assert all(len(line.split("; e.g. ")[1].split(", ")) == 3 for line in findings if " findings: " in line)
+    doc = json.loads(_validate(capsys, inc.snapshot, "--base", inc.base, "--format", "json")[1])
+    assert len(doc["findings"]) > 100 and _counted(text) == len(doc["findings"])
+    assert "--parent" in doc["hints"][0]
+
+    # a signal with incremental metadata makes it a diff already; the parent is still missing
+    signal_file = tmp_path / "signal.json"
+    signal_file.write_text(json.dumps(inc.signal))
+    text = _validate(capsys, inc.snapshot, "--base", inc.base, "--signal", signal_file)[1]
+    assert "incremental snapshot" in text and "pass --parent PARENT" in text
+
+    # with the parent: a valid diff, nothing to suggest
+    code, text = _validate(capsys, inc.snapshot, "--base", inc.base, "--parent", inc.parent)
+    assert code == 0 and "hint" not in text
+    code, text = _validate(capsys, reference["full"].snapshot, "--base", reference.base)
+    assert code == 0 and "hint" not in text
+
+
+@pytest.mark.parametrize(("clause", "must", "should"), [("SNAP-TOK-1a", True, False), ("SNAP-INDEX-3", False, False)])
+def test_validate_exit_code_and_json_valid_agree_at_both_levels(clause, must, should, reference, tmp_path, capsys):
+    case = broken.broken_case(clause, reference, tmp_path)
+    for level, valid in (("must", must), ("should", should)):
+        code, out = _validate(capsys, case.snapshot, "--base", reference.base, "--level", level, "--format", "json")
+        doc = json.loads(out)
+        assert doc["valid"] is valid and doc["level"] == level.upper()
+        assert code == (0 if valid else 1)
+        code_text, text = _validate(capsys, case.snapshot, "--base", reference.base, "--level", level)
+        assert code_text == code
+        verdict = text.splitlines()[-1]
+        assert verdict.startswith("valid") == valid, verdict  # the text says what the exit code says

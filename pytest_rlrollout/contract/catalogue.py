@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
+Profile = Literal["fireworks", "openai"]
 DATA = Path(__file__).parent / "data"
 
 
@@ -25,6 +26,7 @@ class Clause:
     area: str
     rule: str
     source: tuple[str, ...]
+    profiles: tuple[Profile, ...] = ("fireworks",)  # the kinds of deployment the clause applies to
     refines: str | None = None
     decision: str | None = None
 
@@ -39,11 +41,12 @@ class Catalogue:
         sources: dict[str, str],
         levels: dict[str, str],
         areas: dict[str, dict[str, str]],
+        profiles: dict[str, str],
     ):
         self._by_id = {c.id: c for c in clauses}
         if len(self._by_id) != len(clauses):
             raise ValueError("clause catalogue has duplicate IDs")
-        self.sources, self.levels, self.areas = sources, levels, areas
+        self.sources, self.levels, self.areas, self.profiles = sources, levels, areas, profiles
 
     def __getitem__(self, clause_id: str) -> Clause:
         try:
@@ -79,9 +82,12 @@ def catalogue() -> Catalogue:
             area=c["area"],
             rule=c["rule"],
             source=tuple(c["source"]),
+            profiles=tuple(c["profiles"]),
             refines=c.get("refines"),
             decision=c.get("decision"),
         )
         for c in doc["clauses"]
     ]
-    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"])
+    return Catalogue(
+        clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], profiles=doc["profiles"]
+    )

@@ -91,7 +91,7 @@ class Run:
         return ev
 
     def headers(self) -> dict[str, str]:
-        return {
+        out = {
             "x-request-id": self.request_id,
             "fireworks-backend-host": self.replica,
             "fireworks-cached-prompt-tokens": str(
@@ -100,6 +100,9 @@ class Run:
             "fireworks-prompt-tokens": str(len(self.req.prompt)),
             "fireworks-deployment": self.dep.settings.deployment,
         }
+        if self.f("empty-content"):
+            del out["fireworks-cached-prompt-tokens"], out["fireworks-prompt-tokens"]
+        return out
 
     def entry(
         self,
@@ -161,11 +164,15 @@ class Run:
             return self.req.model
         if not self.req.stream and self.f("VER-NONSTREAM-1"):  # a version cached at start-up
             return f"{self.req.model}@{self.dep.settings.base_identity}"
+        if self.req.stream and self.f("SWAP-ASYNC-2:stale"):  # the label of the stream's start
+            return f"{self.req.model}@{self.admitted_version}"
         return f"{self.req.model}@{version}"
 
-    def chunk(self, choice: dict, version: str, **extra) -> bytes:
+    def chunk(self, choice: dict | None, version: str, **extra) -> bytes:
+        """One SSE event; `choice` None: a chunk without choices (a usage-only chunk)."""
         body = {"id": self.id, "object": "chat.completion.chunk" if self.req.chat else "text_completion",
-                "created": self.created, "model": self.model_name(version), "choices": [choice], **extra}  # fmt: skip
+                "created": self.created, "model": self.model_name(version),
+                "choices": [] if choice is None else [choice], **extra}  # fmt: skip
         return f"data: {json.dumps(body)}\n\n".encode()
 
     def completion_ids(self, prompt_ids: list[int]) -> list[int]:
@@ -182,13 +189,16 @@ class Run:
         }
 
     def perf(self) -> dict:
-        return {
+        out = {
             "prompt-tokens": len(self.req.prompt),
             "cached-prompt-tokens": self.cached,
             "server-time-to-first-token": round(self.ttft if self.ttft is not None else time.monotonic() - self.t0, 6),
             "server-processing-time": round(time.monotonic() - self.t0, 6),
             "backend-host": self.replica,
         }
+        if self.f("INF-PERF-1"):
+            del out["cached-prompt-tokens"]
+        return out
 
     def final_extra(self, prompt_ids: list[int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -198,9 +208,9 @@ class Run:
                 "completion_token_ids": self.completion_ids([] if self.f("INF-RAW-1") else prompt_ids),
                 "completion": self.text_so_far,
             }
-        if self.req.return_token_ids and not self.f("INF-TOKENIDS-1"):
+        if self.req.return_token_ids:
             out["prompt_token_ids"] = self.req.prompt
-            out["token_ids"] = [t.id for t in self.tokens]
+            out["token_ids"] = [t.id for t in self.tokens][: -1 if self.f("INF-TOKENIDS-1") else None]
         return out
 
     def _stop_hit(self) -> bool:
@@ -234,6 +244,12 @@ class Run:
 
     async def stream(self) -> AsyncIterator[bytes]:
         prompt_ids: list[int] = []
+        if self.f("empty-content"):
+            async for _ in self.events():
+                pass
+            yield self.chunk(self.choice("", None, "stop"), self.version)
+            yield b"data: [DONE]\n\n"
+            return
         try:
             async for kind, value in self.events():
                 if kind == "prompt":
@@ -257,12 +273,16 @@ class Run:
                     yield f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
                     return
             extra: dict[str, Any] = {"usage": self.usage()}
-            if self.req.perf_metrics and not self.f("INF-PERF-1"):
+            if self.req.perf_metrics:
                 extra["perf_metrics"] = self.perf()
             final = self.choice("", [] if self.req.logprobs else None, self.finish or "stop") | self.final_extra(
                 prompt_ids
             )
-            yield self.chunk(final, self.version, **extra)
+            if self.f("usage-only-chunk"):  # as OpenAI streams usage: a chunk of its own, with no choice
+                yield self.chunk(final, self.version)
+                yield self.chunk(None, self.version, **extra)
+            else:
+                yield self.chunk(final, self.version, **extra)
             if self.f("INF-SSE-1"):
                 yield self.chunk(self.choice("", None, None), self.version, usage=None)
             yield b"data: [DONE]\n\n"
@@ -293,8 +313,12 @@ class Run:
         choice = self.choice(text, entries, self.finish or "stop") | self.final_extra(prompt_ids)
         out = {"id": self.id, "object": "chat.completion" if self.req.chat else "text_completion", "created": self.created,
                "model": self.model_name(self.version), "choices": [choice], "usage": self.usage()}  # fmt: skip
-        if self.req.perf_metrics and not self.f("INF-PERF-1"):
+        if self.req.perf_metrics:
             out["perf_metrics"] = self.perf()
+        if self.f("empty-content"):
+            out.update(choices=[self.choice("", None, "stop")])
+            for field in ("usage", "perf_metrics"):
+                out.pop(field, None)
         return out
 
 

@@ -1,7 +1,10 @@
 """Fault switches: for each clause the reference deployment implements, one realistic way to
-break exactly that clause. `rlrollout serve --fault ID` and `reference_deployment(faults=...)`
-turn them on; the project's tests prove each is observable on the wire (and the conformance
-suite must catch each one)."""
+break exactly that clause (named by its ID; `ID:variant` for another way). `rlrollout serve
+--fault ID` and `reference_deployment(faults=...)` turn them on; the project's tests prove each
+is observable on the wire (and the conformance suite must catch each one).
+
+Behaviours are switches that break no clause, or none on their own: a legal variation the suite
+must not fail, and a deployment too empty for any clause to pass on."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ FAULTS: dict[str, str] = {
     "HL-HINT-1": "a hint makes the replicas load the hinted snapshot",
     "SWAP-ASYNC-1": "in-flight streams are cut at the swap (finish_reason 'abort', no [DONE])",
     "SWAP-ASYNC-2": "after the swap, in-flight chunks alternate between the new and the old identity",
+    "SWAP-ASYNC-2:stale": "chunks generated after the swap keep naming the snapshot the stream started on",
     "SWAP-ASYNC-3": "ASYNC requests arriving during the swap get 425 at once",
     "SWAP-ASYNC-4": "x-fireworks-hot-load-drain-timeout is ignored",
     "SWAP-SYNC-1": "SYNC swaps in-flight streams mid-way instead of draining them",
@@ -73,14 +77,27 @@ FAULTS: dict[str, str] = {
     "INF-LOGPROBS-1a": "entries carry no sampling_logprob",
     "INF-USAGE-1": "usage.completion_tokens is one more than the tokens returned",
     "INF-RAW-1": "with echo, raw_output.completion_token_ids leaves out the prompt",
-    "INF-TOKENIDS-1": "return_token_ids is ignored",
-    "INF-PERF-1": "perf_metrics_in_response is ignored",
+    "INF-TOKENIDS-1": "token_ids leave out the last generated token",
+    "INF-PERF-1": "perf_metrics carry no cached-prompt-tokens",
     "INF-ERR-1": "a body that is not JSON gets 500",
 }
 
 
+BEHAVIOURS: dict[str, str] = {
+    "usage-only-chunk": "streams end with a usage-only chunk ('choices': []) after the finish_reason chunk (legal)",
+    "empty-content": "every completion is answered 200 with nothing in it: no text, logprobs, routing, usage "
+    "or cached-token report",
+}
+
+
+def clause_of(fault: str) -> str:
+    """The clause a fault switch breaks."""
+    return fault.partition(":")[0]
+
+
 def check_faults(names) -> frozenset[str]:
-    unknown = sorted(set(names) - set(FAULTS))
+    unknown = sorted(set(names) - set(FAULTS) - set(BEHAVIOURS))
     if unknown:
-        raise ValueError(f"unknown fault switch(es) {unknown}; known: {', '.join(sorted(FAULTS))}")
+        known = ", ".join([*sorted(FAULTS), *BEHAVIOURS])
+        raise ValueError(f"unknown fault switch(es) {unknown}; known: {known}")
     return frozenset(names)

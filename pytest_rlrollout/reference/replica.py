@@ -211,8 +211,9 @@ class Replica:
                 self._active = []
             if f("SWAP-NEW-1"):
                 self._stale = (self.model, self.lora, self.version, 3)
-            if swap.model is not None:
+            if swap.model is not None:  # adapters were trained on the weights being replaced
                 self.model, self.identity, self.lora = swap.model, swap.identity, None
+                self.adapters.clear()
             else:
                 self.lora = swap.lora
                 self.adapters[swap.identity] = "loaded"

@@ -4,6 +4,7 @@ and completions parsed into what the contract talks about (`Stream`)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from collections.abc import Callable
@@ -12,10 +13,11 @@ from typing import Any
 
 import httpx
 
+from pytest_rlrollout.contract.catalogue import Profile
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
-from pytest_rlrollout.remote.stream import Stream
+from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, json_object
 
 BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 FIRST_POLL = 0.01  # waits poll at once, then back off to their interval
@@ -23,30 +25,61 @@ FIRST_POLL = 0.01  # waits poll at once, then back off to their interval
 
 @dataclass(frozen=True)
 class Target:
-    """Where a deployment is and what it is called. The key is a `Secret`: it never shows."""
+    """Where a deployment is and what it is called. The key is a `Secret`: it never shows.
 
-    deployment: str  # accounts/<a>/deployments/<d>
+    A Fireworks hot-load deployment has a name (accounts/<a>/deployments/<d>), which is also the
+    `model` of its inference requests; a plain OpenAI-compatible server needs none and is asked
+    for `model` by name."""
+
+    deployment: str | None  # accounts/<a>/deployments/<d>
     base_url: str  # the API base (control plane and hot-load API)
     model: str  # the model the deployment serves, for fireworks-model
     api_key: Secret = field(repr=False)
-    inference_url: str = ""  # default: base_url + "/inference"
+    inference_url: str = ""  # as given; empty: see `inference_base`
+    profile: Profile = "fireworks"
 
     def __post_init__(self) -> None:
-        parts = self.deployment.split("/")
-        if len(parts) != 4 or parts[0] != "accounts" or parts[2] != "deployments" or not all(parts):
+        if self.profile == "fireworks" and not _is_deployment_name(self.deployment):
             raise ValueError(f"{self.deployment!r} is not accounts/<account>/deployments/<deployment>")
         if not isinstance(self.api_key, Secret):
             object.__setattr__(self, "api_key", Secret(self.api_key))
-        if not self.inference_url:
-            object.__setattr__(self, "inference_url", self.base_url.rstrip("/") + "/inference")
+
+    @property
+    def inference_base(self) -> str:
+        """Where /v1/completions lives: as given, else base URL + /inference (Fireworks) or the
+        base URL itself (an OpenAI-compatible server)."""
+        base = self.base_url.rstrip("/")
+        return (self.inference_url or (base + "/inference" if self.profile == "fireworks" else base)).rstrip("/")
+
+    @property
+    def name(self) -> str:
+        """What to call the deployment in reports: its name, else the model at its URL."""
+        return self.deployment or f"{self.model} at {self.base_url}"
+
+    @property
+    def body_model(self) -> str:
+        """The `model` of an inference request: the deployment's name on Fireworks (what the
+        official SDK sends), the served model's name on an OpenAI-compatible server."""
+        return self.deployment if self.profile == "fireworks" and self.deployment else self.model
 
     @property
     def account(self) -> str:
-        return self.deployment.split("/")[1]
+        return self._parts[1]
 
     @property
     def deployment_id(self) -> str:
-        return self.deployment.split("/")[3]
+        return self._parts[3]
+
+    @property
+    def _parts(self) -> list[str]:
+        if self.deployment is None:
+            raise ValueError(f"{self.name} has no deployment name (an {self.profile} server)")
+        return self.deployment.split("/")
+
+
+def _is_deployment_name(name: str | None) -> bool:
+    parts = (name or "").split("/")
+    return len(parts) == 4 and parts[0] == "accounts" and parts[2] == "deployments" and all(parts)
 
 
 @dataclass(frozen=True)
@@ -63,6 +96,8 @@ class DeploymentClient:
     def __init__(self, target: Target, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
         self.target, self.transport = target, transport
         self.http = httpx.Client(timeout=timeout, transport=transport)
+        # what was asked and answered, newest last: the evidence a failed verdict shows
+        self.exchanges: collections.deque[Exchange] = collections.deque(maxlen=32)
 
     def mark(self, name: str) -> float:
         """The time now (monotonic seconds); when recording or replaying, on the cassette's
@@ -79,16 +114,33 @@ class DeploymentClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """Send a request and read the answer, writing the exchange down (secrets left out)."""
+        try:
+            r = self.http.request(method, url, **kwargs)
+        except httpx.HTTPError as e:
+            self._note(method, url, type(e).__name__, kwargs.get("content") or kwargs.get("json"), str(e))
+            raise
+        self._note(method, url, r.status_code, kwargs.get("content") or kwargs.get("json"), r.text)
+        return r
+
+    def _note(self, method: str, url: str, status: int | str, body: Any, answer: str) -> None:
+        sent = body.decode("utf-8", "replace") if isinstance(body, bytes) else json.dumps(body) if body else ""
+        self.exchanges.append(
+            Exchange.of(method, httpx.URL(url).path, status, sent, answer, self.target.api_key.reveal())
+        )
+
     # ----------------------------------------------------------------------- control
 
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.target.api_key.reveal()}"}
+        key = self.target.api_key.reveal()
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def hot_load_headers(self) -> dict[str, str]:
-        return self.auth_headers() | {
-            "fireworks-model": self.target.model,
-            "fireworks-deployment": self.target.deployment,
-        }
+        names = {"fireworks-model": self.target.model}
+        if self.target.deployment:
+            names["fireworks-deployment"] = self.target.deployment
+        return self.auth_headers() | names
 
     def _hot_load_url(self, suffix: str = "") -> str:
         return self.target.base_url.rstrip("/") + "/hot_load/v1/models/hot_load" + suffix
@@ -96,15 +148,14 @@ class DeploymentClient:
     def hot_load(self, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
         """POST a signal (any body: tests send malformed ones on purpose)."""
         h = self.hot_load_headers() | {"Content-Type": "application/json"} | (headers or {})
-        return self.http.post(self._hot_load_url(), content=json.dumps(body).encode(), headers=h)
+        return self.request("POST", self._hot_load_url(), content=json.dumps(body).encode(), headers=h)
 
     def status(self, *, headers: dict[str, str] | None = None) -> httpx.Response:
-        return self.http.get(self._hot_load_url(), headers=self.hot_load_headers() | (headers or {}))
+        return self.request("GET", self._hot_load_url(), headers=self.hot_load_headers() | (headers or {}))
 
     def hint(self, identity: str, file: str) -> httpx.Response:
-        return self.http.post(
-            self._hot_load_url("/hint"), json={"identity": identity, "file": file}, headers=self.hot_load_headers()
-        )
+        body = {"identity": identity, "file": file}
+        return self.request("POST", self._hot_load_url("/hint"), json=body, headers=self.hot_load_headers())
 
     def _deployment_url(self) -> str:
         t = self.target
@@ -112,22 +163,22 @@ class DeploymentClient:
 
     def resource(self) -> dict[str, Any]:
         """The deployment resource (GET /v1/accounts/<a>/deployments/<d>), {} when unavailable."""
-        r = self.http.get(self._deployment_url(), headers=self.auth_headers())
-        json_body = r.headers.get("content-type", "").startswith("application/json")
-        return r.json() if r.status_code == 200 and json_body else {}
+        r = self.request("GET", self._deployment_url(), headers=self.auth_headers())
+        doc = json_object(r) if r.status_code == 200 else None
+        return doc or {}
 
     def ledger(self) -> httpx.Response:
-        return self.http.get(self._deployment_url() + "/ledger", headers=self.auth_headers())
+        return self.request("GET", self._deployment_url() + "/ledger", headers=self.auth_headers())
 
     def reset_ledger(self) -> httpx.Response:
-        return self.http.delete(self._deployment_url() + "/ledger", headers=self.auth_headers())
+        return self.request("DELETE", self._deployment_url() + "/ledger", headers=self.auth_headers())
 
     def replicas(self) -> list[dict[str, Any]]:
         """The status's replicas; [] when the status cannot be read."""
         r = self.status()
-        body = r.json() if r.status_code == 200 else {}
-        replicas = body.get("replicas") if isinstance(body, dict) else None
-        return replicas if isinstance(replicas, list) else []
+        doc = json_object(r) if r.status_code == 200 else None
+        replicas = (doc or {}).get("replicas")
+        return [x for x in replicas if isinstance(x, dict)] if isinstance(replicas, list) else []
 
     def served_identities(self) -> list[str | None]:
         """current_snapshot_identity of every replica."""
@@ -144,18 +195,19 @@ class DeploymentClient:
         stalled_after: float | None = None,
     ) -> Waited:
         """Poll the status (backing off from 10 ms to `poll`) until every replica serves `identity`
-        (LoRA: lists it as loaded), a replica reports stage 'error' for it, or the deadline passes. With `stalled_after`,
-        also give up once some replicas serve it and no replica has been loading for that long
-        (a rollout that stopped part-way)."""
+        (LoRA: lists it as loaded), a replica reports stage 'error' for it, or the deadline
+        passes. With `stalled_after`, also give up once some replicas serve it and no replica has
+        been loading for that long (a rollout that stopped part-way)."""
         replicas: list[dict[str, Any]] = []
         stalled_since: float | None = None
         for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
             r = self.status()
-            if r.status_code == 200 and not isinstance(r.json().get("replicas"), list):
-                return Waited(False, elapsed, [], "the status has no 'replicas' list (HL-GET-1)")
             if r.status_code != 200:
                 continue
-            replicas = r.json()["replicas"]
+            doc = json_object(r) or {}
+            if not isinstance(doc.get("replicas"), list):
+                return Waited(False, elapsed, [], "the status has no 'replicas' list (HL-GET-1)")
+            replicas = [x for x in doc["replicas"] if isinstance(x, dict)]
             if progress is not None:
                 progress(replicas)
             if replicas and all(serves(x, identity, lora) for x in replicas):
@@ -174,12 +226,14 @@ class DeploymentClient:
     # ----------------------------------------------------------------------- inference
 
     def inference_url(self, chat: bool = False) -> str:
-        return self.target.inference_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+        return self.target.inference_base + ("/v1/chat/completions" if chat else "/v1/completions")
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
-        """POST raw bytes to the completions endpoint (for malformed requests)."""
-        headers = self.auth_headers() | {"Content-Type": "application/json"}
-        return self.http.post(self.inference_url(chat), content=content, headers=headers)
+        """POST raw bytes to the completions endpoint (for malformed requests), on a connection
+        of its own: a server that drops a connection after an error must not be blamed for
+        the next request's reset."""
+        headers = self.auth_headers() | {"Content-Type": "application/json", "Connection": "close"}
+        return self.request("POST", self.inference_url(chat), content=content, headers=headers)
 
     def complete(
         self,
@@ -190,30 +244,42 @@ class DeploymentClient:
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
     ) -> Stream:
         """Send a completion (streaming when body['stream']) and parse what comes back;
-        `on_chunk` sees every streamed chunk as it arrives."""
-        payload = {"model": self.target.deployment, **body}
-        h = self.auth_headers() | (headers or {})
+        `on_chunk` sees every streamed chunk as it arrives. What does not parse is kept in
+        `Stream.problems`, never raised."""
+        payload = {"model": self.target.body_model, **body}
+        url, h = self.inference_url(chat), self.auth_headers() | (headers or {})
         if not payload.get("stream"):
-            r = self.http.post(self.inference_url(chat), json=payload, headers=h)
-            out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()})
+            r = self.request("POST", url, json=payload, headers=h)
+            out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text)
             if r.status_code == 200:
-                out.chunks.append(r.json())
-            else:
-                out.body = r.text
+                doc = json_object(r)
+                if doc is None:
+                    out.problems.append(f"the 200 answer is not a JSON object: {r.text[:EXCERPT]!r}")
+                else:
+                    out.chunks.append(doc)
             return out
-        with self.http.stream("POST", self.inference_url(chat), json=payload, headers=h) as r:
-            out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()})
-            if r.status_code != 200:
-                out.body = r.read().decode("utf-8", "replace")
-                return out
-            decoder = SSEDecoder()
-            for raw in r.iter_bytes():
-                for event in decoder.feed(raw):
-                    if self._take(out, event, on_chunk):
-                        return out
-            for event in decoder.close():
-                self._take(out, event, on_chunk)
+        try:
+            with self.http.stream("POST", url, json=payload, headers=h) as r:
+                out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()})
+                if r.status_code != 200:
+                    out.body = r.read().decode("utf-8", "replace")
+                else:
+                    self._read_stream(r, out, on_chunk)
+        except httpx.HTTPError as e:
+            self._note("POST", url, type(e).__name__, payload, str(e))
+            raise
+        self._note("POST", url, out.status, payload, out.body or "\n\n".join(out.events))
         return out
+
+    def _read_stream(self, r: httpx.Response, out: Stream, on_chunk: Callable[[dict[str, Any]], None] | None) -> None:
+        decoder = SSEDecoder()
+        for raw in r.iter_bytes():
+            for event in decoder.feed(raw):
+                if self._take(out, event, on_chunk):
+                    return
+        for event in decoder.close():
+            self._take(out, event, on_chunk)
+        out.unterminated = decoder.unterminated
 
     @staticmethod
     def _take(out: Stream, event: str, on_chunk: Callable[[dict[str, Any]], None] | None) -> bool:
@@ -223,27 +289,19 @@ class DeploymentClient:
         if data.strip() == "[DONE]":
             out.done = True
             return True
-        if data:
-            out.chunks.append(json.loads(data))
-            if on_chunk is not None:
-                on_chunk(out.chunks[-1])
+        if not data:
+            return False
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            out.problems.append(f"event {len(out.events)} is not a JSON object: {data[:EXCERPT]!r}")
+            return False
+        out.chunks.append(chunk)
+        if on_chunk is not None:
+            on_chunk(chunk)
         return False
-
-    def capabilities(self) -> dict[str, Any]:
-        """What the deployment offers, discovered without changing its state."""
-        probe = self.complete(
-            {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "logprobs": True, "include_routing_matrix": True}
-        )
-        entry = probe.entries[0] if probe.entries else {}
-        replicas = self.replicas()
-        return {
-            "moe": "routing_matrix" in entry,
-            "nonstream_version": "@" in (probe.final.get("model") or ""),
-            "replicas": len(replicas),
-            "lora": any("loaded_adapters" in r for r in replicas),
-            "ledger": self.ledger().status_code == 200,
-            "backend_host": "fireworks-backend-host" in probe.headers,
-        }
 
 
 def busy(replica: dict[str, Any]) -> bool:

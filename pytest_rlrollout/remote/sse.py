@@ -31,6 +31,11 @@ class SSEDecoder:
     def close(self) -> list[str]:
         return self._scan(self._utf8.decode(b"", final=True))
 
+    @property
+    def unterminated(self) -> bool:
+        """Text was left without its terminating blank line (after `close`: the dropped event)."""
+        return bool(self._lines) or bool("".join(self._partial).strip())
+
     def _scan(self, text: str) -> list[str]:
         events: list[str] = []
         start = 1 if self._after_cr and text.startswith("\n") else 0

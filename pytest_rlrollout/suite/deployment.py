@@ -10,6 +10,7 @@ served at the start. Replays answer every request from cassettes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -21,15 +22,19 @@ import pytest
 
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
+from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
     import httpx
 
+    from pytest_rlrollout.contract.catalogue import Profile
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
     from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.remote.discovery import Discovery
     from pytest_rlrollout.remote.stream import Stream
+    from pytest_rlrollout.suite.prompts import Prompt
 
 
 class HotLoadNotAllowed(Exception):
@@ -50,15 +55,14 @@ class RLDeployment:
         *,
         base_snapshot: Path | None,
         bucket: Bucket | None,
-        transition: str | None,
         local: Running | None = None,
     ):
         self.client, self.options = client, opts
         self.base_snapshot, self.bucket = base_snapshot, bucket
         self.timeouts = opts.timeouts
-        self._transition = transition
         self._local = local  # the bundled reference deployment, when it runs in this process
-        self._capabilities: dict[str, Any] | None = None
+        self.discovery: Discovery | None = None  # what it is and offers; set before any test
+        self.run_id = "run"  # unique per run (the recording's in replay); set before any test
 
     @property
     def target(self) -> Target:
@@ -132,17 +136,36 @@ class RLDeployment:
         return self.client.mark(name)
 
     @property
-    def capabilities(self) -> dict[str, Any]:
-        """Discovered once, without changing state: moe, nonstream_version, replicas, lora,
-        ledger, backend_host, transition."""
-        if self._capabilities is None:
-            caps = self.client.capabilities()
-            declared = (self.client.resource().get("hotLoadTransitionType") or "").upper() or None
-            caps["transition"] = self._transition or declared
-            self._capabilities = caps
-        return self._capabilities
+    def profile(self) -> Profile:
+        """`fireworks` (a hot-load deployment) or `openai` (a plain OpenAI-compatible server)."""
+        return self.target.profile
 
     @property
+    def capabilities(self) -> Discovery:
+        """What the deployment offers (the capability vocabulary), discovered without changing it."""
+        assert self.discovery is not None, "discovered when the rl_deployment fixture starts"
+        return self.discovery
+
+    # ----------------------------------------------------------------------- what a test sends
+
+    def salted(self, name: str) -> str:
+        """`name`, unique to this run: session ids, isolation keys and prompts of a run never meet
+        the prompt-cache entries of an earlier run against the same long-lived deployment."""
+        return f"rl-{self.run_id}-{name}"
+
+    def session(self, name: str, **more: str) -> dict[str, str]:
+        """Headers of a session of this run named `name` (plus any other headers)."""
+        return {"x-multi-turn-session-id": self.salted(name), **more}
+
+    def prompt(self, name: str, tokens: int = 24) -> Prompt:
+        """A prompt no other test and no earlier run sends: token ids when the deployment takes
+        them, else about `tokens` words of text."""
+        from pytest_rlrollout.suite.prompts import make_prompt
+
+        return make_prompt(self.salted(name), tokens, ids=self.capabilities.has("token_id_prompts"),
+                           vocab=(self.base_config or {}).get("vocab_size"))  # fmt: skip
+
+    @functools.cached_property
     def base_config(self) -> dict[str, Any] | None:
         """config.json of the served base model, when a local copy is known (--rl-base-snapshot)."""
         if self.base_snapshot is None or not (self.base_snapshot / "config.json").is_file():
@@ -250,19 +273,20 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request) as client:
             yield RLDeployment(client, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
-                               transition=opts.transition, local=dep)  # fmt: skip
+                               local=dep)  # fmt: skip
 
 
 @contextlib.contextmanager
-def _live(opts: RLOptions) -> Iterator[RLDeployment]:
+def _live(opts: RLOptions, profile: Profile) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.client import DeploymentClient, Target
 
-    assert opts.deployment and opts.base_url and opts.model and opts.api_key
-    target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "")
+    assert opts.base_url and opts.model and opts.api_key is not None
+    target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
+                    profile=profile)  # fmt: skip
     bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
     with DeploymentClient(target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request) as client:
-        yield RLDeployment(client, opts, base_snapshot=opts.base_snapshot, bucket=bucket, transition=opts.transition)
+        yield RLDeployment(client, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
 
 
 @contextlib.contextmanager
@@ -279,9 +303,10 @@ def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployme
     # snapshots are still built (their signals must match the recording), into a bucket nobody reads
     bucket = tmp.mktemp("rl-replay-bucket")
     base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
-    target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key)
+    target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key,
+                    profile=opts.profile or "fireworks")  # fmt: skip
     with DeploymentClient(target, transport=transport) as client:
-        yield RLDeployment(client, opts, base_snapshot=base, bucket=Bucket(bucket), transition=opts.transition)
+        yield RLDeployment(client, opts, base_snapshot=base, bucket=Bucket(bucket))
 
 
 def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
@@ -300,19 +325,45 @@ def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     default; recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
     config = request.config
     opts = options(config)
-    opened = {"local": lambda: _local(opts, tmp_path_factory), "live": lambda: _live(opts),
+    opened = {"local": lambda: _local(opts, tmp_path_factory),
+              "live": lambda: _live(opts, preflighted(config).profile),
               "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
     with opened() as dep:
-        dep.capabilities  # discovered now, so recordings hold it in the session cassette  # noqa: B018
+        dep.discovery = config.stash[DISCOVERED] = discovered(config, dep)
+        dep.run_id = run_id(config)
         _record_state(config, "start", dep)
         yield dep
         _record_state(config, f"end-{os.getpid()}", dep)
         cassettes = dep.cassettes
         if cassettes is not None and cassettes.mode == "record":
             cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
-                                          recorded_mode=dep.mode, transition=dep.capabilities["transition"],
-                                          run_id=run_id(config))  # fmt: skip
+                                          recorded_mode=dep.mode, transition=dep.discovery.transition,
+                                          profile=dep.profile, discovery=dep.discovery.as_dict(),
+                                          run_id=dep.run_id)  # fmt: skip
             cassettes.session.write(dep.target.api_key)
+
+
+def preflighted(config: pytest.Config) -> Discovery:
+    """What the controller's preflight found (a live run): here, or shipped to this xdist worker."""
+    from pytest_rlrollout.remote.discovery import Discovery
+
+    if DISCOVERED not in config.stash:
+        config.stash[DISCOVERED] = Discovery.from_dict(json.loads(config.workerinput[WORKER_DISCOVERY]))  # type: ignore[attr-defined]
+    return config.stash[DISCOVERED]
+
+
+def discovered(config: pytest.Config, dep: RLDeployment) -> Discovery:
+    """The deployment's capabilities: from the controller's preflight (live), the recording
+    (replay), or probed here (the local reference deployment, one per worker)."""
+    from pytest_rlrollout.remote.discovery import Discovery, discover
+
+    if dep.mode == "live":
+        return preflighted(config)
+    if dep.mode == "replay" and "discovery" in (dep.options.replay_meta or {}):
+        return Discovery.from_dict(dep.options.replay_meta["discovery"])
+    return discover(
+        dep.client, dep.profile, transition=dep.options.transition, decided="the bundled reference deployment"
+    )
 
 
 def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
@@ -354,31 +405,64 @@ def _uses_deployment(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(autouse=True)
 def _rl_requirements(request: pytest.FixtureRequest) -> None:
-    """`rl_swaps` needs state changes allowed; `rl_requires(...)` needs those capabilities."""
+    """What the test needs of the deployment: a clause of its profile, state changes allowed
+    (`rl_swaps`), capabilities (`rl_requires`). The suite, not the test, decides the outcome of
+    what is missing (see contract/capabilities.py)."""
     if not _uses_deployment(request):
         return
+    from pytest_rlrollout.contract import catalogue
+
     dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    clauses = [catalogue()[c] for mark in request.node.iter_markers("rl_clause") for c in mark.args]
+    if clauses and not any(dep.profile in c.profiles for c in clauses):
+        not_applicable(f"{', '.join(c.id for c in clauses)} apply to Fireworks hot-load deployments; this is an "
+                       f"{dep.profile} deployment ({dep.capabilities.decided})")  # fmt: skip
     if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
-        inconclusive("this test changes the deployment's state; pass --rl-allow-hot-load to run it")
+        inconclusive("read-only: pass --rl-allow-hot-load to let this test hot-load snapshots")
+    must = any(c.level == "MUST" for c in clauses)
     for mark in request.node.iter_markers("rl_requires"):
         for capability in mark.args:
-            _require(dep, capability)
+            _require(request.node, dep, capability, must=must)
 
 
-def _require(dep: RLDeployment, capability: str) -> None:
-    """rl_requires: `moe`, `lora`, `ledger`, `nonstream_version`, `backend_host`, `transition:ASYNC`."""
-    caps = dep.capabilities
+def fail_in_call(item: pytest.Item, message: str) -> None:
+    """Fail the test when it runs, with `message`: a finding made while setting it up (a
+    capability the deployment must offer is missing) is the deployment's fault, not an error."""
+    item.stash[MISSING] = message
+
+
+def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: bool) -> None:
+    """A capability the test needs, or `transition:ASYNC|SYNC`."""
+    from pytest_rlrollout.contract.capabilities import CAPABILITIES
+
+    found = dep.capabilities
     if capability.startswith("transition:"):
         wanted = capability.split(":", 1)[1]
-        if caps["transition"] is None:
+        if found.transition is None:
             inconclusive("the transition type is unknown: the deployment resource does not say; pass --rl-transition")
-        if caps["transition"] != wanted:
-            not_applicable(f"the deployment uses {caps['transition']} transitions, this clause is about {wanted}")
+        if found.transition != wanted:
+            not_applicable(f"the deployment uses {found.transition} transitions, this clause is about {wanted}")
         return
-    if capability not in caps:
-        raise pytest.UsageError(f"rl_requires: unknown capability {capability!r}")
-    if not caps[capability]:
-        unsupported(f"the deployment does not offer {capability}")
+    if capability not in CAPABILITIES:
+        raise pytest.UsageError(f"rl_requires: unknown capability {capability!r} (known: {', '.join(CAPABILITIES)})")
+    if found.has(capability):
+        return
+    cap = CAPABILITIES[capability]
+    seen = found.seen.get(capability, cap.probe)
+    if cap.observable:
+        inconclusive(f"cannot observe this: the deployment does not offer {capability}, {cap.about} ({seen})")
+    if must and cap.required(dep.profile):
+        fail_in_call(item, f"the deployment lacks {capability} ({cap.about}; probe: {seen}), which a {dep.profile} "
+                           "deployment must offer")  # fmt: skip
+    else:
+        unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen})")
+
+
+@pytest.fixture(autouse=True)
+def _rl_fresh_exchanges(request: pytest.FixtureRequest) -> None:
+    """A test's evidence holds only its own exchanges."""
+    if _uses_deployment(request):
+        request.getfixturevalue("rl_deployment").client.exchanges.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from pytest_rlrollout.contract import SEVERITY, Clause, catalogue
+from pytest_rlrollout.contract.capabilities import CAPABILITIES, Capability
 from pytest_rlrollout.suite.options import CONFORMANCE
 
 OUTCOMES = {
@@ -48,8 +49,13 @@ def _clauses_of(marks: list) -> Iterator[tuple[str, str | None]]:
                         yield from ((clause, value.id) for clause in inner.args)
 
 
+def _capability_row(c: Capability) -> str:
+    required = ", ".join(sorted(c.required_by)) or "-"
+    return f"| `{c.name}` | {c.about} | {c.probe} | {required}{' (observation only)' if c.observable else ''} |"
+
+
 def contract_markdown() -> str:
-    from pytest_rlrollout.reference.faults import FAULTS
+    from pytest_rlrollout.reference.faults import FAULTS, clause_of
     from pytest_rlrollout.snapshot.broken import BREAKERS
     from pytest_rlrollout.snapshot.validate import CHECKS
 
@@ -72,6 +78,23 @@ def contract_markdown() -> str:
         "",
         *(f"- `{o}`: {OUTCOMES[o]}" for o in SEVERITY),
         "",
+        "## Profiles",
+        "",
+        "A deployment is judged as one profile (`--rl-profile`, or decided by the preflight); a clause",
+        "outside its profile is `not-applicable`.",
+        "",
+        *(f"- **{name}**: {text}" for name, text in cat.profiles.items()),
+        "",
+        "## Capabilities",
+        "",
+        "Discovered before any test by probes that change nothing. A test needing one the deployment",
+        "lacks is `fail` when its profile requires it and the clause is MUST, `unsupported` otherwise,",
+        "and `inconclusive` when the capability only lets the suite observe the clause.",
+        "",
+        "| capability | what it is | probe | required by |",
+        "|---|---|---|---|",
+        *map(_capability_row, CAPABILITIES.values()),
+        "",
         "## Sources",
         "",
         *(f"- **{key}**: {text}" for key, text in cat.sources.items()),
@@ -82,7 +105,7 @@ def contract_markdown() -> str:
     for area, about in cat.areas.items():
         lines += ["", f"## {area}: {about['title']}", "", about["about"]]
         for c in by_area[area]:
-            lines += ["", f"### {c.id} ({c.level})", "", c.rule]
+            lines += ["", f"### {c.id} ({c.level})", "", c.rule, "", f"Profiles: {', '.join(c.profiles)}."]
             if c.refines:
                 lines += ["", f"Refines {c.refines}."]
             if c.decision:
@@ -93,8 +116,7 @@ def contract_markdown() -> str:
             judged += [f"`{t}`" for t in tests.get(c.id, [])]
             lines += ["", "Judged by: " + (", ".join(judged) if judged else "no conformance test yet")]
             proofs = []
-            if c.id in FAULTS:
-                proofs.append(f"fault switch `{c.id}`: {FAULTS[c.id]}")
+            proofs += [f"fault switch `{f}`: {what}" for f, what in FAULTS.items() if clause_of(f) == c.id]
             if c.id in BREAKERS:
                 proofs.append(f"broken snapshot: {BREAKERS[c.id].what}")
             if proofs:

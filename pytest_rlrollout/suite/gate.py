@@ -41,7 +41,8 @@ class SnapshotUnderTest:
     name: str
     report: Report
 
-    def expect(self, clause: str) -> None:
+    def expect(self, clause: str, observe: Callable[[int, str], int]) -> None:
+        """Pass, fail or skip as the validator's verdict on `clause` says; a pass is observed."""
         verdict = self.report.verdicts.get(clause)
         if verdict is None:
             pytest.fail(f"the validator has no check for {clause}", pytrace=False)
@@ -57,6 +58,7 @@ class SnapshotUnderTest:
             ]
             pytest.fail("\n".join(lines), pytrace=False)
         assert not findings, findings
+        observe(1, f"{self.name} snapshot checked for {clause} by the validator ({self.report.snapshot})")
 
 
 # The bundled reference snapshots and the snapshot kind each one is.

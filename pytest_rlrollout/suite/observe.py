@@ -1,32 +1,36 @@
-"""What the conformance tests observe around a swap: a stream crossing it, probes sent while it
-is under way, and prompts no other test sends."""
+"""What the conformance tests observe around a swap: a stream crossing it, and probes sent while
+it is under way. Both draw the test's timeline (`rl_observe.timeline`) for the report."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
+import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_rlrollout.remote.polling import ticks
-from pytest_rlrollout.remote.stream import policy_versions
+from pytest_rlrollout.remote.stream import Stream, policy_versions
 from pytest_rlrollout.suite.outcomes import inconclusive
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.suite.deployment import RLDeployment
+    from pytest_rlrollout.suite.evidence import Observed, Timeline
+    from pytest_rlrollout.suite.swaps import Swapper, SwapResult
 
 T = TypeVar("T")
 
-
-def unique_prompt(name: str, n: int = 80, vocab: int = 500) -> list[int]:
-    """A prompt no other test sends (tests share one deployment and its prompt cache)."""
-    seed = hashlib.sha256(name.encode()).digest()
-    return [(seed[i % 32] * 7 + i * 13) % (vocab - 20) + 10 for i in range(n)]
-
-
 WHITELIST = ("stop", "length", "tool_calls")
+# A chunk arriving this soon after every replica reported the new snapshot may have been
+# generated before (it was on its way): at least this many seconds, or a few chunk intervals.
+IN_TRANSIT = 0.05
+IN_TRANSIT_CHUNKS = 3
 
 
-def in_swap(replica: dict, identity: str) -> bool:
+def in_swap(replica: dict[str, Any], identity: str) -> bool:
     """The replica is between the old and the new snapshot."""
     state = replica.get("loading_state") or {}
     return state.get("target_snapshot_identity") == identity and (
@@ -38,9 +42,9 @@ def in_swap(replica: dict, identity: str) -> bool:
 class Crossing:
     """A stream started before a swap was signalled, and what was seen of both."""
 
-    chunks: list = field(default_factory=list)
-    arrivals: list = field(default_factory=list)
-    stream: object = None  # client.Stream when the request returned normally
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    stream: Stream | None = None  # when the request returned normally
     error: BaseException | None = None
     t_signal: float = 0.0
     t_posted: float = 0.0
@@ -48,12 +52,17 @@ class Crossing:
     done_at: float = 0.0
     old: str | None = None
     new: str = ""
-    response: object = None
-    waited: object = None
+    response: httpx.Response | None = None
+    result: SwapResult | None = None
 
     @property
-    def versions(self) -> list:
+    def versions(self) -> list[str | None]:
         return policy_versions(self.chunks)
+
+    @property
+    def served(self) -> bool:
+        """The swap completed: every replica served the new snapshot at `t_served`."""
+        return self.result is not None and self.result.waited is not None and self.result.waited.ok
 
     @property
     def completed(self) -> bool:
@@ -73,32 +82,64 @@ class Crossing:
             return False
         return self.new in self.versions or self.done_at > self.t_served or not self.completed
 
+    @property
+    def in_transit(self) -> float:
+        """How long after `t_served` a chunk may still have been generated before it."""
+        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+        return max(IN_TRANSIT, IN_TRANSIT_CHUNKS * statistics.median(gaps)) if gaps else IN_TRANSIT
+
+    def after_served(self) -> list[int]:
+        """Indices of the chunks generated after every replica served the new snapshot."""
+        if not self.served:
+            return []
+        since = self.t_served + self.in_transit
+        return [i for i, t in enumerate(self.arrivals) if t > since]
+
+    def before_signal(self) -> list[int]:
+        """Indices of the chunks that arrived before the swap was signalled."""
+        return [i for i, t in enumerate(self.arrivals) if t < self.t_signal]
+
 
 def observed(fn: Callable[..., T]) -> Callable[..., T]:
     """Run `fn(rl_deployment, ...)` at a pace at which a swap in progress can be observed."""
 
     @functools.wraps(fn)
-    def at_observable_pace(rl_deployment, *args, **kwargs):
+    def at_observable_pace(rl_deployment: RLDeployment, *args: Any, **kwargs: Any) -> T:
         with rl_deployment.observable_swaps():
             return fn(rl_deployment, *args, **kwargs)
 
     return at_observable_pace
 
 
+def watch(rl_deployment: RLDeployment, timeline: Timeline) -> Callable[[list[dict[str, Any]]], None]:
+    """A status-poll callback that draws each replica's state changes on the timeline."""
+    return lambda replicas: timeline.status(rl_deployment.mark("status"), replicas)
+
+
 @observed
-def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None, **signal) -> Crossing:
+def across_swap(
+    rl_deployment: RLDeployment,
+    rl_swap: Swapper,
+    rl_observe: Observed,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    **signal: Any,
+) -> Crossing:
     """Stream `body`; once its first chunk arrives, signal a new snapshot and wait for it."""
+    timeline = rl_observe.swap("a stream across a swap")
     c = Crossing(old=rl_deployment.serving())
     built = rl_swap.build("cross")
-    c.new = built.identity
+    c.new = timeline.new = built.identity
+    timeline.old = c.old
     first = threading.Event()
 
-    def seen(chunk):
+    def seen(chunk: dict[str, Any]) -> None:
         c.chunks.append(chunk)
-        c.arrivals.append(rl_deployment.mark("chunk"))
+        c.arrivals.append(t := rl_deployment.mark("chunk"))
+        timeline.chunks.append((t, policy_versions([chunk])[0]))
         first.set()
 
-    def run():
+    def run() -> None:
         try:
             c.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
         except BaseException as e:  # a dropped connection is an observation, not a crash
@@ -113,67 +154,117 @@ def across_swap(rl_deployment, rl_swap, body: dict, headers: dict | None = None,
     c.t_signal = rl_deployment.mark("signal")
     c.response = rl_swap.post(built, **signal)
     c.t_posted = rl_deployment.mark("posted")
-    c.waited = rl_swap.follow(built, c.response).waited
+    c.result = rl_swap.follow(built, c.response, progress=watch(rl_deployment, timeline))
     c.t_served = rl_deployment.mark("served")
+    timeline.mark(c.t_signal, "signal")
+    timeline.mark(c.t_posted, f"answered {c.response.status_code}")
+    timeline.mark(c.t_served, "served" if c.served else "gave up")
     thread.join(timeout=rl_deployment.swap_timeout + 60)
+    timeline.mark(c.done_at, "stream ended")
     return c
 
 
 @dataclass
 class Probe:
     status: int
-    seconds: float
+    sent: float
+    answered: float
     version: str | None
-    session: str
+    session: dict[str, str]  # the probe's session headers
     all_in_swap: bool  # every replica was in the swap when the probe was sent
     any_in_swap: bool
 
+    @property
+    def seconds(self) -> float:
+        return self.answered - self.sent
+
+
+@dataclass
+class Probing:
+    """Requests sent while a swap was under way, and how long the status kept showing it."""
+
+    built: Any  # the snapshot swapped in
+    probes: list[Probe]
+    in_swap_until: float = 0.0  # the last status poll that still showed the swap (as the probes were sent)
+    round_trip: float = 0.0  # the fastest status poll: how stale a poll's view may be
+
 
 @observed
-def probes_during_swap(rl_deployment, rl_swap, n: int = 6, headers: dict | None = None, every: bool = False, **signal):
+def probes_during_swap(
+    rl_deployment: RLDeployment,
+    rl_swap: Swapper,
+    rl_observe: Observed,
+    n: int = 6,
+    headers: dict[str, str] | None = None,
+    every: bool = False,
+    **signal: Any,
+) -> Probing:
     """Signal a new snapshot; while the status shows it being swapped in (on `every` replica
-    at once, or on any), send `n` short requests at once (distinct sessions). Returns
-    (built, probes); probes is empty when no status poll landed inside the swap."""
+    at once, or on any), send `n` one-token requests at once (distinct sessions), and keep
+    polling the status until the swap is done. No probes when no poll landed inside the swap."""
+    timeline = rl_observe.swap("requests sent while a swap is under way")
+    timeline.old = rl_deployment.serving()
     built = rl_swap.build("probe")
+    timeline.new = built.identity
+    out = Probing(built, [])
+
+    def progress(replicas: list[dict[str, Any]]) -> None:
+        t = rl_deployment.mark("status")
+        timeline.status(t, replicas)
+        states = [in_swap(x, built.identity) for x in replicas]
+        if states and (all(states) if every else any(states)):
+            out.in_swap_until = t
+
+    timeline.mark(rl_deployment.mark("signal"), "signal")
     r = rl_swap.post(built, **signal)
+    timeline.mark(rl_deployment.mark("posted"), f"answered {r.status_code}")
     assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
-    replicas, states = [], []
+    replicas: list[dict[str, Any]] = []
+    states: list[bool] = []
+    out.round_trip = float("inf")
     for _ in ticks(rl_deployment.swap_timeout, rl_deployment.timeouts.probe):
+        asked = rl_deployment.mark("poll")
         replicas = rl_deployment.replicas()
+        progress(replicas)
+        out.round_trip = min(out.round_trip, rl_deployment.mark("poll-answered") - asked)
         states = [in_swap(x, built.identity) for x in replicas]
         if all(states) if every else any(states):
             break
         if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
-            rl_swap.follow(built, r)
-            return built, []
+            rl_swap.follow(built, r, progress=progress)
+            return out
     all_in, any_in = bool(replicas) and all(states), any(states)
-    out: list = [None] * n
+    sent: list[Probe | None] = [None] * n
+    probe = rl_deployment.prompt("probe", 3).body
 
-    def one(i):
-        session = f"probe-{built.identity}-{i}"
+    def one(i: int) -> None:
+        session = rl_deployment.session(f"probe-{built.identity}-{i}")
         t = rl_deployment.mark(f"probe-{i}-sent")
         s = rl_deployment.complete(
-            {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True},
-            headers={"x-multi-turn-session-id": session, **(headers or {})},
+            {"prompt": probe, "max_tokens": 1, "stream": True}, headers={**session, **(headers or {})}
         )
-        v = s.versions[0] if s.chunks else None
-        out[i] = Probe(s.status, rl_deployment.mark(f"probe-{i}-answered") - t, v, session, all_in, any_in)
+        answered = rl_deployment.mark(f"probe-{i}-answered")
+        sent[i] = Probe(s.status, t, answered, s.versions[0] if s.chunks else None, session, all_in, any_in)
+        timeline.probes.append((t, answered, s.status))
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
     for th in threads:
         th.start()
+    result = rl_swap.follow(built, r, progress=progress)  # polls the status while the probes wait
     for th in threads:
         th.join(timeout=rl_deployment.swap_timeout + 60)
-    rl_swap.follow(built, r)
-    return built, [p for p in out if p is not None]
+    timeline.mark(rl_deployment.mark("served"), "served" if result.waited and result.waited.ok else "gave up")
+    out.probes = [p for p in sent if p is not None]
+    return out
 
 
-def expect_loaded(result, *, own: bool = False) -> None:
+def expect_loaded(result: SwapResult, *, own: bool = False) -> None:
     """The swap a test relies on was accepted and rolled out. A status the suite cannot read
     (HL-GET-1) or, unless the test is about rollouts (`own`), a rollout that stopped part-way
     (HL-GET-2) leaves the test inconclusive instead of failing it."""
     r, w = result.response, result.waited
     assert r.status_code == 200, f"the signal for {result.built.identity} got {r.status_code}: {r.text[:300]}"
+    assert w is not None
     if w.ok:
         return
     if "(HL-GET-1)" in (w.error or ""):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_rlrollout.contract.catalogue import Profile
 from pytest_rlrollout.remote.secret import Secret
 
 Mode = Literal["local", "live", "replay"]
@@ -52,11 +53,12 @@ class RLOptions:
     """What the user asked for, checked: the run's one source of configuration."""
 
     mode: Mode
-    deployment: str | None  # accounts/<a>/deployments/<d>; None for the local reference deployment
+    deployment: str | None  # accounts/<a>/deployments/<d>; None: the local reference deployment, or a plain server
     base_url: str | None
-    inference_url: str | None
+    inference_url: str | None  # as given
     model: str | None
     api_key: Secret | None = None
+    profile: Profile | None = "fireworks"  # None: decided by the preflight (--rl-profile=auto)
     allow_hot_load: bool = False
     bucket_url: str | None = None
     base_snapshot: Path | None = None
@@ -90,6 +92,9 @@ def add_options(parser: pytest.Parser) -> None:
     add = group.addoption
     add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d> (default: start the bundled "
         "reference deployment)")  # fmt: skip
+    add("--rl-profile", choices=["auto", "fireworks", "openai"],
+        help="what kind of deployment: a Fireworks hot-load deployment, a plain OpenAI-compatible server, or "
+             "auto (the default: decided from what answers, and said)")  # fmt: skip
     add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
     add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
     add("--rl-model", metavar="NAME", help="the model the deployment serves (fireworks-model)")
@@ -154,13 +159,16 @@ def read_options(config: pytest.Config) -> RLOptions:
     deployment = get("rl_deployment") or config.getini("rl_deployment") or None
     if replay:
         return _replay_options(config, replay, common)
-    if deployment in (None, "local"):
+    if deployment == "local" or not (deployment or get("rl_base_url")):
+        if get("rl_profile") == "openai":
+            _usage("--rl-profile=openai: also pass --rl-base-url (the server) and --rl-model (what it serves)")
         return _local_options(config, common)
     return _live_options(config, deployment, common)
 
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
-    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_bucket_url", "rl_local_fault")
+    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_bucket_url", "rl_local_fault",
+                   "rl_profile")  # fmt: skip
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -171,37 +179,44 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     common["transition"] = common["transition"] or meta.get("transition")
     return RLOptions(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
-                     timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+                     profile=meta.get("profile", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
-    stray = _given(config, "rl_base_url", "rl_inference_url", "rl_model", "rl_bucket_url", "rl_api_key")
+    stray = _given(config, "rl_inference_url", "rl_model", "rl_bucket_url", "rl_api_key")
     if stray:
         _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
     faults = frozenset(config.getoption("rl_local_fault"))
     if faults:
-        from pytest_rlrollout.reference.faults import FAULTS
+        from pytest_rlrollout.reference.faults import check_faults
 
-        unknown = sorted(faults - set(FAULTS))
-        if unknown:
-            _usage(f"--rl-local-fault: unknown fault switch(es) {unknown}; docs/contract.md lists each clause's")
+        try:
+            check_faults(faults)
+        except ValueError as e:
+            _usage(f"--rl-local-fault: {e}")
     common["transition"] = common["transition"] or "ASYNC"
     return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
                      allow_hot_load=True, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
-def _live_options(config: pytest.Config, deployment: str, common: dict[str, Any]) -> RLOptions:
+def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:
     get = config.getoption
-    parts = deployment.split("/")
-    if len(parts) != 4 or parts[0] != "accounts" or parts[2] != "deployments" or not all(parts):
+    profile: Profile | None = None if get("rl_profile") in (None, "auto") else get("rl_profile")
+    if deployment is not None and not _is_deployment_name(deployment):
         _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
+    if profile == "fireworks" and deployment is None:
+        _usage("--rl-profile=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
     if get("rl_local_fault"):
-        _usage(f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment}")
+        _usage(
+            f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment or get('rl_base_url')}"
+        )
     model = get("rl_model") or config.getini("rl_model") or None
     if not model:
-        _usage(f"--rl-deployment {deployment}: also pass --rl-model (the model it serves)")
+        _usage(
+            f"{_flag('rl_deployment') if deployment else _flag('rl_base_url')}: also pass --rl-model (the model it serves)"
+        )
     key = get("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
-    if not key:
+    if not key and (profile == "fireworks" or (profile is None and deployment is not None)):
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
     bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
     if allow and not bucket_url:
@@ -217,9 +232,14 @@ def _live_options(config: pytest.Config, deployment: str, common: dict[str, Any]
         except ValueError as e:
             _usage(f"--rl-bucket-url: {e}")
     base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
-    return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key),
-                     inference_url=(get("rl_inference_url") or base_url + "/inference").rstrip("/"),
-                     allow_hot_load=allow, bucket_url=bucket_url, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
+    return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
+                     inference_url=get("rl_inference_url"), allow_hot_load=allow, bucket_url=bucket_url,
+                     profile=profile, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
+
+
+def _is_deployment_name(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 4 and parts[0] == "accounts" and parts[2] == "deployments" and all(parts)
 
 
 def _given(config: pytest.Config, *names: str) -> list[str]:

@@ -7,12 +7,18 @@ exporter gate. This module and those stay cheap to import: heavy imports wait fo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
 from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, add_options, options, read_options
 from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE
+from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
+
+EXCHANGES = 4  # the last exchanges of a failed test shown as its evidence
+ASSERTION = 2000  # characters of a failure's message kept as evidence
 
 pytest_plugins = [
     "pytest_rlrollout.suite.deployment",
@@ -37,6 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     if not hasattr(config, "workerinput"):
+        if options(config).mode == "live":
+            config.stash[DISCOVERED] = _preflight(config)  # once, before any test, on the controller
         from pytest_rlrollout.suite.reporting import Reporting
 
         config.pluginmanager.register(Reporting(config), "rlrollout-reporting")
@@ -44,9 +52,45 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [str(CONFORMANCE / "test_snap.py")]
 
 
+def _preflight(config: pytest.Config) -> Any:
+    """Reach the live deployment with the run's names and key, decide its profile and discover
+    what it offers; a run that could only misjudge it ends here with what to fix."""
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.discovery import PreflightError, discover, preflight
+
+    o = options(config)
+    assert o.base_url and o.model and o.api_key is not None
+    target = Target(o.deployment, o.base_url, o.model, o.api_key, inference_url=o.inference_url or "",
+                    profile=o.profile or ("fireworks" if o.deployment else "openai"))  # fmt: skip
+    with DeploymentClient(target, timeout=o.timeouts.request) as client:
+        try:
+            profile = preflight(client, o.profile)
+        except PreflightError as e:
+            raise pytest.UsageError(f"preflight: {e}") from None
+        decided = f"--rl-profile={profile}" if o.profile else (
+            "auto: " + ("a Fireworks API answers" if profile == "fireworks" else "no hot-load API answers"))  # fmt: skip
+        return discover(client, profile, transition=o.transition, decided=decided)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: workers judge the deployment the controller's preflight discovered."""
+    found = node.config.stash.get(DISCOVERED, None)
+    if found is not None:
+        node.workerinput[WORKER_DISCOVERY] = json.dumps(found.as_dict())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Clause marks checked and carried on every report. Against a live or recorded deployment,
+    the SNAP tests' checks of the suite's own bundled snapshots are left out: they would be
+    reported as verdicts on a deployment they never asked."""
     from pytest_rlrollout.contract import catalogue
 
+    if options(config).mode != "local" and options(config).snapshot is None:
+        own = [i for i in items if "rl_snapshot_under_test" in getattr(i, "fixturenames", ())]
+        if own:
+            config.hook.pytest_deselected(items=own)
+            items[:] = [i for i in items if i not in own]
     cat = catalogue()
     for item in items:
         for mark in item.iter_markers("rl_clause"):
@@ -57,24 +101,83 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.extend(("rl_clause", c) for c in mark.args)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """xdist: a worker sends what it discovered to the controller's report."""
+    config = session.config
+    found = config.stash.get(DISCOVERED, None)
+    if found is not None and hasattr(config, "workeroutput"):
+        config.workeroutput[WORKER_DISCOVERY] = json.dumps(found.as_dict())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """A capability the deployment's profile requires is missing: the test fails, naming it."""
+    missing = item.stash.get(MISSING, None)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    """--rl-level=must: a failure of SHOULD clauses only is reported (the clause's outcome stays
-    `fail` in the report) but does not fail the run: pytest shows it as xfailed."""
+    """On a clause test's report: its evidence (what it observed, the exchanges, a timeline).
+    A pass that observed nothing is `inconclusive`. --rl-level=must: a failure of SHOULD clauses
+    only is reported (the clause's outcome stays `fail`) but does not fail the run (xfailed)."""
     report = yield
-    if report.when != "call" or not report.failed or options(item.config).level != "must":
-        return report
-    from pytest_rlrollout.contract import catalogue
-
     clauses = [v for k, v in item.user_properties if k == "rl_clause"]
-    if clauses and all(catalogue()[c].level == "SHOULD" for c in clauses):
+    if report.when != "call" or not clauses:
+        return report
+    dep = item.funcargs.get("rl_deployment") if hasattr(item, "funcargs") else None
+    exchanges = telling(list(dep.client.exchanges), EXCHANGES) if dep is not None and report.failed else []
+    attach(report, item, exchanges, _assertion(call) if report.failed else "")
+    if report.passed and not observed(item).anything:
         report.outcome = "skipped"
-        report.wasxfail = f"{SHOULD_FAILURE} {', '.join(clauses)} (a SHOULD clause; --rl-level=must)"
+        report.longrepr = (
+            str(item.path),
+            item.location[1] or 0,
+            "Skipped: inconclusive: the test observed nothing to judge",
+        )
+    if report.failed and options(item.config).level == "must":
+        from pytest_rlrollout.contract import catalogue
+
+        if all(catalogue()[c].level == "SHOULD" for c in clauses):
+            report.outcome = "skipped"
+            report.wasxfail = f"{SHOULD_FAILURE} {', '.join(clauses)} (a SHOULD clause; --rl-level=must)"
     return report
+
+
+def _assertion(call: pytest.CallInfo) -> str:
+    """What a failed test said: the assertion's message with pytest's explanation, or the
+    exception's one line."""
+    if call.excinfo is None:
+        return ""
+    e = call.excinfo.value
+    text = (str(e) if isinstance(e, AssertionError | pytest.fail.Exception) else call.excinfo.exconly()).strip()
+    if not text.startswith("assert "):  # the test's own message says it; pytest's explanation repeats it
+        text = text.split("\nassert ", 1)[0]
+    return text[:ASSERTION]
+
+
+@pytest.fixture
+def rl_observe(request: pytest.FixtureRequest) -> Observed:
+    """`rl_observe(n, what)` records that the test judged `n` of `what`; a clause test passes
+    only on something observed (otherwise it is `inconclusive`). `rl_observe.timeline` holds a
+    swap test's timeline for the report's picture."""
+    return observed(request.node)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     o = options(config)
     if o.snapshot is not None:
         return [f"rlrollout: snapshot {o.snapshot} (base: {o.base_snapshot or 'none'})"]
-    return [f"rlrollout: {o.mode} deployment {o.deployment or 'reference'}"] if o.mode != "local" else []
+    if o.mode == "local":
+        return []
+    lines = [f"rlrollout: {o.mode} deployment {o.deployment or o.base_url}"]
+    found = config.stash.get(DISCOVERED, None)
+    if found is None and o.replay_meta and "discovery" in o.replay_meta:
+        from pytest_rlrollout.remote.discovery import Discovery
+
+        found = Discovery.from_dict(o.replay_meta["discovery"])
+    if found is not None:
+        lines.append(f"rlrollout: profile {found.profile} ({found.decided}); capabilities:")
+        lines += [f"  {name:18} {has:3}  {seen}" for name, has, seen in found.table()]
+    return lines

@@ -15,20 +15,38 @@ import pytest
 from pytest_rlrollout.contract import SEVERITY
 from pytest_rlrollout.suite.deployment import run_dir
 from pytest_rlrollout.suite.options import RLOptions, options
-from pytest_rlrollout.suite.report import Collector, document, rollup, write
+from pytest_rlrollout.suite.report import Collector, document, paths, rollup, write
+from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
+from pytest_rlrollout.suite.swaps import served_by
 
 
 class Reporting:
     def __init__(self, config: pytest.Config):
         self.config, self.collector, self.started = config, Collector(), time.monotonic()
+        self.discovery: dict[str, Any] | None = None  # what an xdist worker discovered
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.collector.record(report)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        found = (getattr(node, "workeroutput", None) or {}).get(WORKER_DISCOVERY)
+        if found and self.discovery is None:
+            self.discovery = json.loads(found)
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = options(self.config).report
         if path and self.collector.by_test:
-            write(path, document(self.collector.clauses(), provenance(self.config)))
+            write(path, document(self.collector.clauses(), provenance(self.config), self._discovery()))
+
+    def _discovery(self) -> dict[str, Any] | None:
+        """The profile and capabilities the run judged: found in this process, by a worker, or
+        in the recording being replayed."""
+        found = self.config.stash.get(DISCOVERED, None)
+        if found is not None:
+            return found.as_dict()
+        meta = options(self.config).replay_meta or {}
+        return self.discovery or meta.get("discovery")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.collector.by_test:
@@ -42,7 +60,7 @@ class Reporting:
         terminalreporter.write_line(f"wall time {time.monotonic() - self.started:.1f} s")
         report = options(self.config).report
         if report:
-            terminalreporter.write_line(f"report: {report} (+ .md)")
+            terminalreporter.write_line("report: " + ", ".join(map(str, paths(report))))
 
 
 def provenance(config: pytest.Config) -> dict[str, Any]:
@@ -103,14 +121,18 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     start = json.loads((folder / "start.json").read_text())["replicas"]
     ends = sorted(folder.glob("end-*.json"), key=lambda p: json.loads(p.read_text())["at"])
     end = json.loads(ends[-1].read_text())["replicas"] if ends else start
-    removed = sorted({i for p in folder.glob("removed-*.json") for i in json.loads(p.read_text())})
+    cleaned = [json.loads(p.read_text()) for p in folder.glob("removed-*.json")]
+    removed = sorted({i for c in cleaned for i in c["removed"]})
+    kept = sorted({i for c in cleaned for i in c["kept"]})
     before = sorted({str(r.get("current_snapshot_identity")) for r in start})
     after = sorted({str(r.get("current_snapshot_identity")) for r in end})
-    out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed}
+    adapters = sorted({i for r in end for i in served_by(r)} - {i for r in start for i in served_by(r)} - set(after))
+    out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed,
+                           "uploaded_and_kept": kept, "adapters_left_loaded": adapters}  # fmt: skip
     if before != after:
         out["restore"] = (
-            f"the run left {after} serving; to serve {before} again, upload it under a new identity "
-            f"(identities cannot be reused) and signal it as a full snapshot, "
+            f"the run left {after} serving (kept in the bucket); to serve {before} again, upload it under a new "
+            f"identity (identities cannot be reused) and signal it as a full snapshot, "
             f'e.g. POST /hot_load/v1/models/hot_load {{"identity": "<new identity>"}}'
         )
     return out

@@ -37,7 +37,7 @@ class RLSession:
         import openai
 
         t = self.deployment.target
-        return openai.OpenAI(base_url=t.inference_url.rstrip("/") + "/v1", api_key=t.api_key.reveal(),
+        return openai.OpenAI(base_url=t.inference_base + "/v1", api_key=t.api_key.reveal(),
                              default_headers=self.headers)  # fmt: skip
 
     def http(self) -> httpx.Client:
@@ -45,7 +45,7 @@ class RLSession:
         import httpx
 
         t = self.deployment.target
-        return httpx.Client(base_url=t.inference_url, headers=self.deployment.auth_headers() | self.headers,
+        return httpx.Client(base_url=t.inference_base, headers=self.deployment.auth_headers() | self.headers,
                             timeout=self.deployment.timeouts.request)  # fmt: skip
 
 

@@ -254,12 +254,17 @@ class SnapshotFactory:
         self.record.needs_full = True
         self.record.save()
 
-    def cleanup(self) -> list[str]:
-        """Remove every snapshot this run uploaded; returns their identities."""
-        removed = []
-        for identity in self.uploaded:
-            self.bucket.remove(identity)
-            removed.append(identity)
+    def cleanup(self, keep: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+        """Remove every snapshot this run uploaded but those in `keep` (what the deployment
+        still serves: a deployment may read its snapshot again, and the report names it).
+        Returns (removed, kept) identities."""
+        removed, kept = [], []
+        for identity in dict.fromkeys(self.uploaded):
+            if identity in keep:
+                kept.append(identity)
+            else:
+                self.bucket.remove(identity)
+                removed.append(identity)
         self.uploaded = []
         shutil.rmtree(self.workdir, ignore_errors=True)
-        return removed
+        return removed, kept

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,13 +56,15 @@ class Swapper:
         """Only the POST: tests that act between the signal and the rollout call `follow` after."""
         return self.deployment.hot_load({**built.signal, **signal})
 
-    def follow(self, built: Built, response: httpx.Response) -> SwapResult:
-        """Wait until the signalled snapshot is served everywhere or fails, and leave the
-        deployment at rest either way."""
+    def follow(
+        self, built: Built, response: httpx.Response, progress: Callable[[list[dict[str, Any]]], None] | None = None
+    ) -> SwapResult:
+        """Wait until the signalled snapshot is served everywhere or fails (`progress` sees
+        every status poll), and leave the deployment at rest either way."""
         if response.status_code != 200:
             self.deployment.settle()
             return SwapResult(built, response, None)
-        waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora")
+        waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora", progress=progress)
         if waited.ok and built.kind == "full":
             self.factory.loaded_full()
         if not waited.ok:
@@ -73,32 +75,38 @@ class Swapper:
 @pytest.fixture(scope="session")
 def _rl_snapshots(
     request: pytest.FixtureRequest, rl_deployment: RLDeployment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SnapshotFactory]:
-    """The run's snapshot factory; removes what it uploaded at the end of the session."""
+) -> Iterator[SnapshotFactory | None]:
+    """The run's snapshot factory (None without a bucket and a base: `rl_snapshot_factory`
+    says so, after the test's own requirements); removes what it uploaded at the end."""
     from pytest_rlrollout.suite.snapshots import SnapshotFactory
 
-    missing = [o for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot",
-                              rl_deployment.base_snapshot)) if v is None]  # fmt: skip
-    if missing:
-        inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
-    assert rl_deployment.bucket is not None and rl_deployment.base_snapshot is not None
+    if rl_deployment.bucket is None or rl_deployment.base_snapshot is None:
+        yield None
+        return
     config = request.config
     record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
     made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
                            run_id(config), record, model=rl_deployment.target.model)  # fmt: skip
     yield made
-    removed = made.cleanup()
+    served = {i for r in rl_deployment.replicas() for i in served_by(r)}
+    removed, kept = made.cleanup(keep=served)
     if rl_deployment.mode == "live":
         path = run_dir(config) / "rl-state" / f"removed-{os.getpid()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(removed))
+        path.write_text(json.dumps({"removed": removed, "kept": kept}))
+
+
+def served_by(replica: dict[str, Any]) -> set[str]:
+    """The snapshot and the loaded adapters of one replica in a status."""
+    adapters = {a.get("identity") for a in replica.get("loaded_adapters") or [] if isinstance(a, dict)}
+    return {i for i in {replica.get("current_snapshot_identity"), *adapters} if isinstance(i, str)}
 
 
 @pytest.fixture
 def rl_snapshot_factory(
     request: pytest.FixtureRequest,
     rl_deployment: RLDeployment,
-    _rl_snapshots: SnapshotFactory,
+    _rl_snapshots: SnapshotFactory | None,
     _rl_cassette: Cassette | None,
 ) -> SnapshotFactory:
     """Builds and uploads the snapshots swap tests signal: `step(serving)`, `sentinel(parent,
@@ -106,6 +114,10 @@ def rl_snapshot_factory(
     replay builds the same bytes. Everything uploaded is removed at the end of the session."""
     from pytest_rlrollout.remote.cassette import portable_id
 
+    if _rl_snapshots is None:
+        missing = [o for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot",
+                                  rl_deployment.base_snapshot)) if v is None]  # fmt: skip
+        inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
     factory = _rl_snapshots
     factory.for_test(portable_id(request.node.nodeid))
     if _rl_cassette is not None:  # what the factory knew travels with the test's cassette

@@ -57,7 +57,7 @@ def test_every_snap_clause_has_exactly_one_conformance_test():
                 for arg in dec.args:
                     tagged.setdefault(arg.value, []).append(fn.name)
                 # the body asks for the clause it is tagged with
-                assert f"expect({dec.args[0].value!r})" in ast.unparse(fn), fn.name
+                assert f"expect({dec.args[0].value!r}, rl_observe)" in ast.unparse(fn), fn.name
     snap = {c.id for c in catalogue().area("SNAP")}
     assert set(tagged) == snap
     assert all(len(v) == 1 for v in tagged.values()), tagged

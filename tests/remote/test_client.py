@@ -1,5 +1,7 @@
 """The deployment client against the reference deployment."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,39 @@ def test_target_names_must_be_deployments(name):
 
 def test_target_defaults():
     t = Target("accounts/a/deployments/d", "https://api.example/", "accounts/a/models/m", "k")
-    assert t.inference_url == "https://api.example/inference" and t.account == "a" and t.deployment_id == "d"
+    assert t.inference_base == "https://api.example/inference" and t.account == "a" and t.deployment_id == "d"
+    assert t.body_model == "accounts/a/deployments/d" and t.name == "accounts/a/deployments/d"
+    plain = Target(None, "http://127.0.0.1:8000/", "tiny", "", profile="openai")
+    assert plain.inference_base == "http://127.0.0.1:8000" and plain.body_model == "tiny"
+    assert plain.name == "tiny at http://127.0.0.1:8000/"
+    given = Target(None, "http://x", "m", "", inference_url="http://y/api/", profile="openai")
+    assert given.inference_base == "http://y/api"
+
+
+def test_exchanges_are_kept_without_the_key(dep):
+    with client_for(dep) as c:
+        c.complete({"prompt": [1, 2], "max_tokens": 1, "user": dep.api_key})
+        c.status()
+    sent, polled = c.exchanges
+    assert sent.method == "POST" and sent.path == "/inference/v1/completions" and sent.status == 200
+    assert dep.api_key not in sent.request and "<key>" in sent.request and '"choices"' in sent.response
+    assert polled.text().startswith("GET /hot_load/v1/models/hot_load -> 200")
+
+
+def test_a_usage_only_chunk_and_junk_are_parsed_without_raising():
+    import httpx
+
+    events = [{"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "model": "m@x"},
+              {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}]  # fmt: skip
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [1, 2]\n\ndata: [DONE]"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+    with DeploymentClient(Target(None, "http://x", "m", "", profile="openai"), transport=transport) as c:
+        s = c.complete({"prompt": "hi", "stream": True})
+    assert s.finish_reason == "stop" and s.usage["total_tokens"] == 3 and s.choices()[0]["text"] == "a"
+    assert s.problems == ["event 3 is not a JSON object: '[1, 2]'"]
+    assert s.unterminated and not s.done  # the [DONE] lacked its blank line
+    with pytest.raises(AssertionError, match="not a JSON object"):
+        s.expect_ok()
 
 
 def test_hot_load_and_wait_with_progress(dep, bucket):
@@ -78,13 +112,6 @@ def test_non_streaming_and_errors(dep):
     assert ok.status == 200 and ok.versions == [BASE] and ok.usage["completion_tokens"] == 2
     assert bad.status == 400 and bad.chunks == []
     assert chat.status == 200 and chat.final["object"] == "chat.completion"
-
-
-def test_capabilities_of_the_reference_deployment(dep):
-    with client_for(dep) as c:
-        caps = c.capabilities()
-    assert caps == {"moe": True, "nonstream_version": True, "replicas": 2, "lora": True, "ledger": True,
-                    "backend_host": True}  # fmt: skip
 
 
 def test_routing_matrix_decoding():

@@ -35,9 +35,33 @@ def test_without_allow_hot_load_nothing_changes_state(pytester, tmp_path):
         changes = [(m, p) for m, p in dep.deployment.requests if (m, p) != ("GET", p) and "/inference/" not in p]
         assert changes == [], f"a read-only run sent {changes}"
         assert dep.deployment.ledger == []
-    got = outcomes(pytester.path / "r.json")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    got = {k: v["outcome"] for k, v in doc["clauses"].items()}
     assert got["HL-POST-1"] == "inconclusive" and got["HL-GET-1"] == "pass", got
     assert set(got.values()) <= JUDGED | {"inconclusive"}, got
+    # read-only is the reason, though the bucket and the base were given
+    assert (
+        doc["clauses"]["HL-POST-1"]["evidence"]
+        == "read-only: pass --rl-allow-hot-load to let this test hot-load snapshots"
+    )
+
+
+def test_a_missing_option_is_inconclusive_naming_it(pytester, tmp_path):
+    """Without the served config (--rl-base-snapshot) the suite cannot know L, k and E: the R3
+    clauses that need them are inconclusive and say which option to pass; a missing option is
+    never a property of the deployment (not-applicable)."""
+    with reference_deployment(tmp_path / "bucket") as dep:
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE / "test_r3.py"), "-p", "no:randomly", f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}",
+            "--rl-report=r.json",
+        )  # fmt: skip
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+    clauses = json.loads((pytester.path / "r.json").read_text())["clauses"]
+    for cid in ("R3-SHAPE-1", "R3-RANGE-1", "R3-CACHE-1"):
+        assert clauses[cid]["outcome"] == "inconclusive" and "--rl-base-snapshot" in clauses[cid]["evidence"], cid
+    assert clauses["R3-COMP-1"]["outcome"] == clauses["R3-STREAM-1"]["outcome"] == "pass"
+    assert "not-applicable" not in {c["outcome"] for c in clauses.values()}
 
 
 def serve(bucket: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -51,27 +75,40 @@ def serve(bucket: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"serve stopped: {printed}")
 
 
-def test_suite_against_rlrollout_serve_in_another_process(pytester, tmp_path):
+def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path):
+    """Two runs in a row against one deployment in another process: both green (each run's
+    prompts, sessions and identities are its own), nothing left loaded, and each report names
+    the snapshot it left serving, which is still in the bucket."""
     bucket = tmp_path / "bucket"
     proc, printed = serve(bucket)
+    reports = []
     try:
         command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
-        result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", *command, "--rl-report=r.json")
-        assert result.ret == 0, "\n".join(result.outlines[-30:])
+        for run in ("first", "second"):
+            result = pytester.runpytest_inprocess(
+                str(CONFORMANCE), "-p", "no:randomly", *command, f"--rl-report={run}.json"
+            )
+            assert result.ret == 0, "\n".join(result.outlines[-30:])
+            reports.append(json.loads((pytester.path / f"{run}.json").read_text()))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    report = pytester.path / "r.json"
-    got = outcomes(report)
-    assert set(got.values()) <= JUDGED, {k: v for k, v in got.items() if v not in JUDGED}
-    tested = {c.id for c in catalogue() if c.area != "NUM"}
-    assert tested <= set(got), sorted(tested - set(got))
-    # the run cleaned up after itself and says what it left serving
-    assert [p.name for p in bucket.iterdir()] == [tiny_moe.BASE_IDENTITY]
-    provenance = json.loads(report.read_text())["provenance"]
-    assert provenance["mode"] == "live" and provenance["uploaded_and_removed"]
-    assert provenance["served_at_start"] == [tiny_moe.BASE_IDENTITY]
-    assert "restore" in provenance and tiny_moe.BASE_IDENTITY in provenance["restore"]
+    # the suite's checks of its own bundled snapshots say nothing about a deployment: left out
+    tested = {c.id for c in catalogue() if c.area != "NUM" and not (c.area == "SNAP" and c.level != "MUST")}
+    kept = []
+    for doc in reports:
+        got = {k: v["outcome"] for k, v in doc["clauses"].items()}
+        assert set(got.values()) <= JUDGED, {k: v for k, v in got.items() if v not in JUDGED}
+        assert set(got) == tested, sorted(set(got) ^ tested)
+        provenance = doc["provenance"]
+        assert provenance["mode"] == "live" and provenance["uploaded_and_removed"]
+        assert provenance["adapters_left_loaded"] == []
+        assert provenance["uploaded_and_kept"] == provenance["served_at_end"], provenance
+        assert "restore" in provenance and provenance["served_at_end"][0] in provenance["restore"]
+        kept += provenance["uploaded_and_kept"]
+    assert reports[0]["provenance"]["served_at_start"] == [tiny_moe.BASE_IDENTITY]
+    assert reports[1]["provenance"]["served_at_start"] == reports[0]["provenance"]["served_at_end"]
+    assert sorted(p.name for p in bucket.iterdir()) == sorted([tiny_moe.BASE_IDENTITY, *kept])
 
 
 def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):

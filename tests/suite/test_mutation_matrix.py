@@ -17,7 +17,7 @@ import pytest
 import pytest_rlrollout.reference.app
 import pytest_rlrollout.suite.snapshots  # noqa: F401
 from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.reference.faults import FAULTS
+from pytest_rlrollout.reference.faults import FAULTS, clause_of
 from pytest_rlrollout.snapshot import broken
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -32,12 +32,22 @@ COLLATERAL = {
     "CACHE-MATRIX-NS-NEW": {"CACHE-NOSESSION-1"},
     # cutting every in-flight stream at a swap cuts it under every reset_prompt_cache value too
     "SWAP-ASYNC-1": {"SWAP-KV-1"},
+    # requests admitted after a swap are served by the old weights: a stream among them keeps
+    # the old identity after the next swap
+    "SWAP-NEW-1": {"SWAP-ASYNC-2"},
+    # a chunk naming a snapshot unloaded before it was generated breaks both clauses
+    "SWAP-ASYNC-2": {"VER-STREAM-1"},
+    "SWAP-ASYNC-2:stale": {"VER-STREAM-1"},
     # serving unvalidated snapshots serves the violating variant of every SNAP rule, config
     # mismatches and incremental snapshots after a ledger reset included, and refuses none at POST
     "HL-POST-5": SNAP_MUST | {"HL-CONFIG-1", "HL-LEDGER-1", "HL-POST-5a"},
     # validation after the 200 serves nothing broken, but refuses nothing at POST time either
     "HL-POST-5a": SNAP_MUST | {"SNAP-ID-1"},
 }
+# Faults the issue requires to fail more than their own clause.
+ALSO_FAILS = {"SWAP-ASYNC-2:stale": {"VER-STREAM-1"}}
+# Modules beyond the area's that a fault's row runs (to see ALSO_FAILS).
+MORE_MODULES = {"SWAP-ASYNC-2:stale": ["test_version.py"]}
 JUDGED = {"pass", "not-applicable"}
 
 
@@ -49,12 +59,17 @@ def _shared_reference_cases(reference, monkeypatch):
     monkeypatch.setattr(cases, "ReferenceCases", lambda root: reference)
 
 
-def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
-    """The installed suite, in this process; clause → outcome from its report."""
+def run_suite_report(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str], dict]:
+    """The installed suite, in this process: clause → outcome, and the whole report."""
     result = pytester.runpytest_inprocess(*args, "-p", "no:randomly", "-p", "no:cacheprovider", "--rl-report=r.json")
     report = pytester.path / "r.json"
     assert report.is_file(), "\n".join(result.outlines[-30:])
-    return {k: v["outcome"] for k, v in json.loads(report.read_text())["clauses"].items()}
+    doc = json.loads(report.read_text())
+    return {k: v["outcome"] for k, v in doc["clauses"].items()}, doc
+
+
+def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
+    return run_suite_report(pytester, *args)[0]
 
 
 @pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
@@ -65,23 +80,59 @@ def test_no_fault_every_clause_passes(pytester, transition):
 
 
 def test_every_switch_and_variant_is_in_the_matrix():
-    assert set(FAULTS) <= {c.id for c in catalogue()}  # switches name real clauses
+    assert {clause_of(f) for f in FAULTS} <= {c.id for c in catalogue()}  # switches name real clauses
     assert set(broken.BREAKERS) == {c.id for c in catalogue().area("SNAP")}
-    assert {c.id for c in catalogue() if c.area not in ("NUM", "SNAP")} <= set(FAULTS), "a clause without a switch"
+    switched = {clause_of(f) for f in FAULTS}
+    assert {c.id for c in catalogue() if c.area not in ("NUM", "SNAP")} <= switched, "a clause without a switch"
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_switch_fails_its_clause(pytester, fault):
-    area = fault.split("-")[0]
-    args = [str(CONFORMANCE / AREA_MODULE[area]), f"--rl-local-fault={fault}"]
-    if fault.startswith("SWAP-SYNC"):
+    clause = clause_of(fault)
+    area = clause.split("-")[0]
+    modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
+    args = [*(str(CONFORMANCE / m) for m in modules), f"--rl-local-fault={fault}"]
+    if clause.startswith("SWAP-SYNC"):
         args.append("--rl-transition=SYNC")
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
-        args += ["-k", f"{fault} or nested"]
-    got = run_suite(pytester, *args)
-    write_row(fault, "fault switch", got, fault)
-    assert got.get(fault) == "fail", got
-    others = {k for k, v in got.items() if v == "fail"} - {fault}
+        args += ["-k", f"{clause} or nested"]
+    got, doc = run_suite_report(pytester, *args)
+    write_row(fault, "fault switch", got, clause)
+    assert got.get(clause) == "fail", got
+    for also in ALSO_FAILS.get(fault, set()):
+        assert got.get(also) == "fail", f"{fault} must also fail {also}: {got}"
+    others = {k for k, v in got.items() if v == "fail"} - {clause}
     # a SNAP rule not enforced at hot-load time serves that rule's violating variant (HL-POST-5)
     allowed = COLLATERAL.get(fault, {"HL-POST-5"} if area == "SNAP" else set())
     assert others <= allowed, f"{fault} also fails {sorted(others)}"
+    # a failure shows its case: the assertion's message and the exchange behind it
+    for test in (t for t in doc["clauses"][clause]["tests"] if t["outcome"] == "fail"):
+        assert test["reason"].strip(), f"{test['test']}: no assertion message in the report"
+        assert any("answer: " in e and len(e.split("answer: ", 1)[1]) > 0 for e in test["exchanges"]), (
+            f"{test['test']}: no response excerpt in the report's evidence: {test['exchanges']}"
+        )
+
+
+def test_a_usage_only_final_chunk_is_legal(pytester):
+    """OpenAI streams may carry the usage on a chunk of its own with no choice after the
+    finish_reason: every clause is judged as without it."""
+    got = run_suite(pytester, str(CONFORMANCE), "--rl-local-fault=usage-only-chunk")
+    assert {k: v for k, v in got.items() if v not in JUDGED} == {}
+
+
+# What answers with nothing in them can still show: the hot-load API, snapshot rules, which
+# replica answered, policy versions, SSE framing, refusals, and requests queued or refused.
+WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS", "VER")} | {
+    "SWAP-ASYNC-3", "SWAP-ASYNC-4", "SWAP-SYNC-2", "SWAP-NEW-1", "INF-SSE-1", "INF-ERR-1"}  # fmt: skip
+
+
+def test_empty_answers_pass_no_clause_about_their_content(pytester):
+    """Every answer 200 and empty (no text, logprobs, routing, usage, cached tokens): no clause
+    about what answers carry passes, and every pass names what it observed."""
+    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-local-fault=empty-content")
+    passed = {k for k, v in got.items() if v == "pass"}
+    assert passed - WITHOUT_CONTENT == set(), f"passed on empty answers: {sorted(passed - WITHOUT_CONTENT)}"
+    assert {"INF-LOGPROBS-1", "INF-USAGE-1", "R3-STREAM-1", "CACHE-HIT-1"} <= {k for k, v in got.items() if v == "fail"}
+    for cid in passed:
+        for test in doc["clauses"][cid]["tests"]:
+            assert test["outcome"] != "pass" or test["observed"], f"{test['test']} passed on no observation"

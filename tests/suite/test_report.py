@@ -1,4 +1,5 @@
-"""Clause outcomes end up in the report: the lattice, roll-ups, JSON and Markdown, xdist."""
+"""Clause outcomes end up in the report: the lattice, roll-ups, evidence, JSON, Markdown and
+HTML, xdist; a pass that observed nothing is inconclusive."""
 
 import json
 
@@ -9,7 +10,10 @@ from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupp
 clause = pytest.mark.rl_clause
 
 @clause("INF-SSE-1")
-def test_pass(): pass
+def test_pass(rl_observe): rl_observe(3, "events ended by a blank line")
+
+@clause("INF-RAW-1")
+def test_vacuous(rl_observe): rl_observe(0, "raw outputs")
 
 @clause("INF-USAGE-1")
 def test_fail(): assert 1 == 2, "usage.completion_tokens is 6, 5 tokens were returned"
@@ -33,7 +37,7 @@ def test_error(broken): pass
 def test_plain_skip(): pytest.skip("for no stated reason")
 
 @clause("VER-STREAM-1")
-def test_one(): pass
+def test_one(rl_observe): rl_observe(1, "chunk")
 
 @clause("VER-STREAM-1")
 def test_two(): assert False, "chunk 7 has no @identity"
@@ -42,7 +46,7 @@ def test_untagged(): pass
 """
 
 EXPECTED = {
-    "INF-SSE-1": "pass", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
+    "INF-SSE-1": "pass", "INF-RAW-1": "inconclusive", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
     "SWAP-ASYNC-3": "inconclusive", "SESS-1": "error", "CACHE-HIT-1": "inconclusive", "VER-STREAM-1": "fail",
 }  # fmt: skip
 
@@ -52,12 +56,20 @@ def test_report_outcomes(pytester):
     result = pytester.runpytest_inprocess("--rl-report=out/report.json")
     doc = json.loads((pytester.path / "out" / "report.json").read_text())
     assert {k: v["outcome"] for k, v in doc["clauses"].items()} == EXPECTED
-    assert "usage.completion_tokens is 6" in doc["clauses"]["INF-USAGE-1"]["tests"][0]["evidence"]
+    usage = doc["clauses"]["INF-USAGE-1"]
+    assert usage["evidence"].startswith("usage.completion_tokens is 6, 5 tokens were returned")
+    assert usage["rule"].startswith("usage.prompt_tokens, completion_tokens and total_tokens")
+    assert doc["clauses"]["INF-SSE-1"]["evidence"] == "observed: 3 events ended by a blank line"
+    assert doc["clauses"]["INF-RAW-1"]["evidence"] == "the test observed nothing to judge"
+    assert doc["clauses"]["R3-SHAPE-1"]["evidence"] == "a dense model has no routing"
     assert doc["summary"]["levels"]["MUST"]["fail"] == 2
     assert doc["provenance"]["deployment"] == "local" and doc["provenance"]["suite_version"]
     md = (pytester.path / "out" / "report.md").read_text()
     assert "| VER-STREAM-1 | MUST | fail |" in md and "chunk 7 has no @identity" in md
-    result.stdout.fnmatch_lines(["*rl-rollout clauses*", "MUST*pass 1*", "report: out/report.json (+ .md)"])
+    assert (pytester.path / "out" / "report.html").read_text().lower().startswith("<!doctype html>")
+    result.stdout.fnmatch_lines(
+        ["*rl-rollout clauses*", "MUST*pass 1*", "report: out/report.json, out/report.md, out/report.html"]
+    )
 
 
 def test_reports_from_xdist_workers_keep_their_clauses(pytester, request):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+import re
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC, Kind, SnapshotDir, UnsafePath
 
 SHOWN = 5  # names quoted per message before "and N more"
+EXAMPLES = 3  # findings of one cause that text() names before it only counts them
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Report:
         return [f for f in self.findings if f.clause == clause]
 
     def as_dict(self, level: Level = "SHOULD") -> dict[str, Any]:
+        """Every finding, one entry each (grouping is text()'s alone); `valid` is `ok(level)`."""
+        level = _level(level)
         return {
             "snapshot": self.snapshot,
             "kind": self.kind,
@@ -90,15 +94,99 @@ class Report:
             "clauses": {k: {"outcome": v.outcome, "reason": v.reason} for k, v in sorted(self.verdicts.items())},
         }
 
-    def text(self) -> str:
+    def text(self, level: Level = "SHOULD") -> str:
+        """The report for a terminal: findings of one cause beyond EXAMPLES are folded into one line,
+        and the verdict is the one `ok(level)` (the exit code) gives."""
+        level = _level(level)
         lines = [f"{self.snapshot}: {self.kind} snapshot, identity {self.identity!r}"]
-        lines += [f"  {f}" for f in self.findings]
+        shown = finding_lines(self.findings)
+        lines += [f"  {line}" for line in shown]
+        if len(shown) < len(self.findings):
+            lines.append("  (--format json lists every finding)")
         counts = Counter(v.outcome.value for v in self.verdicts.values())
-        must = len(self.failures("MUST"))
-        verdict = "valid" if not self.findings else ("INVALID" if must else "valid with SHOULD findings")
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        lines.append(f"{verdict}: {len(self.findings)} finding(s); clauses: {summary}")
+        lines.append(f"{self._verdict(level)}: {len(self.findings)} finding(s); clauses: {summary}")
         return "\n".join(lines)
+
+    def _verdict(self, level: Level) -> str:
+        if not self.findings:
+            return "valid"
+        if self.failures("MUST"):
+            return "INVALID"
+        if self.ok(level):
+            return "valid with SHOULD findings"
+        # only SHOULD (or MAY) findings, judged at a level that fails them: say so, or the
+        # text would read "valid" while the command exits 1
+        return f"INVALID at level {level} (valid with SHOULD findings at level MUST)"
+
+
+def _level(level: str) -> Level:
+    """Levels compare upper-case (failures() tests == "MUST"); "must" from an API caller means the same."""
+    up = level.upper()
+    if up not in ("MUST", "SHOULD", "MAY"):
+        raise ValueError(f"level {level!r}: not MUST, SHOULD or MAY")
+    return up  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- folding findings for text()
+
+# A file or tensor name: dotted or slashed, with a letter in its first part (so 5.2 stays a number).
+_NAME = re.compile(r"[\w\-]*[A-Za-z_][\w\-]*(?:[./][\w\-]+)+")
+_NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
+# a list of names or numbers, as names() and shapes print them: one placeholder however long
+_RUN = re.compile(r"<(name|n)>(?:,\s*<(?:name|n)>)*(?: and <n> more)?")
+
+
+def _template(text: str) -> str:
+    """`text` with its names and numbers replaced by placeholders: what findings of one cause share."""
+    return _RUN.sub(lambda m: f"<{m.group(1)}>", _NUMBER.sub("<n>", _NAME.sub("<name>", text)))
+
+
+def _cause(f: Finding) -> tuple[str, str, str | None, str]:
+    # the file takes part only as "some file or none": per-shard findings differ in it alone
+    return f.clause, f.level, None if f.file is None else _template(f.file), _template(f.message)
+
+
+def finding_lines(findings: Iterable[Finding]) -> list[str]:
+    """One line per finding, except that more than EXAMPLES findings of one cause (same clause,
+    level and message up to names and numbers) become one line with the count and EXAMPLES
+    examples, at the place of the first. Deterministic: the findings' own order decides."""
+    findings = list(findings)
+    causes: dict[tuple[str, str, str | None, str], list[Finding]] = defaultdict(list)
+    for f in findings:
+        causes[_cause(f)].append(f)
+    lines, folded = [], set()
+    for f in findings:
+        key = _cause(f)
+        group = causes[key]
+        if len(group) <= EXAMPLES:
+            lines.append(str(f))
+        elif key not in folded:
+            folded.add(key)
+            lines.append(_folded(group))
+    return lines
+
+
+def _folded(group: list[Finding]) -> str:
+    first = group[0]
+    files = {f.file for f in group}
+    where = "" if first.file is None else ("<file>: " if len(files) > 1 else f"{first.file}: ")
+    examples = ", ".join(_examples(group, by_file=len(files) > 1))
+    return f"{first.clause} [{first.level}] {len(group)} findings: {where}{_template(first.message)}; e.g. {examples}"
+
+
+def _examples(group: list[Finding], *, by_file: bool) -> list[str]:
+    """What tells the first EXAMPLES findings apart: their file, else the first name that varies
+    across the group, else (only numbers vary) the whole message."""
+    shown = group[:EXAMPLES]
+    if by_file:
+        return [str(f.file) for f in shown]
+    found = [_NAME.findall(f.message) for f in group]
+    width = max(map(len, found))
+    for i in range(width):
+        if len({names[i] if i < len(names) else None for names in found}) > 1:
+            return [names[i] if i < len(names) else f.message for f, names in zip(shown, found, strict=False)]
+    return [f.message for f in shown]
 
 
 # --------------------------------------------------------------------------- the registry

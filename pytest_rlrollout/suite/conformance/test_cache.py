@@ -1,32 +1,46 @@
-"""CACHE — the prompt cache: reporting, hits, isolation, equality, and the reset matrix across swaps."""
+"""CACHE — the prompt cache: reporting, hits, isolation, equality, and the reset matrix across swaps.
+
+Every prompt, session and isolation key is salted per run (`RLDeployment.salted`): a long-lived
+deployment's cache holds nothing of an earlier run's."""
 
 import pytest
 
-from pytest_rlrollout.suite.observe import unique_prompt
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 clause = pytest.mark.rl_clause
+requires = pytest.mark.rl_requires
+LONG = 80  # prompt tokens: several cache blocks on any deployment
 
 
 def ask(rl_deployment, prompt, headers=None, **body):  # max_tokens=2 unless given
-    payload = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "perf_metrics_in_response": True, **body}
-    return rl_deployment.complete(payload, headers=headers or {})
+    return rl_deployment.complete({"prompt": prompt, "max_tokens": 2, **body}, headers=headers or {}).expect_ok()
 
 
 def cached(stream) -> int:
-    return stream.cached_tokens()["usage"] or 0
+    return stream.cached or 0
 
 
 @clause("CACHE-RPT-1")
-def test_cached_tokens_reported_consistently(rl_deployment, request):
-    prompt = unique_prompt(request.node.name)
-    h = {"x-multi-turn-session-id": request.node.name}
-    for s in (ask(rl_deployment, prompt, h), ask(rl_deployment, prompt, h), ask(rl_deployment, prompt, h, stream=True)):
+@requires("cached_tokens")
+def test_cached_tokens_reported_consistently(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("cache-rpt", LONG)
+    h = rl_deployment.session("cache-rpt")
+    perf = {"perf_metrics_in_response": True} if rl_deployment.capabilities.has("perf_metrics") else {}
+    answers = [ask(rl_deployment, prompt.body, h, **perf), ask(rl_deployment, prompt.body, h, **perf),
+               ask(rl_deployment, prompt.body, h, stream=True, stream_options={"include_usage": True}, **perf)]  # fmt: skip
+    for i, s in enumerate(answers):
         channels = {k: v for k, v in s.cached_tokens().items() if v is not None}
-        assert channels, "no channel reports cached tokens"
-        assert len(set(channels.values())) == 1, f"channels disagree: {channels}"
-        cached, prompt_tokens = next(iter(channels.values())), s.usage["prompt_tokens"]
-        assert 0 <= cached <= prompt_tokens == len(prompt), (cached, prompt_tokens)
+        assert channels, f"answer {i} reports no cached tokens on any channel"
+        assert len(set(channels.values())) == 1, f"answer {i}: the channels disagree: {channels}"
+        n = next(iter(channels.values()))
+        prompt_tokens = (s.usage or {}).get("prompt_tokens")
+        assert isinstance(prompt_tokens, int), f"answer {i}: usage.prompt_tokens is {prompt_tokens!r}"
+        assert 0 <= n <= prompt_tokens, f"answer {i}: {n} cached of {prompt_tokens} prompt tokens"
+        if prompt.ids is not None:
+            assert prompt_tokens == len(prompt.ids), (
+                f"answer {i}: prompt_tokens {prompt_tokens} leaves out cached tokens ({len(prompt.ids)} were sent)"
+            )
+        rl_observe(1, f"answer reporting {n} cached of {prompt_tokens} on {', '.join(channels)}")
 
 
 def same_replica(first, second) -> None:
@@ -37,36 +51,51 @@ def same_replica(first, second) -> None:
 
 
 @clause("CACHE-HIT-1")
-def test_same_session_reuses_a_long_prefix(rl_deployment, request):
-    prompt = unique_prompt(request.node.name)
-    h = {"x-multi-turn-session-id": request.node.name}
+@requires("cached_tokens")
+def test_same_session_reuses_a_long_prefix(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("cache-hit", LONG).body
+    h = rl_deployment.session("cache-hit")
     first = ask(rl_deployment, prompt, h)
     second = ask(rl_deployment, prompt, h)
     if not cached(second) > 0:
         same_replica(first, second)
-    assert cached(second) > 0
+    assert cached(second) > 0, f"the repeat of a {LONG}-token prefix in one session reports {second.cached} cached"
+    rl_observe(cached(second), "prompt tokens of the repeat served from the cache")
 
 
 @clause("CACHE-ISO-1")
-def test_isolation_keys_never_share(rl_deployment, request):
-    prompt = unique_prompt(request.node.name)
-    h = {"x-multi-turn-session-id": request.node.name}
-    ask(rl_deployment, prompt, h | {"x-prompt-cache-isolation-key": "a"})
-    assert ask(rl_deployment, prompt, h | {"x-prompt-cache-isolation-key": "b"}).cached_tokens()["usage"] == 0
-    assert ask(rl_deployment, prompt, h, prompt_cache_isolation_key="c").cached_tokens()["usage"] == 0
+@requires("cached_tokens")
+def test_isolation_keys_never_share(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("cache-iso", LONG).body
+    key = rl_deployment.salted
+    h = rl_deployment.session("cache-iso")
+    ask(rl_deployment, prompt, h | {"x-prompt-cache-isolation-key": key("a")})
+    again = ask(rl_deployment, prompt, h | {"x-prompt-cache-isolation-key": key("a")})
+    if cached(again) == 0:
+        inconclusive("the prefix was not served from the cache even under its own key (see CACHE-HIT-1)")
+    other = ask(rl_deployment, prompt, h | {"x-prompt-cache-isolation-key": key("b")})
+    assert cached(other) == 0, f"a request with another isolation key reused {cached(other)} cached tokens"
+    body = ask(rl_deployment, prompt, h, prompt_cache_isolation_key=key("c"))
+    assert cached(body) == 0, f"prompt_cache_isolation_key in the body: {cached(body)} cached tokens reused"
+    rl_observe(2, f"requests under other keys recomputing a prefix cached under one ({cached(again)} tokens)")
 
 
 @clause("CACHE-EQ-1")
-def test_cache_hits_do_not_change_results(rl_deployment, request):
-    prompt = unique_prompt(request.node.name)
-    h = {"x-multi-turn-session-id": request.node.name}
-    cold = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True)
-    warm = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True)
+@requires("cached_tokens", "logprobs")
+def test_cache_hits_do_not_change_results(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("cache-eq", LONG).body
+    h = rl_deployment.session("cache-eq")
+    cold = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True, temperature=0)
+    warm = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True, temperature=0)
     if not cached(warm) > 0:
         inconclusive("the second request was not served from the prompt cache (see CACHE-HIT-1)")
-    assert [e["token_id"] for e in cold.entries] == [e["token_id"] for e in warm.entries]
+    if not cold.entries:
+        inconclusive("no logprobs entries to compare (see INF-LOGPROBS-1)")
+    tokens = [e.get("token_id") for e in cold.entries], [e.get("token_id") for e in warm.entries]
+    assert tokens[0] == tokens[1], f"greedy tokens without the cache {tokens[0]}, with it {tokens[1]}"
     worst = max(abs(a["logprob"] - b["logprob"]) for a, b in zip(cold.entries, warm.entries, strict=True))
-    assert worst <= 1e-4, f"logprobs differ by {worst:.2e} on a cache hit"
+    assert worst <= 1e-4, f"logprobs differ by {worst:.2e} on a cache hit of {cached(warm)} tokens"
+    rl_observe(len(cold.entries), f"greedy tokens equal with {cached(warm)} prompt tokens from the cache")
 
 
 # --------------------------------------------------------------------------- the reset matrix (needs swaps)
@@ -89,21 +118,22 @@ CELLS.append(pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=cl
 
 def session_on(rl_deployment, host, name):
     """Headers of a session nobody used yet that lands on replica `host`."""
-    if rl_deployment.capabilities["replicas"] == 1:
-        return {"x-multi-turn-session-id": f"{name}-fresh"}
+    if rl_deployment.capabilities.replicas == 1:
+        return rl_deployment.session(f"{name}-fresh")
     if host is None:
         inconclusive("several replicas and no fireworks-backend-host header: a new session may land anywhere")
+    probe = rl_deployment.prompt("cache-matrix-probe", 3).body
     for i in range(64):
-        h = {"x-multi-turn-session-id": f"{name}-fresh-{i}"}
-        if ask(rl_deployment, [1, 2, 3], h, max_tokens=1).headers.get("fireworks-backend-host") == host:
+        h = rl_deployment.session(f"{name}-fresh-{i}")
+        if ask(rl_deployment, probe, h, max_tokens=1).headers.get("fireworks-backend-host") == host:
             return h
     inconclusive(f"no new session landed on {host} in 64 tries")
 
 
 def primed(rl_deployment, name):
     """A prompt cached by its owner session: (prompt, owner headers, replica host)."""
-    prompt = unique_prompt(name)
-    owner = {"x-multi-turn-session-id": f"{name}-owner"}
+    prompt = rl_deployment.prompt(name, LONG).body
+    owner = rl_deployment.session(f"{name}-owner")
     ask(rl_deployment, prompt, owner)
     second = ask(rl_deployment, prompt, owner)
     if cached(second) == 0:
@@ -112,8 +142,9 @@ def primed(rl_deployment, name):
 
 
 @pytest.mark.rl_swaps
+@requires("cached_tokens")
 @pytest.mark.parametrize(("cell", "policy", "who", "reuse"), CELLS)
-def test_reset_matrix(rl_deployment, rl_swap, request, cell, policy, who, reuse):
+def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy, who, reuse):
     name = f"{request.node.name}-{rl_deployment.serving()}"
     prompt, owner, host = primed(rl_deployment, name)
     headers = owner if who == "same" else session_on(rl_deployment, host, name)
@@ -125,12 +156,14 @@ def test_reset_matrix(rl_deployment, rl_swap, request, cell, policy, who, reuse)
     n = cached(after)
     wanted = "reuse (cached > 0)" if reuse else "recompute (cached = 0)"
     assert (n > 0) == reuse, f"reset_prompt_cache={policy!r}, {who} session: cached_tokens {n}; must {wanted}"
+    rl_observe(1, f"{who}-session request after a swap with reset_prompt_cache={policy!r}: {n} cached")
 
 
 @pytest.mark.rl_swaps
 @clause("CACHE-NOSESSION-1")
-def test_no_session_is_a_new_session(rl_deployment, rl_swap, request):
-    prompt = unique_prompt(f"{request.node.name}-{rl_deployment.serving()}")
+@requires("cached_tokens")
+def test_no_session_is_a_new_session(rl_deployment, rl_swap, rl_observe):
+    prompt = rl_deployment.prompt(f"cache-nosession-{rl_deployment.serving()}", LONG).body
     host, hit = None, False
     for _ in range(8):  # requests without a session may go anywhere: repeat until one hits the cache
         s = ask(rl_deployment, prompt)
@@ -139,7 +172,7 @@ def test_no_session_is_a_new_session(rl_deployment, rl_swap, request):
             break
     if not hit:
         inconclusive("repeated requests without a session were never served from the cache")
-    if host is None and rl_deployment.capabilities["replicas"] > 1:
+    if host is None and rl_deployment.capabilities.replicas > 1:
         inconclusive("several replicas and no fireworks-backend-host header")
     rl_swap("nosession", reset_prompt_cache="new_session")
     for _ in range(16):  # the first request without a session that reaches the replica holding the prefix
@@ -148,5 +181,6 @@ def test_no_session_is_a_new_session(rl_deployment, rl_swap, request):
             assert cached(after) == 0, (
                 f"a request without a session reused {cached(after)} tokens cached before the swap"
             )
+            rl_observe(1, "request without a session recomputing after a 'new_session' swap")
             return
     inconclusive(f"no request without a session reached {host}")

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from pytest_rlrollout.contract.schemas import problems
+from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.snapshot import broken, tiny_moe
-from pytest_rlrollout.suite.observe import expect_loaded
+from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 clause = pytest.mark.rl_clause
@@ -22,18 +23,26 @@ PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
 def status_body(rl_deployment) -> dict:
     r = rl_deployment.status()
     assert r.status_code == 200, f"GET status: {r.status_code} {r.text[:200]}"
-    return r.json()
+    body = json_object(r)
+    assert body is not None, f"GET status: not a JSON object: {r.text[:200]!r}"
+    return body
 
 
-def numeric_key(config: dict) -> str:
+def numeric_key(rl_deployment) -> str:
     """A config value whose change is harmless to serve (for config-mismatch snapshots)."""
+    config = rl_deployment.base_config
+    if config is None:
+        inconclusive("config-mismatch snapshots are built from the served config.json: pass --rl-base-snapshot")
     for key in ("rms_norm_eps", "layer_norm_eps", "initializer_range"):
         if isinstance(config.get(key), float):
             return key
-    return next(k for k, v in sorted(config.items()) if isinstance(v, float))
+    floats = [k for k, v in sorted(config.items()) if isinstance(v, float)]
+    if not floats:
+        inconclusive("the served config.json has no float value to change")
+    return floats[0]
 
 
-def never_served(rl_deployment, identity: str, before: list) -> None:
+def never_served(rl_deployment, identity: str, before: list, rl_observe) -> None:
     rl_deployment.settle()
     replicas = rl_deployment.replicas()
     if not replicas:
@@ -45,6 +54,7 @@ def never_served(rl_deployment, identity: str, before: list) -> None:
         a.get("identity") for r in replicas for a in r.get("loaded_adapters") or [] if a.get("status") == "loaded"
     ]
     assert identity not in adapters, f"{identity} was loaded as an adapter"
+    rl_observe(len(replicas), f"replicas still serving {sorted(set(now))}, not {identity}")
 
 
 def served_identities(rl_deployment) -> list:
@@ -55,15 +65,16 @@ def served_identities(rl_deployment) -> list:
 
 
 @clause("HL-GET-1")
-def test_status_lists_replicas(rl_deployment):
+def test_status_lists_replicas(rl_deployment, rl_observe):
     body = status_body(rl_deployment)
     assert isinstance(body.get("replicas"), list) and body["replicas"], f"no 'replicas' list: {json.dumps(body)[:300]}"
     found = [f"{p.message} at {p.path}" for p in problems("hot-load-status", body) if p.clause == "HL-GET-1"]
     assert not found, found
+    rl_observe(len(body["replicas"]), "replicas with readiness and current_snapshot_identity")
 
 
 @clause("HL-GET-1a")
-def test_status_has_loading_state(rl_deployment):
+def test_status_has_loading_state(rl_deployment, rl_observe):
     replicas = status_body(rl_deployment).get("replicas")
     if not isinstance(replicas, list) or not replicas:
         inconclusive("no replicas list to look into (see HL-GET-1)")
@@ -74,6 +85,7 @@ def test_status_has_loading_state(rl_deployment):
         assert isinstance(state.get("target_snapshot_identity"), str), (
             f"target_snapshot_identity is not a string: {state}"
         )
+    rl_observe(len(replicas), "replicas with loading_state.stage and target_snapshot_identity")
 
 
 # --------------------------------------------------------------------------- signals
@@ -81,7 +93,7 @@ def test_status_has_loading_state(rl_deployment):
 
 @swaps
 @clause("HL-AUTH-1")
-def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap):
+def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("auth")
     before = served_identities(rl_deployment)
     bad = {
@@ -96,12 +108,13 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
     for what in ("no API key", "wrong API key"):
         r = rl_deployment.status(headers=bad[what][0])
         assert r.status_code in (401, 403), f"{what}: GET status got {r.status_code}"
-    never_served(rl_deployment, built.identity, before)
+    rl_observe(len(bad) + 2, "requests with bad credentials or names refused")
+    never_served(rl_deployment, built.identity, before, rl_observe)
 
 
 @swaps
 @clause("HL-POST-1")
-def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap):
+def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap, rl_observe):
     built = rl_snapshot_factory.full("post-1")
     result = rl_swap.signal(built)
     assert result.response.status_code == 200, f"{result.response.status_code} {result.response.text[:300]}"
@@ -110,68 +123,76 @@ def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, 
     except ValueError:
         pytest.fail(f"the answer is not JSON: {result.response.text[:200]!r}")
     assert isinstance(body, dict), f"the answer is {type(body).__name__}, not an object"
+    rl_observe(1, f"full snapshot signal answered 200 {result.response.text[:80]}")
 
 
 @swaps
 @clause("HL-POST-2")
-def test_unknown_field_gets_400(rl_deployment, rl_swap):
+def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
     assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+    rl_observe(1, "signal with an unknown field refused 400")
 
 
 @swaps
 @clause("HL-POST-2a")
-def test_unknown_field_message_wording(rl_deployment, rl_swap):
+def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2a")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
     if r.status_code != 400:
         inconclusive(f"the unknown field was not refused ({r.status_code}; see HL-POST-2)")
     assert "Extra inputs are not permitted" in r.text and "unexpected_field" in r.text, r.text[:300]
+    rl_observe(1, "400 naming the field with the documented wording")
 
 
 @swaps
 @clause("HL-POST-3")
-def test_reset_prompt_cache_values(rl_deployment, rl_swap):
+def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-3")
     r = rl_deployment.hot_load({**built.signal, "reset_prompt_cache": "sometimes"})
     assert r.status_code == 400, f"reset_prompt_cache='sometimes' got {r.status_code}"
     rl_deployment.settle()
     for policy in ("all", "new_session", "none"):
-        result = rl_swap.signal(rl_swap.build(f"post-3-{policy}"), reset_prompt_cache=policy)
-        assert result.response.status_code == 200, (
-            f"{policy!r}: {result.response.status_code} {result.response.text[:200]}"
-        )
+        signal_accepted(rl_swap, "post-3", policy)
+    rl_observe(4, "reset_prompt_cache values judged ('sometimes' refused; all, new_session, none accepted)")
+
+
+def signal_accepted(rl_swap, label: str, reset_prompt_cache) -> None:
+    result = rl_swap.signal(rl_swap.build(f"{label}-{str(reset_prompt_cache).lower()}"),
+                            reset_prompt_cache=reset_prompt_cache)  # fmt: skip
+    r = result.response
+    assert r.status_code == 200, f"reset_prompt_cache={reset_prompt_cache!r}: {r.status_code} {r.text[:200]}"
 
 
 @swaps
 @clause("HL-POST-3a")
-def test_reset_prompt_cache_booleans(rl_deployment, rl_swap):
+def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
     for value in (True, False):
-        result = rl_swap.signal(rl_swap.build(f"post-3a-{str(value).lower()}"), reset_prompt_cache=value)
-        assert result.response.status_code == 200, (
-            f"{value}: {result.response.status_code} {result.response.text[:200]}"
-        )
+        signal_accepted(rl_swap, "post-3a", value)
+    rl_observe(2, "boolean reset_prompt_cache values accepted")
 
 
 @swaps
 @clause("HL-POST-4")
-def test_identity_not_one_segment_gets_4xx(rl_deployment):
-    for identity in ("a/b", "..", ".", "", "back\\slash", "nul\x00byte", "ctl\x01char"):
+def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
+    identities = ("a/b", "..", ".", "", "back\\slash", "nul\x00byte", "ctl\x01char")
+    for identity in identities:
         r = rl_deployment.hot_load({"identity": identity})
         assert 400 <= r.status_code < 500, f"identity {identity!r}: {r.status_code} {r.text[:200]}"
+    rl_observe(len(identities), "identities that are not one path segment refused 4xx")
 
 
 @swaps
 @clause("SNAP-ID-1")
-def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory):
+def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("nested")
     nested = f"{built.identity}-dir/inner"
     rl_snapshot_factory.upload_as(built.local, nested)
     before = served_identities(rl_deployment)
     r = rl_deployment.hot_load({**built.signal, "identity": nested})
     assert r.status_code != 200, f"identity {nested!r} was accepted"
-    never_served(rl_deployment, nested, before)
+    never_served(rl_deployment, nested, before, rl_observe)
 
 
 def _variants():
@@ -188,7 +209,7 @@ def _variants():
 @clause("HL-POST-5")
 @pytest.mark.parametrize("violated", _variants())
 def test_violating_snapshot_is_never_served(
-    rl_deployment, rl_snapshot_factory, rl_swap, rl_reference_cases, violated, tmp_path
+    rl_deployment, rl_snapshot_factory, rl_swap, rl_reference_cases, violated, tmp_path, rl_observe
 ):
     if rl_deployment.base_config != json.loads((rl_reference_cases.base / "config.json").read_text()):
         inconclusive("broken variants are built from the reference model; this deployment serves another model")
@@ -211,19 +232,20 @@ def test_violating_snapshot_is_never_served(
     built = rl_snapshot_factory.copy_in(case.snapshot, violated.lower(), signal)
     before = served_identities(rl_deployment)
     rl_deployment.hot_load(built.signal)
-    never_served(rl_deployment, built.identity, before)
+    never_served(rl_deployment, built.identity, before, rl_observe)
 
 
 @swaps
 @clause("HL-POST-5a")
-def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory):
-    key = numeric_key(rl_deployment.base_config or {})
+def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    key = numeric_key(rl_deployment)
     built = rl_snapshot_factory.step(
         rl_deployment.serving(), "post-5a", config_edit=lambda c: c.update({key: c[key] * 10})
     )
     r = rl_deployment.hot_load(built.signal)
     assert 400 <= r.status_code < 500, f"a config mismatch was answered {r.status_code} at POST time"
     assert key in r.text or "config" in r.text.lower(), f"the message does not name the failed rule: {r.text[:300]}"
+    rl_observe(1, f"config mismatch refused at POST time: {r.status_code} {r.text[:80]}")
 
 
 # --------------------------------------------------------------------------- loading
@@ -231,26 +253,30 @@ def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot
 
 @swaps
 @clause("HL-GET-2")
-def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap):
+def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_observe):
     result = rl_swap.signal(rl_swap.build("get-2"))
     expect_loaded(result, own=True)
-    for r in rl_deployment.replicas():
+    replicas = rl_deployment.replicas()
+    for r in replicas:
         assert r.get("readiness") is True and r.get("current_snapshot_identity") == result.built.identity, r
+    rl_observe(len(replicas), f"replicas ready and serving {result.built.identity}")
 
 
 @swaps
 @clause("HL-GET-2")
 @pytest.mark.rl_requires("lora")
-def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory):
+def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_snapshot_factory.lora()
-    expect_loaded(rl_swap.signal(built), own=True)
+    result = rl_swap.signal(built)
+    expect_loaded(result, own=True)
+    rl_observe(len(result.waited.replicas), f"replicas listing {built.identity} as a loaded adapter")
     rl_swap("after-lora")  # back to serving plain snapshots for the tests that follow
 
 
 @swaps
 @clause("HL-CONFIG-1")
-def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_snapshot_factory):
-    key = numeric_key(rl_deployment.base_config or {})
+def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_snapshot_factory, rl_observe):
+    key = numeric_key(rl_deployment)
     edits = {
         f"Config value mismatch for {key}": lambda c: c.update({key: c[key] * 10}),
         "Extra snapshot model config options": lambda c: c.update({PROBE_KEY: 1}),
@@ -261,22 +287,25 @@ def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_sn
         r = rl_deployment.hot_load(built.signal)
         rl_deployment.settle()
         said = r.text + json.dumps(rl_deployment.replicas())
-        never_served(rl_deployment, built.identity, before)
+        never_served(rl_deployment, built.identity, before, rl_observe)
         assert wording in said, f"no {wording!r} in the answer or the status: {said[:400]}"
+        rl_observe(1, f"refusal saying {wording!r}")
 
 
 @swaps
 @clause("HL-CONFIG-2")
-def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory):
-    key = numeric_key(rl_deployment.base_config or {})
+def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    key = numeric_key(rl_deployment)
     for field, edit in ((PROBE_KEY, lambda c: c.update({PROBE_KEY: 1})), (key, lambda c: c.update({key: c[key] * 10}))):
         built = rl_snapshot_factory.step(rl_deployment.serving(), "config-2", config_edit=edit)
         expect_loaded(rl_swap.signal(built, validation={"extra_fields_ignore": [field]}))
+        rl_observe(1, f"snapshot differing in {field} loaded with extra_fields_ignore")
 
 
 @swaps
 @clause("HL-LEDGER-1")
-def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory):
+@pytest.mark.rl_requires("ledger")
+def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     serving = rl_deployment.serving()
     if not rl_snapshot_factory.knows(serving):
         rl_swap("before-reset")
@@ -287,24 +316,23 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory):
     incremental = rl_snapshot_factory.sentinel(serving, "after-reset")
     before = served_identities(rl_deployment)
     rl_deployment.hot_load(incremental.signal)
-    never_served(rl_deployment, incremental.identity, before)
+    never_served(rl_deployment, incremental.identity, before, rl_observe)
     expect_loaded(rl_swap.signal(rl_snapshot_factory.full("after-reset-full")))
+    rl_observe(1, "full snapshot loaded after the reset")
 
 
 @swaps
 @clause("HL-HINT-1")
-def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap):
+@pytest.mark.rl_requires("hint")
+def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("hint")
     before = served_identities(rl_deployment)
     r = rl_deployment.hint(built.identity, "config.json")
-    if r.status_code in (404, 405, 501):
-        from pytest_rlrollout.suite.outcomes import unsupported
-
-        unsupported(f"no hint endpoint ({r.status_code})")
     assert r.status_code == 200, f"{r.status_code} {r.text[:200]}"
     for replica in rl_deployment.replicas():
         assert (replica.get("loading_state") or {}).get("target_snapshot_identity") != built.identity, replica
-    never_served(rl_deployment, built.identity, before)
+    rl_observe(1, "hint accepted")
+    never_served(rl_deployment, built.identity, before, rl_observe)
 
 
 # Last in the module: on a deployment that never reports a failed load, replicas stay "loading"
@@ -313,16 +341,20 @@ def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap):
 
 @swaps
 @clause("HL-GET-3")
-def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory):
+def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("get-3")
     before = served_identities(rl_deployment)
+    timeline = rl_observe.swap("a load whose shard was removed after the signal")
+    timeline.old, timeline.new = rl_deployment.serving(), built.identity
     with rl_deployment.observable_swaps():  # the shard must go before the deployment reads it
+        timeline.mark(rl_deployment.mark("signal"), "signal")
         r = rl_deployment.hot_load(built.signal)
         assert r.status_code == 200, f"the valid signal was refused: {r.status_code}"
         # the deployment downloads after answering: a shard gone now makes the load fail
         shard = sorted(p.name for p in built.local.glob("*.safetensors"))[0]
         rl_snapshot_factory.bucket.remove_file(built.identity, shard)
-        waited = rl_deployment.wait_for(built.identity)
+        timeline.mark(rl_deployment.mark("removed"), f"{shard} removed")
+        waited = rl_deployment.wait_for(built.identity, progress=watch(rl_deployment, timeline))
     if waited.ok:
         inconclusive("the deployment had read the snapshot before the shard was removed")
     if "(HL-GET-1)" in (waited.error or ""):
@@ -335,3 +367,6 @@ def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory):
     failed = [r for r in waited.replicas if (r.get("loading_state") or {}).get("stage") == "error"]
     assert all(r["loading_state"].get("target_snapshot_identity") == built.identity for r in failed), failed
     assert served_identities(rl_deployment) == before
+    rl_observe(
+        len(failed), f"replicas reporting stage 'error' for {built.identity} while serving {sorted(set(before))}"
+    )

@@ -1,118 +1,191 @@
-"""INF — inference response shapes. Read-only: these tests never change the deployment's state."""
+"""INF — inference response shapes. Read-only: these tests never change the deployment's state.
+
+INF-SSE-1, INF-USAGE-1 and INF-ERR-1 hold any OpenAI-compatible server: they send plain OpenAI
+requests. The others judge Fireworks extensions, each asked for alone.
+"""
 
 import json
 
+import httpx
 import pytest
 
+from pytest_rlrollout.remote.stream import json_object
+from pytest_rlrollout.suite.outcomes import not_applicable
+
 clause = pytest.mark.rl_clause
+requires = pytest.mark.rl_requires
 WHITELIST = ("stop", "length", "tool_calls")
-PROMPT = list(range(10, 42))
+TOKENS = 6
 
 
-def stream(rl_deployment, **body):
-    return rl_deployment.complete({"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True, **body})
+def ask(rl_deployment, name, **body):
+    """A completion of this test's own prompt, `TOKENS` tokens at most."""
+    return rl_deployment.complete({"prompt": rl_deployment.prompt(name).body, "max_tokens": TOKENS, **body})
 
 
 @clause("INF-SSE-1")
-def test_streams_are_well_formed_sse(rl_deployment):
-    s = stream(rl_deployment, logprobs=True)
-    assert s.status == 200
-    assert s.done, "the stream did not end with data: [DONE] (or its last event had no blank line)"
+def test_streams_are_well_formed_sse(rl_deployment, rl_observe):
+    s = ask(rl_deployment, "inf-sse", stream=True, stream_options={"include_usage": True}).expect_ok("the stream")
+    assert not s.unterminated, "the stream's last event was not ended by a blank line"
+    assert s.done, f"the stream did not end with data: [DONE]; its last event: {(s.events or [''])[-1][:200]!r}"
+    assert s.chunks, "the stream carried no chunk before [DONE]"
     assert s.finish_reason in WHITELIST, f"finish_reason {s.finish_reason!r} before [DONE]"
     seen_usage = False
     for i, chunk in enumerate(s.chunks):
         if "usage" in chunk:
             assert not (seen_usage and chunk["usage"] is None), f"chunk {i} sends 'usage': null after the real usage"
             seen_usage |= chunk["usage"] is not None
-
-
-@clause("INF-LOGPROBS-1")
-def test_logprobs_entries(rl_deployment):
-    entries = stream(rl_deployment, logprobs=True).entries
-    assert len(entries) == 6
-    for e in entries:
-        assert isinstance(e.get("token"), str), e
-        assert isinstance(e.get("token_id"), int) and not isinstance(e["token_id"], bool), e
-        assert isinstance(e.get("logprob"), (int, float)) and e["logprob"] <= 0, e
-
-
-@clause("INF-LOGPROBS-1a")
-def test_logprobs_carry_sampling_logprob(rl_deployment):
-    entries = stream(rl_deployment, logprobs=True).entries
-    missing = [i for i, e in enumerate(entries) if "sampling_logprob" not in e]
-    assert not missing, f"entries {missing} have no sampling_logprob"
+    rl_observe(len(s.events), "SSE events, each ended by a blank line, the last one [DONE]")
+    rl_observe(1, f"finish_reason {s.finish_reason!r}")
 
 
 @clause("INF-USAGE-1")
-def test_usage_matches_the_tokens(rl_deployment):
-    for s in (
-        stream(rl_deployment, logprobs=True),
-        rl_deployment.complete({"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True}),
-    ):
+def test_usage_matches_the_tokens(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("inf-usage")
+    counted = rl_deployment.capabilities.has("logprobs")  # then every returned token has an entry
+    extra = {"logprobs": True} if counted else {}
+    answers = {
+        "streamed": ask(rl_deployment, "inf-usage", stream=True, stream_options={"include_usage": True}, **extra),
+        "non-streamed": ask(rl_deployment, "inf-usage", **extra),
+    }
+    prompt_tokens = {}
+    for how, s in answers.items():
+        s.expect_ok(f"the {how} completion")
         usage = s.usage
-        assert usage is not None, "no usage"
-        assert usage["prompt_tokens"] == len(PROMPT)
-        assert usage["completion_tokens"] == len(s.entries)
-        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert isinstance(usage, dict), f"the {how} completion carries no usage"
+        p, c, total = (usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+        assert all(isinstance(v, int) and v >= 0 for v in (p, c, total)), f"{how} usage: {usage}"
+        assert total == p + c, f"{how} usage: total_tokens {total} != {p} + {c}"
+        if counted:
+            assert c == len(s.entries), f"{how}: usage.completion_tokens is {c}, {len(s.entries)} tokens were returned"
+        elif s.finish_reason == "length":
+            assert c == TOKENS, f"{how}: stopped at max_tokens={TOKENS}, usage.completion_tokens is {c}"
+        else:
+            assert c <= TOKENS, f"{how}: usage.completion_tokens {c} > max_tokens {TOKENS}"
+        if prompt.ids is not None:
+            assert p == len(prompt.ids), f"{how}: usage.prompt_tokens is {p} for a prompt of {len(prompt.ids)} tokens"
+        prompt_tokens[how] = p
+    assert len(set(prompt_tokens.values())) == 1, f"the same prompt counts differently: {prompt_tokens}"
+    rl_observe(len(answers), "answers whose usage adds up (streamed and not)")
+    rl_observe(1, "prompt of " + (f"{len(prompt.ids)} known tokens" if prompt.ids else "text, counted alike both ways"))
+
+
+@clause("INF-LOGPROBS-1")
+@requires("logprobs")
+def test_logprobs_entries(rl_deployment, rl_observe):
+    s = ask(rl_deployment, "inf-logprobs", stream=True, logprobs=True).expect_ok()
+    entries = s.entries
+    assert entries, "logprobs: true, and no choice carries logprobs.content entries"
+    for i, e in enumerate(entries):
+        assert isinstance(e.get("token"), str), f"entry {i}: token {e.get('token')!r}"
+        token_id = e.get("token_id")
+        assert isinstance(token_id, int) and not isinstance(token_id, bool), f"entry {i}: token_id {token_id!r}"
+        logprob = e.get("logprob")
+        assert isinstance(logprob, int | float) and not isinstance(logprob, bool), f"entry {i}: logprob {logprob!r}"
+        assert logprob <= 0, f"entry {i}: logprob {logprob} > 0"
+    rl_observe(len(entries), "logprobs entries with token, token_id and logprob <= 0")
+
+
+@clause("INF-LOGPROBS-1a")
+@requires("logprobs")
+def test_logprobs_carry_sampling_logprob(rl_deployment, rl_observe):
+    entries = ask(rl_deployment, "inf-logprobs-1a", stream=True, logprobs=True).expect_ok().entries
+    assert entries, "logprobs: true, and no choice carries logprobs.content entries (see INF-LOGPROBS-1)"
+    missing = [i for i, e in enumerate(entries) if "sampling_logprob" not in e]
+    assert not missing, f"entries {missing} of {len(entries)} have no sampling_logprob"
+    rl_observe(len(entries), "entries with sampling_logprob")
 
 
 @clause("INF-RAW-1")
-def test_raw_output(rl_deployment):
+@requires("raw_output")
+def test_raw_output(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("inf-raw")
     for echo in (False, True):
-        s = stream(rl_deployment, raw_output=True, echo=echo)
-        raw = next(
-            (c["choices"][0].get("raw_output") for c in reversed(s.chunks) if c["choices"][0].get("raw_output")), None
-        )
-        assert raw is not None, "no raw_output"
-        assert {"prompt_token_ids", "completion_token_ids", "completion"} <= set(raw), sorted(raw)
-        assert raw["prompt_token_ids"] == PROMPT
+        s = ask(rl_deployment, "inf-raw", stream=True, raw_output=True, echo=echo).expect_ok()
+        raw = s.choice_field("raw_output")
+        assert isinstance(raw, dict), f"echo={echo}: no raw_output object on any choice"
+        missing = {"prompt_token_ids", "completion_token_ids", "completion"} - set(raw)
+        assert not missing, f"echo={echo}: raw_output lacks {sorted(missing)}"
+        ids, completion = raw["prompt_token_ids"], raw["completion_token_ids"]
+        assert isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids), f"prompt_token_ids {ids!r}"
+        if prompt.ids is not None:
+            assert ids == prompt.ids, f"raw_output.prompt_token_ids {ids} is not the prompt {prompt.ids}"
         if echo:
-            assert raw["completion_token_ids"][: len(PROMPT)] == PROMPT, (
-                "with echo, completion_token_ids must start with the prompt"
-            )
+            assert completion[: len(ids)] == ids, "with echo, completion_token_ids must start with the prompt"
+        rl_observe(1, f"raw_output with{'' if echo else 'out'} echo")
 
 
 @clause("INF-TOKENIDS-1")
-def test_return_token_ids(rl_deployment):
-    s = rl_deployment.complete(
-        {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "return_token_ids": True, "logprobs": True}
-    )
-    choice = s.final["choices"][0]
-    assert choice.get("prompt_token_ids") == PROMPT
-    assert choice.get("token_ids") == [e["token_id"] for e in s.entries]
+@requires("token_ids")
+def test_return_token_ids(rl_deployment, rl_observe):
+    prompt = rl_deployment.prompt("inf-tokenids")
+    counted = rl_deployment.capabilities.has("logprobs")
+    s = ask(rl_deployment, "inf-tokenids", return_token_ids=True, **({"logprobs": True} if counted else {}))
+    s.expect_ok()
+    prompt_ids, token_ids = s.choice_field("prompt_token_ids"), s.choice_field("token_ids")
+    assert isinstance(prompt_ids, list) and prompt_ids, f"prompt_token_ids is {prompt_ids!r}"
+    assert isinstance(token_ids, list), f"token_ids is {token_ids!r}"
+    if prompt.ids is not None:
+        assert prompt_ids == prompt.ids, f"prompt_token_ids {prompt_ids} is not the prompt {prompt.ids}"
+    if counted:
+        returned = [e.get("token_id") for e in s.entries]
+        assert token_ids == returned, f"token_ids {token_ids}; the logprobs entries name {returned}"
+    else:
+        n = (s.usage or {}).get("completion_tokens")
+        assert len(token_ids) == n, f"{len(token_ids)} token_ids, usage.completion_tokens is {n}"
+    rl_observe(len(prompt_ids), "prompt token ids")
+    rl_observe(len(token_ids), "completion token ids matching the tokens returned")
+
+
+PERF_KEYS = {"prompt-tokens", "cached-prompt-tokens", "server-time-to-first-token"}
 
 
 @clause("INF-PERF-1")
-def test_perf_metrics(rl_deployment):
-    for s in (
-        stream(rl_deployment, perf_metrics_in_response=True),
-        rl_deployment.complete({"prompt": PROMPT, "max_tokens": 3, "perf_metrics_in_response": True}),
-    ):
-        perf = s.final.get("perf_metrics")
-        assert isinstance(perf, dict), "no perf_metrics on the final chunk / body"
-        assert {"prompt-tokens", "cached-prompt-tokens", "server-time-to-first-token"} <= set(perf), sorted(perf)
+@requires("perf_metrics")
+def test_perf_metrics(rl_deployment, rl_observe):
+    for how, s in (("streamed", ask(rl_deployment, "inf-perf", stream=True, perf_metrics_in_response=True)),
+                   ("non-streamed", ask(rl_deployment, "inf-perf", perf_metrics_in_response=True))):  # fmt: skip
+        s.expect_ok(f"the {how} completion")
+        # the final chunk: the one with the finish_reason, or a usage-only chunk after it
+        final = s.chunks[s.chunks.index(s.final) :] if s.chunks else []
+        perf = next((c["perf_metrics"] for c in final if isinstance(c.get("perf_metrics"), dict)), None)
+        assert isinstance(perf, dict), f"{how}: no perf_metrics on the final chunk / body"
+        assert set(perf) >= PERF_KEYS, f"{how}: perf_metrics lacks {sorted(PERF_KEYS - set(perf))}"
+        rl_observe(1, f"{how} perf_metrics with {', '.join(sorted(PERF_KEYS))}")
 
 
-def _with_model(target, **fields) -> bytes:
-    return json.dumps({"model": target.deployment, **fields}).encode()
+def _body(rl_deployment, **fields) -> bytes:
+    return json.dumps({"model": rl_deployment.target.body_model, "prompt": "Hello", **fields}).encode()
 
 
+# case -> (request body, the profiles that must refuse it)
 MALFORMED = {
-    "bad-json": lambda t: b"{not json",
-    "not-an-object": lambda t: b"[1, 2]",
-    "no-model": lambda t: json.dumps({"prompt": "x"}).encode(),
-    "negative-max-tokens": lambda t: _with_model(t, prompt=[1], max_tokens=-1),
-    "string-temperature": lambda t: _with_model(t, prompt="x", temperature="hot"),
-    "huge-max-tokens": lambda t: _with_model(t, prompt=[1], max_tokens=10**9),
+    "bad-json": (lambda d: b"{not json", ("fireworks", "openai")),
+    "not-an-object": (lambda d: b"[1, 2]", ("fireworks", "openai")),
+    "negative-max-tokens": (lambda d: _body(d, max_tokens=-1), ("fireworks", "openai")),
+    "string-temperature": (lambda d: _body(d, max_tokens=1, temperature="hot"), ("fireworks", "openai")),
+    # a deployment is addressed by name; a plain server may serve whatever it pins
+    "no-model": (lambda d: json.dumps({"prompt": "Hello", "max_tokens": 1}).encode(), ("fireworks",)),
+    # past the context: a plain server may instead generate until its own limit
+    "huge-max-tokens": (lambda d: _body(d, max_tokens=10**9), ("fireworks",)),
 }
 
 
 @clause("INF-ERR-1")
 @pytest.mark.parametrize("case", sorted(MALFORMED))
-def test_malformed_requests_get_4xx_json(rl_deployment, case):
-    r = rl_deployment.post_inference(MALFORMED[case](rl_deployment.target))
-    assert 400 <= r.status_code < 500, f"{r.status_code}: {r.text[:200]}"
-    doc = r.json()
-    assert isinstance((doc.get("error") or {}).get("message"), str) or (
+def test_malformed_requests_get_4xx_json(rl_deployment, rl_observe, case):
+    make, profiles = MALFORMED[case]
+    if rl_deployment.profile not in profiles:
+        not_applicable(f"only a {' or '.join(profiles)} deployment must refuse {case}")
+    try:
+        r = rl_deployment.post_inference(make(rl_deployment))
+    except httpx.HTTPError as e:
+        pytest.fail(f"{case}: the connection failed instead of a 4xx ({type(e).__name__}: {e})", pytrace=False)
+    assert 400 <= r.status_code < 500, f"{case}: HTTP {r.status_code}: {r.text[:200]!r}"
+    doc = json_object(r)
+    assert doc is not None, f"{case}: the {r.status_code} body is not a JSON object: {r.text[:200]!r}"
+    error = doc.get("error")
+    assert (isinstance(error, dict) and isinstance(error.get("message"), str)) or (
         r.status_code == 422 and isinstance(doc.get("detail"), list)
-    ), doc
+    ), f"{case}: neither {{'error': {{'message'}}}} nor 422 {{'detail': [...]}}: {r.text[:200]!r}"
+    rl_observe(1, f"HTTP {r.status_code} with a JSON error body for {case}")

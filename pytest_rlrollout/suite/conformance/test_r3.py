@@ -1,132 +1,188 @@
-"""R3 — MoE routing matrices (R3-CHANGE-1 swaps in a snapshot with changed routers)."""
+"""R3 — MoE routing matrices (R3-CHANGE-1 swaps in a snapshot with changed routers).
+
+Whether the model is MoE, and its shape (L layers, k experts per token out of E), comes from the
+served config (`--rl-base-snapshot`): a dense model makes R3 not-applicable; an MoE model that
+returns no routing fails it. Without the config, the clauses that need the shape are
+inconclusive, naming the option.
+"""
+
+from dataclasses import dataclass
 
 import pytest
 
 from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
-from pytest_rlrollout.suite.observe import unique_prompt
+from pytest_rlrollout.suite.deployment import fail_in_call
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 clause = pytest.mark.rl_clause
+requires = pytest.mark.rl_requires("logprobs")
+TOKENS = 4
+
+
+@dataclass(frozen=True)
+class MoE:
+    shape: tuple[int, int, int] | None  # (L, k, E) when the served config is known
+
+    def needed(self) -> tuple[int, int, int]:
+        if self.shape is None:
+            inconclusive("judging routing matrices needs the MoE shape (L, k, E) from the served config.json: "
+                         "pass --rl-base-snapshot")  # fmt: skip
+        return self.shape
 
 
 @pytest.fixture
-def shape(rl_deployment):
-    s = moe_shape(rl_deployment.base_config)
+def moe(rl_deployment, request) -> MoE:
+    """The served model is MoE and routing can be asked for."""
+    config = rl_deployment.base_config
+    routes = rl_deployment.capabilities.has("routing_matrix")
+    if config is None:
+        if not routes:
+            inconclusive("no routing_matrix in any answer, and without the served config.json a dense model (R3 "
+                         "not applicable) cannot be told from an MoE one (R3 fails): pass --rl-base-snapshot")  # fmt: skip
+        return MoE(None)
+    s = moe_shape(config)
     if s is None:
-        not_applicable("no MoE base config (a dense model, or pass --rl-base)")
-    return s.layers, s.k, s.experts
+        not_applicable("the served model is dense (its config.json declares no experts)")
+    if not routes:
+        seen = rl_deployment.capabilities.seen.get("routing_matrix", "")
+        fail_in_call(request.node, f"the served model is MoE ({s.experts} experts, {s.k} per token) and the "
+                                   f"deployment returns no routing_matrix ({seen})")  # fmt: skip
+    return MoE((s.layers, s.k, s.experts))
 
 
 def routed(rl_deployment, prompt, *, chat=False, headers=None, **body):
-    base = {"max_tokens": 4, "temperature": 0, "logprobs": True, "include_routing_matrix": True, **body}
-    if chat:
-        base["messages"] = [{"role": "user", "content": "hello world"}]
-    else:
-        base["prompt"] = prompt
-    return rl_deployment.complete(base, chat=chat, headers=headers)
+    base = {"max_tokens": TOKENS, "temperature": 0, "logprobs": True, "include_routing_matrix": True, **body}
+    base.update({"messages": prompt.messages()} if chat else {"prompt": prompt.body})
+    return rl_deployment.complete(base, chat=chat, headers=headers).expect_ok()
 
 
 def present(entries):
     return [e for e in entries if "routing_matrix" in e]
 
 
+def every_entry_routed(entries, what: str) -> None:
+    assert entries, f"{what}: no logprobs entries at all (see INF-LOGPROBS-1)"
+    missing = [i for i, e in enumerate(entries) if "routing_matrix" not in e]
+    assert not missing, f"{what}: entries {missing[:10]} of {len(entries)} carry no routing_matrix"
+
+
 @clause("R3-SHAPE-1")
-def test_matrices_hold_l_times_k_bytes(rl_deployment, shape, request):
-    layers, k, _ = shape
+@requires
+def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
+    layers, k, _ = moe.needed()
+    prompt = rl_deployment.prompt("r3-shape")
     entries = []
     for kw in ({}, {"stream": True}, {"chat": True}):
-        entries += present(routed(rl_deployment, unique_prompt(request.node.name, 24), **kw).entries)
+        entries += present(routed(rl_deployment, prompt, **kw).entries)
     if not entries:
         inconclusive("no routing_matrix was returned at all (see R3-COMP-1/CHAT-1/STREAM-1)")
-    for e in entries:
-        routing_matrix(e, layers, k)  # raises with the byte count when it is not L*k
+    for i, e in enumerate(entries):
+        try:
+            routing_matrix(e, layers, k)
+        except ValueError as err:  # the size, or not base64
+            pytest.fail(f"entry {i}: {err}", pytrace=False)
+    rl_observe(len(entries), f"routing matrices of L*k = {layers}*{k} bytes")
 
 
 @clause("R3-RANGE-1")
-def test_indices_in_range_and_distinct(rl_deployment, shape, request):
-    layers, k, experts = shape
+@requires
+def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
+    layers, k, experts = moe.needed()
     matrices = []
-    for e in present(routed(rl_deployment, unique_prompt(request.node.name, 24), stream=True).entries):
+    for e in present(routed(rl_deployment, rl_deployment.prompt("r3-range"), stream=True).entries):
         try:
             matrices.append(routing_matrix(e, layers, k))
         except ValueError:
             continue  # a wrong size is R3-SHAPE-1's finding
     if not matrices:
-        inconclusive("no routing matrix of the right size to judge")
+        inconclusive("no routing matrix of the right size to judge (see R3-SHAPE-1)")
     for m in matrices:
         assert (m < experts).all(), f"expert index >= E={experts}: {m.tolist()}"
         assert all(len(set(row)) == k for row in m.tolist()), f"repeated expert in a row: {m.tolist()}"
+    rl_observe(len(matrices) * layers, f"rows of {k} distinct experts below E={experts}")
 
 
 @clause("R3-CHAT-1")
-def test_chat_completions_carry_routing(rl_deployment, shape):
-    entries = routed(rl_deployment, None, chat=True).entries
-    assert entries and all("routing_matrix" in e for e in entries), (
-        f"{len(present(entries))}/{len(entries)} entries carry routing"
-    )
+@requires
+def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
+    entries = routed(rl_deployment, rl_deployment.prompt("r3-chat"), chat=True).entries
+    every_entry_routed(entries, "a chat completion")
+    rl_observe(len(entries), "chat entries with routing_matrix")
 
 
 @clause("R3-COMP-1")
-def test_completions_carry_routing(rl_deployment, shape, request):
-    entries = routed(rl_deployment, unique_prompt(request.node.name, 24)).entries
-    assert entries and all("routing_matrix" in e for e in entries), (
-        f"{len(present(entries))}/{len(entries)} entries carry routing"
-    )
+@requires
+def test_completions_carry_routing(rl_deployment, moe, rl_observe):
+    entries = routed(rl_deployment, rl_deployment.prompt("r3-comp")).entries
+    every_entry_routed(entries, "a completion")
+    rl_observe(len(entries), "completion entries with routing_matrix")
 
 
 @clause("R3-STREAM-1")
-def test_every_streamed_token_carries_routing(rl_deployment, shape, request):
-    entries = routed(rl_deployment, unique_prompt(request.node.name, 24), stream=True, max_tokens=6).entries
-    assert len(entries) == 6 and all("routing_matrix" in e for e in entries), (
-        f"{len(present(entries))}/{len(entries)} entries carry routing"
-    )
+@requires
+def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
+    s = routed(rl_deployment, rl_deployment.prompt("r3-stream"), stream=True, max_tokens=6)
+    entries = s.entries
+    every_entry_routed(entries, "a stream")
+    n = (s.usage or {}).get("completion_tokens")
+    assert n is None or len(entries) == n, f"{len(entries)} streamed entries for {n} completion tokens"
+    rl_observe(len(entries), "streamed tokens with routing_matrix")
 
 
 @clause("R3-ECHO-1")
-def test_echo_returns_prompt_routing(rl_deployment, shape, request):
-    prompt = unique_prompt(request.node.name, 24)
+@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
+    prompt = rl_deployment.prompt("r3-echo")
     entries = routed(rl_deployment, prompt, stream=True, echo=True).entries
-    assert len(entries) == len(prompt) + 4, f"{len(entries)} entries for {len(prompt)} prompt + 4 completion tokens"
-    assert [e["token_id"] for e in entries[: len(prompt)]] == prompt
-    assert all("routing_matrix" in e for e in entries[: len(prompt)]), "echoed prompt tokens lack routing_matrix"
+    assert len(entries) == len(prompt.ids) + TOKENS, (
+        f"{len(entries)} entries for {len(prompt.ids)} prompt + {TOKENS} completion tokens"
+    )
+    echoed = [e.get("token_id") for e in entries[: len(prompt.ids)]]
+    assert echoed == prompt.ids, f"the echoed entries name tokens {echoed}, the prompt is {prompt.ids}"
+    every_entry_routed(entries[: len(prompt.ids)], "echoed prompt tokens")
+    rl_observe(len(prompt.ids), "echoed prompt tokens with routing_matrix")
 
 
 @clause("R3-ECHOLAST-1")
-def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, shape, request):
-    prompt = unique_prompt(request.node.name, 24)
+@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_observe):
+    prompt = rl_deployment.prompt("r3-echolast")
     entries = routed(rl_deployment, prompt, stream=True, echo_last=5).entries
-    assert len(entries) == 5 + 4, f"{len(entries)} entries for echo_last=5 and 4 completion tokens"
-    assert [e["token_id"] for e in entries[:5]] == prompt[-5:]
+    assert len(entries) == 5 + TOKENS, f"{len(entries)} entries for echo_last=5 and {TOKENS} completion tokens"
+    echoed = [e.get("token_id") for e in entries[:5]]
+    assert echoed == prompt.ids[-5:], f"echo_last=5 returned tokens {echoed}, the prompt ends {prompt.ids[-5:]}"
+    rl_observe(5, "last prompt tokens echoed")
 
 
 @clause("R3-DET-1")
-def test_greedy_routing_is_deterministic(rl_deployment, shape, request):
-    prompt = unique_prompt(request.node.name, 24)
-    first = [e.get("routing_matrix") for e in routed(rl_deployment, prompt, stream=True).entries]
-    second = [e.get("routing_matrix") for e in routed(rl_deployment, prompt, stream=True).entries]
-    assert first == second
+@requires
+def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
+    prompt = rl_deployment.prompt("r3-det")
+    first, second = (routed(rl_deployment, prompt, stream=True).entries for _ in range(2))
+    if not present(first) or not present(second):
+        inconclusive("no routing to compare (see R3-STREAM-1)")
+    same = 0  # positions whose tokens agree: greedy decoding itself is not this clause's business
+    while same < min(len(first), len(second)) and first[same].get("token_id") == second[same].get("token_id"):
+        same += 1
+    differ = [i for i in range(same) if first[i].get("routing_matrix") != second[i].get("routing_matrix")]
+    assert not differ, f"the same greedy request routed positions {differ} differently"
+    rl_observe(same, "positions routed identically by the same greedy request twice")
 
 
 @clause("R3-CACHE-1")
-def test_cached_prefix_routing_equals_computed(rl_deployment, shape, request):
-    prompt = unique_prompt(request.node.name, 80)
-    headers = {"x-multi-turn-session-id": request.node.name}
-    body = {
-        "prompt": prompt,
-        "max_tokens": 2,
-        "temperature": 0,
-        "logprobs": True,
-        "include_routing_matrix": True,
-        "echo": True,
-        "stream": True,
-    }
-    cold = rl_deployment.complete(body, headers=headers)
-    warm = rl_deployment.complete(body, headers=headers)
-    cached = warm.cached_tokens()["usage"] or 0
+@pytest.mark.rl_requires("logprobs", "echo", "cached_tokens")
+def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
+    layers, k, _ = moe.needed()
+    prompt = rl_deployment.prompt("r3-cache", 80)
+    headers = rl_deployment.session("r3-cache")
+    cold = routed(rl_deployment, prompt, headers=headers, max_tokens=2, echo=True, stream=True)
+    warm = routed(rl_deployment, prompt, headers=headers, max_tokens=2, echo=True, stream=True)
+    cached = warm.cached or 0
     if cached == 0:
         inconclusive("the second request was not served from the prompt cache (see CACHE-HIT-1)")
-    layers, k, _ = shape
+    if len(cold.entries) < cached or len(warm.entries) < cached:
+        inconclusive("echo returned fewer entries than the cached prefix (see R3-ECHO-1)")
 
     def rows(entry):  # the experts of each layer, as sets: their order is R3-DET-1's business
         if "routing_matrix" not in entry:
@@ -138,34 +194,39 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, shape, request):
 
     mismatched = [i for i in range(cached) if rows(cold.entries[i]) != rows(warm.entries[i])]
     assert not mismatched, f"cached prefix positions {mismatched[:10]} route differently than when computed"
+    rl_observe(cached, "cached prefix positions routed as when computed")
 
 
 @pytest.mark.rl_swaps
 @clause("R3-CHANGE-1")
-def test_routing_follows_new_router_weights(rl_deployment, rl_swap, shape, request):
-    layers, k, _ = shape
+@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
+    layers, k, _ = moe.needed()
     routers = rl_swap.factory.router_tensors
     if not routers:
         inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
-    prompt = unique_prompt(request.node.name, 48)
-    session = {"x-multi-turn-session-id": request.node.name}
+    prompt = rl_deployment.prompt("r3-change", 48)
+    session = rl_deployment.session("r3-change")
 
     def prompt_routing():
         # one session: the same replica answers before and after the swap
-        entries = routed(rl_deployment, prompt, echo=True, headers=session).entries[: len(prompt)]
+        entries = routed(rl_deployment, prompt, echo=True, headers=session).entries
         try:
-            return [routing_matrix(e, layers, k) for e in present(entries)]
+            return [routing_matrix(e, layers, k) for e in present(entries[: len(prompt.ids)])]
         except ValueError:
             inconclusive("routing matrices of the wrong size (see R3-SHAPE-1)")
 
     before = prompt_routing()
-    if len(before) != len(prompt):
-        inconclusive("echo returned no routing for some prompt tokens (see R3-ECHO-1)")
+    if not before:
+        inconclusive("echo returned no routing for the prompt (see R3-ECHO-1)")
     current = rl_swap.factory.record.overlays.get(rl_deployment.serving(), {})
     # negate every router (top-k becomes bottom-k), or undo an earlier negation
     rl_swap("routers", change={n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers})
     after = prompt_routing()
+    if len(after) != len(before):
+        inconclusive("echo returned routing for a different number of prompt tokens after the swap")
     changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in range(layers))
     assert changed >= len(before) * layers // 2, (
         f"only {changed} of {len(before) * layers} (token, layer) rows changed after the routers were negated"
     )
+    rl_observe(changed, f"of {len(before) * layers} (token, layer) rows routed differently after the swap")

@@ -1,17 +1,17 @@
 """SWAP — what streams and requests see while a snapshot is swapped in.
 
-Each test starts a stream or sends requests around a real swap. When the observation could not
-be made (the swap finished before any probe landed inside it, the stream ended first) the
-clause is `inconclusive`, never a pass.
+Each test starts a stream or sends requests around a real swap, and draws what it saw on its
+timeline (the report's picture). When the observation could not be made (the swap finished
+before any probe landed inside it, the stream ended first) the clause is `inconclusive`, never
+a pass.
 """
 
 import itertools
-import statistics
 
 import pytest
 
 from pytest_rlrollout.remote.stream import logprob_entries
-from pytest_rlrollout.suite.observe import WHITELIST, across_swap, probes_during_swap, unique_prompt
+from pytest_rlrollout.suite.observe import WHITELIST, across_swap, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 clause = pytest.mark.rl_clause
@@ -19,22 +19,19 @@ swaps = pytest.mark.rl_swaps
 requires = pytest.mark.rl_requires
 
 
-def long_body(rl_deployment, name):
-    return {"prompt": unique_prompt(name, 40), "max_tokens": rl_deployment.long_stream_tokens, "temperature": 0,
-            "logprobs": True, "ignore_eos": True}  # fmt: skip
-
-
-def crossing(rl_deployment, rl_swap, request, **signal):
-    c = across_swap(rl_deployment, rl_swap, long_body(rl_deployment, request.node.name), **signal)
+def crossing(rl_deployment, rl_swap, rl_observe, name, **signal):
+    body = {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
+            "temperature": 0, "logprobs": True, "ignore_eos": True}  # fmt: skip
+    c = across_swap(rl_deployment, rl_swap, rl_observe, body, **signal)
     if c.response.status_code != 200:
         inconclusive(f"the swap could not be signalled ({c.response.status_code}: {c.response.text[:200]})")
     return c
 
 
-def judge_completion(c) -> None:
+def judge_completion(c, rl_observe) -> None:
     assert c.error is None, f"the stream broke: {c.error!r}"
     s = c.stream
-    assert s.status == 200, f"HTTP {s.status}"
+    assert s.status == 200, f"HTTP {s.status}: {s.body[:200]!r}"
     assert s.done, f"no data: [DONE] (finish_reason {s.finish_reason!r})"
     assert s.finish_reason in WHITELIST, f"finish_reason {s.finish_reason!r}"
     usage = s.usage or {}
@@ -42,125 +39,140 @@ def judge_completion(c) -> None:
     assert streamed == usage.get("completion_tokens"), (
         f"{streamed} tokens streamed, usage says {usage.get('completion_tokens')} (restarted?)"
     )
+    rl_observe(streamed, f"tokens of a stream across the swap, ended {s.finish_reason!r} and [DONE]")
 
 
 @swaps
 @clause("SWAP-ASYNC-1")
-@requires("transition:ASYNC")
-def test_async_stream_survives_the_swap(rl_deployment, rl_swap, request):
-    c = crossing(rl_deployment, rl_swap, request)
+@requires("transition:ASYNC", "logprobs")
+def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
+    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-1")
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
-    judge_completion(c)
+    judge_completion(c, rl_observe)
 
 
 @swaps
 @clause("SWAP-ASYNC-2")
-@requires("transition:ASYNC")
-def test_async_policy_version_changes_once(rl_deployment, rl_swap, request):
-    c = crossing(rl_deployment, rl_swap, request)
+@requires("transition:ASYNC", "policy_version")
+def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
+    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-2")
     v = c.versions
-    if None in v:
+    if not v or None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
+    if not c.served:
+        inconclusive(f"the swap to {c.new} did not complete (see HL-GET-2)")
+    late = c.after_served()
+    stale = [i for i in late if v[i] != c.new]
+    assert not stale, (
+        f"chunks {stale[:10]} arrived {c.arrivals[stale[0]] - c.t_served:.3f} s and more after every replica "
+        f"served {c.new}, and name {sorted({v[i] for i in stale})}"
+    )
     if c.new not in v:
-        inconclusive("no chunk of the stream was generated after the swap")
+        inconclusive("the stream ended before every replica served the new snapshot")
     changes = [(a, b) for a, b in itertools.pairwise(v) if a != b]
     assert changes == [(c.old, c.new)] or (v[0] == c.new and not changes), f"policy versions along the stream: {v}"
     first_new = v.index(c.new)
     assert set(v[first_new:]) == {c.new}, f"old-version chunks after the first new one: {v}"
+    rl_observe(1, f"change {c.old} -> {c.new} at chunk {first_new} of {len(v)}")
+    rl_observe(len(late), "chunks after every replica served the new snapshot, all naming it")
 
 
 @swaps
 @clause("SWAP-ASYNC-3")
 @requires("transition:ASYNC")
-def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap):
-    _, probes = probes_during_swap(rl_deployment, rl_swap)
+def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap, rl_observe):
+    probes = probes_during_swap(rl_deployment, rl_swap, rl_observe).probes
     if not probes:
         inconclusive("no status poll caught the swap in progress")
     assert [p.status for p in probes] == [200] * len(probes), [(p.status, round(p.seconds, 3)) for p in probes]
+    rl_observe(len(probes), "requests sent while the swap was under way, answered 200")
+
+
+DRAIN = 0.01  # seconds: the drain timeout the probes carry
 
 
 @swaps
 @clause("SWAP-ASYNC-4")
 @requires("transition:ASYNC")
-def test_async_drain_timeout_gets_425(rl_deployment, rl_swap):
-    timeout = 0.01
-    with rl_deployment.observable_swaps():  # the baseline at the pace the probes meet
-        baseline = statistics.median(_latency(rl_deployment) for _ in range(3))
-        _, probes = probes_during_swap(
-            rl_deployment, rl_swap, headers={"x-fireworks-hot-load-drain-timeout": str(timeout)}
-        )
-    if not probes:
-        inconclusive("no status poll caught the swap in progress")
-    waited_too_long = [p for p in probes if p.status == 200 and p.seconds - baseline > timeout + 0.05]
-    assert not waited_too_long, (
-        f"requests waited {[round(p.seconds - baseline, 3) for p in waited_too_long]} s past a drain timeout of "
-        f"{timeout} s and still got 200"
+def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
+    run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True,
+                             headers={"x-fireworks-hot-load-drain-timeout": str(DRAIN)})  # fmt: skip
+    assert all(p.status in (200, 425) for p in run.probes), [p.status for p in run.probes]
+    # A probe sent while every replica was swapping, and the status still showed the swap a
+    # while later, cannot have been served before then: it waited past its drain timeout.
+    # Judged on the status's clock (less the time a poll's answer travels), not on how long
+    # generating the answer took.
+    margin = DRAIN + max(0.02, 2 * run.round_trip)
+    waited = [p for p in run.probes if p.all_in_swap and run.in_swap_until - p.sent > margin]
+    if not waited:
+        inconclusive(f"no request was sent more than {margin:.2f} s before the swap ended")
+    served = [p for p in waited if p.status != 425]
+    assert not served, (
+        f"requests sent {[round(run.in_swap_until - p.sent, 3) for p in served]} s before the swap ended, with a "
+        f"drain timeout of {DRAIN} s, got {[p.status for p in served]}, not 425"
     )
-    assert all(p.status in (200, 425) for p in probes), [p.status for p in probes]
-    if not any(p.status == 425 for p in probes):
-        inconclusive("no request waited longer than the drain timeout")
-
-
-def _latency(rl_deployment) -> float:
-    t = rl_deployment.mark("baseline-sent")
-    rl_deployment.complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True})
-    return rl_deployment.mark("baseline-answered") - t
+    rl_observe(len(waited), f"requests waiting past a drain timeout of {DRAIN} s, refused 425")
 
 
 @swaps
 @clause("SWAP-SYNC-1")
-@requires("transition:SYNC")
-def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, request):
-    c = crossing(rl_deployment, rl_swap, request)
+@requires("transition:SYNC", "logprobs", "policy_version")
+def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_observe):
+    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-sync-1")
     if not c.in_flight_at_signal:
         inconclusive("the stream had ended before the signal was answered")
     v = c.versions
     if None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
-    judge_completion(c)
+    judge_completion(c, rl_observe)
     assert set(v) == {c.old}, f"a stream in flight at a SYNC swap changed policy: {v}"
+    rl_observe(len(v), f"chunks all naming {c.old}, the snapshot of the stream's start")
 
 
 @swaps
 @clause("SWAP-SYNC-2")
 @requires("transition:SYNC")
-def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_swap):
-    built, probes = probes_during_swap(rl_deployment, rl_swap, every=True)
-    judged = [p for p in probes if p.all_in_swap]
+def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_swap, rl_observe):
+    run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True)
+    built, judged = run.built, [p for p in run.probes if p.all_in_swap]
     if not judged:
         inconclusive("no request was sent while every replica was swapping")
     assert all(p.status == 425 for p in judged), f"statuses during the swap: {[p.status for p in judged]}"
+    probe = rl_deployment.prompt("probe", 3).body
     for p in judged:  # retried with the same session key once the swap is over
-        s = rl_deployment.complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True},
-                                   headers={"x-multi-turn-session-id": p.session})  # fmt: skip
-        assert s.status == 200, f"the retry got {s.status}"
+        s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True}, headers=p.session)
+        assert s.status == 200, f"the retry got {s.status}: {s.body[:200]!r}"
         if s.versions and s.versions[0] is not None:
             assert s.versions[0] == built.identity, f"the retry was served by {s.versions[0]}"
+    rl_observe(len(judged), "requests refused 425 during the swap and answered 200 on retry")
 
 
 @swaps
 @clause("SWAP-NEW-1")
-def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap):
+@requires("policy_version")
+def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe):
     new = rl_swap("new-1").built.identity
     versions = []
+    probe = rl_deployment.prompt("swap-new-1", 3).body
     for i in range(8):
-        s = rl_deployment.complete({"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "stream": True},
-                                   headers={"x-multi-turn-session-id": f"new-1-{new}-{i % 4}"})  # fmt: skip
-        assert s.status == 200, s.status
+        s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True},
+                                   headers=rl_deployment.session(f"new-1-{new}-{i % 4}")).expect_ok()  # fmt: skip
         versions += s.versions
-    if None in versions:
+    if not versions or None in versions:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
     assert set(versions) == {new}, f"requests after the status said {new}: {versions}"
+    rl_observe(len(versions), f"chunks of 8 requests after the swap naming {new}")
 
 
 @swaps
 @clause("SWAP-KV-1")
+@requires("logprobs")
 @pytest.mark.parametrize("policy", ["all", "new_session", "none"])
-def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_swap, request, policy):
-    if rl_deployment.capabilities["transition"] == "SYNC":
+def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_swap, rl_observe, policy):
+    if rl_deployment.capabilities.transition == "SYNC":
         not_applicable("SYNC swaps wait for in-flight streams, so no reset can meet one")
-    c = crossing(rl_deployment, rl_swap, request, reset_prompt_cache=policy)
+    c = crossing(rl_deployment, rl_swap, rl_observe, f"swap-kv-{policy}", reset_prompt_cache=policy)
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
-    judge_completion(c)
+    judge_completion(c, rl_observe)

@@ -1,72 +1,100 @@
-"""VER — the policy version (`model@identity`) on every response."""
+"""VER — the policy version (`model@identity`) on every response: a snapshot the serving replica
+had loaded at that moment. Across a swap: chunks before the signal name the old snapshot, chunks
+generated after every replica serves the new one name the new one."""
 
 import pytest
 
-from pytest_rlrollout.suite.observe import across_swap, unique_prompt
-from pytest_rlrollout.suite.outcomes import inconclusive, unsupported
+from pytest_rlrollout.suite.observe import across_swap
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.swaps import served_by
 
 clause = pytest.mark.rl_clause
+requires = pytest.mark.rl_requires
 
 
 def loaded(rl_deployment) -> set:
     """Every snapshot or adapter identity some replica has loaded now."""
-    out = set()
-    for r in rl_deployment.replicas():
-        out.add(r.get("current_snapshot_identity"))
-        out |= {a.get("identity") for a in r.get("loaded_adapters") or [] if a.get("status") == "loaded"}
-    return out - {None}
+    return {i for r in rl_deployment.replicas() for i in served_by(r)}
 
 
 def suffixes(chunks) -> list:
-    models = [c.get("model") or "" for c in chunks]
-    for m in models:
-        assert "@" in m and m.partition("@")[0] and m.rpartition("@")[2], f"chunk model {m!r} is not <model>@<identity>"
-    return [m.rpartition("@")[2] for m in models]
+    """The identity each chunk names; fails on a chunk whose model is not <model>@<identity>."""
+    out = []
+    for i, c in enumerate(chunks):
+        m = c.get("model")
+        ok = isinstance(m, str) and "@" in m and m.partition("@")[0] and m.rpartition("@")[2]
+        assert ok, f"chunk {i}: model {m!r} is not <model>@<identity>"
+        out.append(m.rpartition("@")[2])
+    return out
+
+
+def request(rl_deployment, name, chat, **body):
+    prompt = rl_deployment.prompt(name)
+    body = {"max_tokens": 6, "stream": True, **body}
+    body.update({"messages": prompt.messages()} if chat else {"prompt": prompt.body})
+    return rl_deployment.complete(body, chat=chat)
 
 
 @clause("VER-STREAM-1")
+@requires("policy_version")
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
-def test_streamed_chunks_carry_the_served_identity(rl_deployment, chat, request):
-    body = {"max_tokens": 6, "temperature": 0, "stream": True}
-    if chat:
-        body["messages"] = [{"role": "user", "content": "hello world"}]
-    else:
-        body["prompt"] = unique_prompt(request.node.name, 24)
-    s = rl_deployment.complete(body, chat=chat)
-    assert s.status == 200 and s.chunks, s.status
+def test_streamed_chunks_carry_the_served_identity(rl_deployment, rl_observe, chat):
+    s = request(rl_deployment, f"ver-stream-{chat}", chat).expect_ok()
+    assert s.chunks, "the stream carried no chunk"
     seen = set(suffixes(s.chunks))
-    assert seen <= loaded(rl_deployment), f"versions {seen} name nothing loaded ({loaded(rl_deployment)})"
+    now = loaded(rl_deployment)
+    assert seen <= now, f"chunks name {sorted(seen - now)}; the replicas have loaded {sorted(now)}"
+    rl_observe(len(s.chunks), f"chunks naming a loaded snapshot ({', '.join(sorted(seen))})")
 
 
 @pytest.mark.rl_swaps
 @clause("VER-STREAM-1")
-def test_versions_across_a_swap_name_loaded_snapshots(rl_deployment, rl_swap, request):
-    old = loaded(rl_deployment)
-    body = {"prompt": unique_prompt(request.node.name, 40), "max_tokens": rl_deployment.long_stream_tokens, "ignore_eos": True,
-            "temperature": 0}  # fmt: skip
-    c = across_swap(rl_deployment, rl_swap, body)
+@requires("policy_version")
+def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_swap, rl_observe):
+    before = loaded(rl_deployment)
+    body = {"prompt": rl_deployment.prompt("ver-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
+            "ignore_eos": True, "temperature": 0}  # fmt: skip
+    c = across_swap(rl_deployment, rl_swap, rl_observe, body)
     if not c.chunks:
         inconclusive(f"the stream returned no chunks ({c.error!r})")
-    seen = set(suffixes(c.chunks))
-    assert seen <= old | {c.new}, f"versions {seen}; loaded were {old} and then {c.new}"
+    if not c.served:
+        inconclusive(f"the swap to {c.new} did not complete (see HL-GET-2)")
+    versions = suffixes(c.chunks)
+    early = {i: versions[i] for i in c.before_signal() if versions[i] not in before}
+    assert not early, (
+        f"chunks {sorted(early)} arrived before the signal and name {set(early.values())}; loaded: {before}"
+    )
+    late = c.after_served()
+    stale = [i for i in late if versions[i] != c.new]
+    assert not stale, (
+        f"chunks {stale[:10]} (of {len(versions)}) arrived {c.arrivals[stale[0]] - c.t_served:.3f} s and more after "
+        f"every replica served {c.new}, and name {sorted({versions[i] for i in stale})}"
+    )
+    between = {versions[i] for i in range(len(versions))} - before - {c.new}
+    assert not between, f"chunks name {between}; loaded were {before} and then {c.new}"
+    rl_observe(len(c.before_signal()), "chunks before the signal naming the old snapshot")
+    rl_observe(len(late), f"chunks after every replica served it naming {c.new}")
 
 
 @clause("VER-NONSTREAM-1")
-def test_non_streaming_responses_carry_the_version(rl_deployment, request):
-    r = rl_deployment.complete({"prompt": unique_prompt(request.node.name, 24), "max_tokens": 2, "temperature": 0})
-    assert r.status == 200, r.status
-    model = r.chunks[0].get("model") or ""
-    if "@" not in model:
-        unsupported(f"non-streaming responses name the model without a version ({model!r})")
-    assert model.rpartition("@")[2] in loaded(rl_deployment), f"{model!r} names nothing loaded"
+@requires("nonstream_version")
+def test_non_streaming_responses_carry_the_version(rl_deployment, rl_observe):
+    r = request(rl_deployment, "ver-nonstream", False, stream=False).expect_ok()
+    model = r.final.get("model")
+    assert isinstance(model, str) and "@" in model, f"the response's model is {model!r}, without @<identity>"
+    now = loaded(rl_deployment)
+    assert model.rpartition("@")[2] in now, f"{model!r} names nothing loaded ({sorted(now)})"
+    rl_observe(1, f"non-streaming response naming {model.rpartition('@')[2]}")
 
 
 @pytest.mark.rl_swaps
 @clause("VER-NONSTREAM-1")
-def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, request):
+@requires("nonstream_version")
+def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, rl_observe):
     new = rl_swap("nonstream").built.identity
-    r = rl_deployment.complete({"prompt": unique_prompt(request.node.name, 24), "max_tokens": 2, "temperature": 0})
-    model = r.chunks[0].get("model") or "" if r.status == 200 else ""
-    if "@" not in model:
-        unsupported(f"non-streaming responses name the model without a version ({model!r})")
-    assert model.rpartition("@")[2] == new, f"after the swap to {new} a response says {model!r}"
+    r = request(rl_deployment, "ver-nonstream-swap", False, stream=False).expect_ok()
+    model = r.final.get("model")
+    assert isinstance(model, str) and model.rpartition("@")[2] == new, (
+        f"after the swap to {new} a response names {model!r}"
+    )
+    rl_observe(1, f"non-streaming response after the swap naming {new}")

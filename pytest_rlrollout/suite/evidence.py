@@ -1,0 +1,130 @@
+"""What a test saw: its observations (what a pass rests on), the exchanges behind a failure,
+and for swap tests a timeline. Carried on the test's report (xdist-safe), read by the report.
+
+A clause test that passes without observing anything is `inconclusive`, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+EVIDENCE = "rl_evidence"  # the user_properties key
+
+
+@dataclass
+class Timeline:
+    """A swap test's observations over time, for the report's picture. Times are the run's
+    clock (`RLDeployment.mark`: on the cassette's timeline in replay); `as_dict` makes them
+    relative to the first event."""
+
+    title: str
+    old: str | None = None  # the snapshot served before the swap
+    new: str | None = None  # the snapshot signalled
+    chunks: list[tuple[float, str | None]] = field(default_factory=list)  # arrival, policy version
+    marks: list[tuple[float, str]] = field(default_factory=list)  # signal, answered, served, ...
+    replicas: list[tuple[float, int, str]] = field(default_factory=list)  # a replica's status when it changed
+    probes: list[tuple[float, float, int]] = field(default_factory=list)  # sent, answered, HTTP status
+    _last: dict[int, str] = field(default_factory=dict, repr=False)
+
+    def mark(self, t: float, what: str) -> None:
+        self.marks.append((t, what))
+
+    def status(self, t: float, replicas: list[dict[str, Any]]) -> None:
+        """One status poll: every replica whose state changed since the last poll is noted."""
+        for i, r in enumerate(replicas):
+            said = replica_state(r)
+            if self._last.get(i) != said:
+                self._last[i] = said
+                self.replicas.append((t, i, said))
+
+    def as_dict(self) -> dict[str, Any]:
+        times = [t for t, _ in self.chunks] + [t for t, _ in self.marks] + [t for t, _, _ in self.replicas]
+        times += [t for t, _, _ in self.probes]
+        t0 = min(times, default=0.0)
+
+        def r(t: float) -> float:
+            return round(t - t0, 4)
+
+        return {
+            "title": self.title,
+            "old": self.old,
+            "new": self.new,
+            "chunks": [[r(t), v] for t, v in self.chunks],
+            "marks": [[r(t), what] for t, what in self.marks],
+            "replicas": [[r(t), i, said] for t, i, said in self.replicas],
+            "probes": [[r(sent), r(answered), status] for sent, answered, status in self.probes],
+        }
+
+
+def replica_state(replica: dict[str, Any]) -> str:
+    """What a replica's status says, in a few words: 'serving X', 'loading Y', 'error Y'."""
+    state = replica.get("loading_state") or {}
+    stage, target = state.get("stage"), state.get("target_snapshot_identity")
+    current = replica.get("current_snapshot_identity")
+    if stage and stage not in ("ready", "idle", "done") and target and target != current:
+        return f"{stage} {target}"
+    return f"serving {current}" if replica.get("readiness") else f"not ready ({stage or 'no stage'})"
+
+
+@dataclass
+class Observed:
+    """`rl_observe(n, what)`: the test judged `n` of `what` (n = 0 is nothing)."""
+
+    facts: list[tuple[int, str]] = field(default_factory=list)
+    timeline: Timeline | None = None
+
+    def __call__(self, n: int, what: str) -> int:
+        self.facts.append((int(n), what))
+        return n
+
+    def swap(self, title: str) -> Timeline:
+        """Start this test's timeline (one per test: the last one started is reported)."""
+        self.timeline = Timeline(title)
+        return self.timeline
+
+    @property
+    def anything(self) -> bool:
+        return any(n > 0 for n, _ in self.facts)
+
+    def text(self) -> str:
+        return "; ".join(f"{n} {what}" for n, what in self.facts if n > 0)
+
+
+OBSERVED = pytest.StashKey[Observed]()
+
+
+def observed(item: pytest.Item) -> Observed:
+    if OBSERVED not in item.stash:
+        item.stash[OBSERVED] = Observed()
+    return item.stash[OBSERVED]
+
+
+def telling(exchanges: list[Any], n: int) -> list[Any]:
+    """The last `n` exchanges, status polls folded into the latest one (a swap test polls the
+    status dozens of times; the stream or signal before them is what proves a failure)."""
+    polls = [i for i, e in enumerate(exchanges) if e.method == "GET" and e.path.endswith("/hot_load")]
+    kept = [e for i, e in enumerate(exchanges) if i not in polls[:-1]]
+    return kept[-n:]
+
+
+def attach(report: pytest.TestReport, item: pytest.Item, exchanges: list[Any], assertion: str = "") -> None:
+    """Put the test's observations, failure message, exchanges and timeline on its report."""
+    o = observed(item)
+    doc = {
+        "observed": o.text(),
+        "assertion": assertion,
+        "exchanges": [e.text() for e in exchanges],
+        "timeline": o.timeline.as_dict() if o.timeline is not None else None,
+    }
+    report.user_properties.append((EVIDENCE, json.dumps(doc)))
+
+
+def evidence_of(report: pytest.TestReport) -> dict[str, Any]:
+    for key, value in report.user_properties:
+        if key == EVIDENCE:
+            return json.loads(value)
+    return {}

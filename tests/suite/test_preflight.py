@@ -1,0 +1,62 @@
+"""The preflight: a run whose options cannot reach the deployment they name ends before any
+test, with pytest's usage-error exit code (4) and one message saying what to fix, in seconds.
+Against the reference deployment, a real HTTP server in this process."""
+
+import socket
+import time
+
+import pytest
+
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def options(dep, **changes) -> list[str]:
+    given = {"deployment": dep.name, "base-url": dep.base_url, "model": dep.model, "api-key": dep.api_key} | changes
+    return [f"--rl-{k}={v}" for k, v in given.items()]
+
+
+CASES = {
+    "wrong key": ({"api-key": "not-the-key"}, "the API key was refused"),
+    "typo'd deployment": ({"deployment": "accounts/rlrollout/deployments/refrence"}, "check --rl-deployment"),
+    "closed port": ({"base-url": "http://127.0.0.1:{port}"}, "nothing answers at http://127.0.0.1:"),
+    "wrong inference path": ({"inference-url": "{base}/v2"}, "check --rl-inference-url"),
+    "model it does not serve": ({"model": "accounts/rlrollout/models/other"}, "check --rl-model"),
+    "bad replay directory": (None, "--rl-replay nowhere: no such directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_misconfigured_run_ends_before_any_test(pytester, dep, case):
+    changes, message = CASES[case]
+    if changes is None:
+        args = ["--rl-replay=nowhere"]
+    else:
+        fill = {"port": closed_port(), "base": dep.base_url}
+        args = options(dep, **{k: v.format(**fill) for k, v in changes.items()})
+    started = time.monotonic()
+    result = pytester.runpytest_inprocess(str(CONFORMANCE), *args)
+    took = time.monotonic() - started
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-20:] + result.errlines
+    errors = [line for line in result.errlines if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("ERROR: ") and message in errors[0], result.errlines
+    assert not any("collected" in line or "passed" in line for line in result.outlines), result.outlines
+    assert took < 5, f"{case}: {took:.1f} s"
+    # the deployment was only read: no signal, no completion beyond the one-token probe
+    assert all(method == "GET" or "/completions" in path for method, path in dep.deployment.requests)
+
+
+def test_preflight_prints_the_profile_and_capabilities(pytester, dep):
+    result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_session.py"), *options(dep), "-p", "no:randomly")
+    assert result.ret == 0, result.outlines[-20:]
+    result.stdout.fnmatch_lines([
+        f"rlrollout: live deployment {dep.name}",
+        "rlrollout: profile fireworks (auto: a Fireworks API answers); capabilities:",
+        "  hot_load_api*yes*replica(s) in the status",
+        "  backend_host*yes*fireworks-backend-host: *",
+    ])  # fmt: skip

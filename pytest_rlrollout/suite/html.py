@@ -10,7 +10,9 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-OUTCOMES = ("pass", "not-applicable", "unsupported", "inconclusive", "fail", "error")  # as the Markdown report
+from pytest_rlrollout.contract import SEVERITY
+
+OUTCOMES = tuple(str(o) for o in reversed(SEVERITY))  # most telling last, as the Markdown report
 OUTCOME_COLOURS = {"pass": "#2e7d32", "not-applicable": "#b0bec5", "unsupported": "#78909c",
                    "inconclusive": "#f9a825", "fail": "#c62828", "error": "#6a1b9a"}  # fmt: skip
 UNKNOWN_COLOUR = "#9e9e9e"

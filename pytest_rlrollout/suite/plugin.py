@@ -8,14 +8,18 @@ exporter gate. This module and those stay cheap to import: heavy imports wait fo
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
 from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, add_options, options, read_options
 from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.remote.discovery import Discovery
 
 EXCHANGES = 4  # the last exchanges of a failed test shown as its evidence
 ASSERTION = 2000  # characters of a failure's message kept as evidence
@@ -52,9 +56,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [str(CONFORMANCE / "test_snap.py")]
 
 
-def _preflight(config: pytest.Config) -> Any:
+def _preflight(config: pytest.Config) -> Discovery:
     """Reach the live deployment with the run's names and key, decide its profile and discover
     what it offers; a run that could only misjudge it ends here with what to fix."""
+    import httpx
+
     from pytest_rlrollout.remote.client import DeploymentClient, Target
     from pytest_rlrollout.remote.discovery import PreflightError, discover, preflight
 
@@ -65,11 +71,14 @@ def _preflight(config: pytest.Config) -> Any:
     with DeploymentClient(target, timeout=o.timeouts.request) as client:
         try:
             profile = preflight(client, o.profile)
+            decided = f"--rl-profile={profile}" if o.profile else (
+                "auto: " + ("a Fireworks API answers" if profile == "fireworks" else "no hot-load API answers"))  # fmt: skip
+            return discover(client, profile, transition=o.transition, decided=decided)
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
-        decided = f"--rl-profile={profile}" if o.profile else (
-            "auto: " + ("a Fireworks API answers" if profile == "fireworks" else "no hot-load API answers"))  # fmt: skip
-        return discover(client, profile, transition=o.transition, decided=decided)
+        except httpx.HTTPError as e:
+            raise pytest.UsageError(f"preflight: the deployment stopped answering the capability probes "
+                                    f"({type(e).__name__}: {e})") from None  # fmt: skip
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -90,7 +99,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         own = [i for i in items if "rl_snapshot_under_test" in getattr(i, "fixturenames", ())]
         if own:
             config.hook.pytest_deselected(items=own)
-            items[:] = [i for i in items if i not in own]
+            left_out = set(map(id, own))
+            items[:] = [i for i in items if id(i) not in left_out]
     cat = catalogue()
     for item in items:
         for mark in item.iter_markers("rl_clause"):
@@ -134,7 +144,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         report.longrepr = (
             str(item.path),
             item.location[1] or 0,
-            "Skipped: inconclusive: the test observed nothing to judge",
+            f"Skipped: {Outcome.INCONCLUSIVE}: the test observed nothing to judge",
         )
     if report.failed and options(item.config).level == "must":
         from pytest_rlrollout.contract import catalogue
@@ -146,8 +156,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
 
 def _assertion(call: pytest.CallInfo) -> str:
-    """What a failed test said: the assertion's message with pytest's explanation, or the
-    exception's one line."""
+    """What a failed test said: its own message (else pytest's explanation of the assert), or
+    the exception's one line."""
     if call.excinfo is None:
         return ""
     e = call.excinfo.value

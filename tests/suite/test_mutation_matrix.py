@@ -113,10 +113,14 @@ def test_fault_switch_fails_its_clause(pytester, fault):
         )
 
 
+# The modules whose tests read what completions carry (HL, SESS and SNAP read no stream).
+CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py") for m in ("inference", "swap", "cache", "r3", "version")]
+
+
 def test_a_usage_only_final_chunk_is_legal(pytester):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
     finish_reason: every clause is judged as without it."""
-    got = run_suite(pytester, str(CONFORMANCE), "--rl-local-fault=usage-only-chunk")
+    got = run_suite(pytester, *CONTENT_MODULES, "--rl-local-fault=usage-only-chunk")
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
 
 
@@ -129,7 +133,7 @@ WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS",
 def test_empty_answers_pass_no_clause_about_their_content(pytester):
     """Every answer 200 and empty (no text, logprobs, routing, usage, cached tokens): no clause
     about what answers carry passes, and every pass names what it observed."""
-    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-local-fault=empty-content")
+    got, doc = run_suite_report(pytester, *CONTENT_MODULES, "--rl-local-fault=empty-content")
     passed = {k for k, v in got.items() if v == "pass"}
     assert passed - WITHOUT_CONTENT == set(), f"passed on empty answers: {sorted(passed - WITHOUT_CONTENT)}"
     assert {"INF-LOGPROBS-1", "INF-USAGE-1", "R3-STREAM-1", "CACHE-HIT-1"} <= {k for k, v in got.items() if v == "fail"}

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from pytest_rlrollout.snapshot.validate import Report
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+# `validate` only: the validator itself failed. Never 1: a crash is not a verdict on the snapshot
+# (a CI gate must not read a bug as "the exporter is broken"), and never a traceback.
+EXIT_INTERNAL = 3
 # What a shell reports for a writer killed by SIGPIPE (128 + 13). Chosen over 0 because output
 # cut short is not success (`rlrollout validate DIR | head` must not read as "valid" under
 # `set -o pipefail`), and over 1/2 because those mean findings / usage errors here.
@@ -39,9 +42,36 @@ def _size(text: str) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from pytest_rlrollout.snapshot.validate import load_signal, validate
+    """Exit 0 valid, 1 findings, 2 usage or I/O error, 3 internal error; every error is one line
+    on stderr. Whatever the snapshot or the signal holds is a finding or a usage error, so an
+    exception from the validation itself is a bug (exit 3), never a verdict."""
+    try:
+        signal = _validate_inputs(args)
+    except (UsageError, ValueError, OSError) as e:  # the signal file, or a directory that is none
+        return _validate_error(f"error: {e}", EXIT_USAGE)
+    try:
+        return _validate(args, signal)
+    except BrokenPipeError:
+        raise  # main() ends quietly
+    except OSError as e:  # the snapshot directory itself cannot be listed
+        return _validate_error(f"error: {e}", EXIT_USAGE)
+    except Exception as e:
+        return _validate_error(f"internal error: {type(e).__name__}: {_text_of(e)} (please report)", EXIT_INTERNAL)
 
-    signal = load_signal(args.signal) if args.signal else None
+
+def _validate_inputs(args: argparse.Namespace) -> dict[str, Any] | None:
+    from pytest_rlrollout.snapshot.validate import load_signal
+
+    for option, path in (("SNAPSHOT", args.snapshot), ("--base", args.base), ("--parent", args.parent)):
+        if path is not None and not os.path.isdir(path):
+            raise UsageError(f"{option} {path}: not a directory")
+    return load_signal(args.signal) if args.signal else None
+
+
+def _validate(args: argparse.Namespace, signal: dict[str, Any] | None) -> int:
+    from pytest_rlrollout.snapshot import untrusted
+    from pytest_rlrollout.snapshot.validate import validate
+
     report = validate(
         args.snapshot,
         base=args.base,
@@ -55,11 +85,37 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     doc = report.as_dict(level)
     hints = _validate_hints(report, args)
     if args.format == "json":
-        print(json.dumps({**doc, "hints": hints}, indent=2))
+        # JSON escapes what text would have to: ensure_ascii turns every control character and
+        # undecodable file name (a lone surrogate) into \uXXXX
+        out = json.dumps({**doc, "hints": hints}, indent=2)
     else:
-        print("\n".join([report.text(level), *(f"hint: {h}" for h in hints)]))
+        out = "\n".join([report.text(level), *(untrusted.printable(f"hint: {h}") for h in hints)])
+    _print(out, sys.stdout)
     # one value decides both, so the exit code and the JSON's `valid` cannot disagree
     return EXIT_OK if doc["valid"] else EXIT_FINDINGS
+
+
+def _validate_error(what: str, code: int) -> int:
+    """One line on stderr, whatever `what` holds (a path or a message can hold newlines and
+    terminal escapes, or be megabytes long)."""
+    from pytest_rlrollout.snapshot import untrusted
+
+    _print(f"rlrollout validate: {untrusted.brief_text(untrusted.printable(what), 1000)}", sys.stderr)
+    return code
+
+
+def _print(text: str, stream: Any) -> None:
+    """`text` on `stream`, a character its encoding lacks (an ASCII terminal, a name in é) shown
+    as its escape rather than failing the command."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
+def _text_of(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # an exception whose own message fails to build
+        return "(no message)"
 
 
 def _validate_hints(report: Report, args: argparse.Namespace) -> list[str]:
@@ -84,21 +140,27 @@ def _validate_hints(report: Report, args: argparse.Namespace) -> list[str]:
 
 def _holds_arc2_payloads(snapshot: Path) -> bool:
     """Whether every tensor of every safetensors file is an ARC2 payload: 1-D U8 with a decimal
-    checksum under its name in `__metadata__` (what `rlrollout delta` writes)."""
+    checksum under its name in `__metadata__` (what `rlrollout delta` writes). Files are read as
+    the validator reads them: confined to the snapshot, regular files only, within its bounds."""
     from pytest_rlrollout.snapshot import safetensors_io as st
+    from pytest_rlrollout.snapshot.layout import SnapshotDir
+    from pytest_rlrollout.snapshot.validate.core import MAX_FILES
 
-    files = sorted(Path(snapshot).glob("*.safetensors"))
-    if not files:
+    d = SnapshotDir(snapshot)
+    files = d.safetensors_files
+    if not files or len(files) > MAX_FILES:
         return False
-    for path in files:
+    for name in files:
+        if d.unreadable(name) is not None:
+            return False
         try:
-            header = st.read_header(path)
+            header = st.read_header(d.path(name))
         except (OSError, st.HeaderError):
             return False
         if not header.tensors:
             return False
-        for name, t in header.tensors.items():
-            if t.dtype != "U8" or len(t.shape) != 1 or not header.metadata.get(name, "").isdigit():
+        for tensor, t in header.tensors.items():
+            if t.dtype != "U8" or len(t.shape) != 1 or not header.metadata.get(tensor, "").isdigit():
                 return False
     return True
 
@@ -255,11 +317,30 @@ def _cmd_clauses(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# The bounds are the validator's constants (snapshot.untrusted, safetensors_io, validate.core),
+# written out so that `--help` imports none of it; a test holds the two together.
+VALIDATE_DESCRIPTION = (
+    "Checks a snapshot directory against every SNAP clause; reads only, writes nothing. Exit status: 0 valid, "
+    "1 findings, 2 usage or I/O error, 3 internal error (a bug in the validator: please report it). "
+    "The snapshot and the signal are read as untrusted input, within bounds far above real snapshots; what "
+    "exceeds them is a finding (a usage error for the --signal file): JSON files of at most 32 MiB (the signal "
+    "1 MiB), nested at most 64 deep, with at most 2097152 items; safetensors headers of at most 32 MiB and "
+    "65536 tensors (names of at most 1024 characters, rank at most 64); at most 4096 safetensors files and "
+    "262144 tensors per snapshot; at most 1000 findings per clause. FIFOs, sockets, devices, directories and "
+    "symlinks that loop or leave the snapshot are named, never opened. Text output prints names escaped "
+    "(\\n, \\x1b); --format json is JSON."
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="check a snapshot directory against every SNAP clause (reads only)")
+    v = sub.add_parser(
+        "validate",
+        help="check a snapshot directory against every SNAP clause (reads only)",
+        description=VALIDATE_DESCRIPTION,
+    )
     v.add_argument("snapshot", type=Path)
     v.add_argument("--base", type=Path, help="the base model snapshot (enables config/coverage/tokenizer comparisons)")
     v.add_argument("--parent", type=Path, help="the parent snapshot: SNAPSHOT is an ARC2 diff of it")

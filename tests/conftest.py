@@ -9,6 +9,8 @@ from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.snapshot.cases import ReferenceCases
 
+from .hostile.budget import ROWS as HOSTILE_ROWS
+from .hostile.budget import assemble as assemble_hostile
 from .support import ROWS, Client, assemble
 
 pytest_plugins = ["pytester"]
@@ -81,13 +83,29 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     return pytester
 
 
+def _outermost(session: pytest.Session) -> bool:
+    """The run's own session on the controller: not an xdist worker, and not a pytester run in
+    this process (which loads this conftest again when its files sit under tests/)."""
+    if hasattr(session.config, "workerinput"):
+        return False
+    first = _SESSIONS.setdefault("outer", session)
+    return first is session
+
+
+_SESSIONS: dict[str, pytest.Session] = {}
+
+
 def pytest_sessionstart(session):
-    if not hasattr(session.config, "workerinput"):
-        shutil.rmtree(ROWS, ignore_errors=True)  # rows of an earlier run would mix in
+    if _outermost(session):
+        for rows in (ROWS, HOSTILE_ROWS):
+            shutil.rmtree(rows, ignore_errors=True)  # rows of an earlier run would mix in
 
 
 def pytest_sessionfinish(session):
-    if not hasattr(session.config, "workerinput"):
+    if _outermost(session):
         doc = assemble()
         if doc is not None:
             print(f"\nmutation matrix: {doc['caught']}/{doc['total']} caught -> build/mutation-matrix.md")
+        hostile = assemble_hostile()
+        if hostile is not None:
+            print(f"hostile inputs: {hostile['inputs']} fed to {len(hostile['targets'])} targets -> build/hostile.md")

@@ -378,3 +378,23 @@ def test_validate_exit_code_and_json_valid_agree_at_both_levels(clause, must, sh
         assert code_text == code
         verdict = text.splitlines()[-1]
         assert verdict.startswith("valid") == valid, verdict  # the text says what the exit code says
+
+
+def test_validate_help_states_the_validators_own_bounds():
+    """`rlrollout validate --help` writes the bounds out (so --help imports none of the validator):
+    they must be the constants the validator uses."""
+    from pytest_rlrollout.cli import VALIDATE_DESCRIPTION
+    from pytest_rlrollout.snapshot import untrusted
+    from pytest_rlrollout.snapshot.validate import core
+
+    text = " ".join(VALIDATE_DESCRIPTION.split())
+    for stated in (
+        f"JSON files of at most {untrusted.MAX_JSON_BYTES >> 20} MiB (the signal {core.MAX_SIGNAL_BYTES >> 20} MiB)",
+        f"nested at most {untrusted.MAX_DEPTH} deep, with at most {untrusted.MAX_JSON_ITEMS} items",
+        f"headers of at most {st.MAX_HEADER_BYTES >> 20} MiB and {st.MAX_TENSORS} tensors",
+        f"names of at most {st.MAX_TENSOR_NAME} characters, rank at most {st.MAX_RANK}",
+        f"at most {core.MAX_FILES} safetensors files and {core.MAX_TENSORS} tensors per snapshot",
+        f"at most {core.MAX_FINDINGS} findings per clause",
+        "3 internal error",
+    ):
+        assert stated in text

@@ -6,30 +6,47 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+import math
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
-from pytest_rlrollout.reference.inference_request import BadRequest, Inference, parse_inference
+from pytest_rlrollout.reference.inference_request import BadRequest, Inference, decode_json, parse_inference, quoted
 from pytest_rlrollout.reference.replica import Job, Token, TooEarly, Unavailable
 from pytest_rlrollout.reference.text import Text
 
 FINISH = ("stop", "length")
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Json(JSONResponse):
+    """A JSON response whose text is ASCII: an error message may quote what a client sent, lone
+    surrogates included, and those have no UTF-8 encoding."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def error(
     status: int, message: str, code: str = "invalid_request_error", headers: dict | None = None, **extra
 ) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": code, "type": code, **extra}}, status, headers=headers)
+    return Json({"error": {"message": message, "code": code, "type": code, **extra}}, status, headers=headers)
+
+
+def refusal(e: BadRequest) -> JSONResponse:
+    # a body left unread (too large, too slow) leaves the connection mid-request: close it
+    return error(e.status, str(e), headers={"Connection": "close"} if e.close else None)
 
 
 # --------------------------------------------------------------------------- one running request
@@ -63,7 +80,9 @@ class Run:
         try:
             drain_timeout = float(drain) if drain is not None else dep.settings.drain_timeout
         except ValueError:
-            raise BadRequest("x-fireworks-hot-load-drain-timeout: expected seconds") from None
+            drain_timeout = math.nan
+        if not (math.isfinite(drain_timeout) and drain_timeout >= 0):
+            raise BadRequest(quoted(f"x-fireworks-hot-load-drain-timeout: expected seconds >= 0, got {drain!r}"))
         isolation = headers.get("x-prompt-cache-isolation-key") or req.isolation
         seed = req.seed if req.seed is not None else (hash(self.id) & 0x7FFFFFFF)
         self.job = Job(
@@ -213,9 +232,11 @@ class Run:
             out["token_ids"] = [t.id for t in self.tokens][: -1 if self.f("INF-TOKENIDS-1") else None]
         return out
 
-    def _stop_hit(self) -> bool:
+    def _stop_hit(self, before: int) -> bool:
+        """Whether a stop string ends in the text added after `before`; only that tail (and what
+        a stop string can straddle) is searched, not the whole text at every token."""
         for s in self.req.stop:
-            at = self.text_so_far.find(s)
+            at = self.text_so_far.find(s, max(0, before - len(s) + 1))
             if at >= 0:
                 self.text_so_far = self.text_so_far[:at]
                 return True
@@ -238,7 +259,7 @@ class Run:
             return ""
         before = len(self.text_so_far)
         self.text_so_far += self._decode(tok.id)
-        if self.req.stop and self._stop_hit():
+        if self.req.stop and self._stop_hit(before):
             self.finish = "stop"
         return self.text_so_far[before:]
 
@@ -269,8 +290,7 @@ class Run:
                     yield self.chunk(self.choice("", None, "abort"), self.version)
                     return
                 elif kind == "error":
-                    status, message = value
-                    yield f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
+                    yield self.error_event(*value)
                     return
             extra: dict[str, Any] = {"usage": self.usage()}
             if self.req.perf_metrics:
@@ -286,8 +306,15 @@ class Run:
             if self.f("INF-SSE-1"):
                 yield self.chunk(self.choice("", None, None), self.version, usage=None)
             yield b"data: [DONE]\n\n"
+        except Exception as e:  # the headers are out: the stream ends with an error event, not a reset
+            log.exception("a stream failed")
+            yield self.error_event(500, f"internal error: {type(e).__name__}")
         finally:
             self.job.cancelled.set()
+
+    @staticmethod
+    def error_event(status: int, message: str) -> bytes:
+        return f"data: {json.dumps({'error': {'message': message, 'status_code': status}})}\n\n".encode()
 
     async def body(self) -> dict:
         prompt_ids: list[int] = []
@@ -340,12 +367,31 @@ def create_app(dep: Deployment) -> Starlette:
     def auth_error() -> JSONResponse:
         return error(401, "invalid or missing API key", "UNAUTHENTICATED")
 
-    async def json_body(request: Request) -> Any:
-        raw = await request.body()
+    async def off_loop(fn: Callable[[], T], executor: Any = None) -> T:
+        """`fn()` on a worker thread: decoding, validating and tokenizing a request, or validating
+        a snapshot, must not hold up the event loop every other stream is served from."""
+        return await asyncio.get_running_loop().run_in_executor(executor or dep.workers, fn)
+
+    async def read_body(request: Request) -> bytes:
+        """The whole body, refused (and the connection closed) once it grows past the size limit
+        or has not arrived within the body timeout."""
+        limit, chunks, size = s.max_body_bytes, [], 0
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            raise BadRequest("the request body is not valid JSON") from None
+            async with asyncio.timeout(s.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise BadRequest(f"the request body exceeds {limit} bytes", 413, close=True)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {s.body_timeout:g} s", 408, close=True) from None
+        except ClientDisconnect:
+            raise BadRequest("the client closed the connection before the body arrived", close=True) from None
+        # checked once the body is read, so the connection can carry the client's next request
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media and media != "application/json" and not media.endswith("+json"):
+            raise BadRequest(quoted(f"the request body must be application/json, not {media}"), 415)
+        return b"".join(chunks)
 
     def hot_load_headers(request: Request) -> JSONResponse | None:
         if not authorized(request) and not s.fault("HL-AUTH-1"):
@@ -360,12 +406,15 @@ def create_app(dep: Deployment) -> Starlette:
         if (bad := hot_load_headers(request)) is not None:
             return bad
         if request.method == "GET":
-            return JSONResponse(dep.status())
+            return Json(dep.status())
         try:
-            answer = dep.hot_load(await json_body(request))
-            return Response(b"", 200) if s.fault("HL-POST-1") else JSONResponse(answer)
+            raw = await read_body(request)
+            # one signal at a time, on a thread of its own: a snapshot's validation may take
+            # seconds and must hold up neither the event loop nor the request workers
+            answer = await off_loop(lambda: dep.hot_load(decode_json(raw)), dep.signals)
+            return Response(b"", 200) if s.fault("HL-POST-1") else Json(answer)
         except BadRequest as e:
-            return error(e.status, str(e))
+            return refusal(e)
         except HotLoadError as e:
             return error(e.status, e.message, **e.extra)
 
@@ -373,16 +422,17 @@ def create_app(dep: Deployment) -> Starlette:
         if (bad := hot_load_headers(request)) is not None:
             return bad
         try:
-            return JSONResponse(dep.hint(await json_body(request)))
+            raw = await read_body(request)
+            return Json(await off_loop(lambda: dep.hint(decode_json(raw))))
         except BadRequest as e:
-            return error(e.status, str(e))
+            return refusal(e)
         except HotLoadError as e:
-            return error(e.status, e.message)
+            return error(e.status, e.message, **e.extra)
 
     async def accounts(request: Request) -> Response:
         if not authorized(request):
             return auth_error()
-        return JSONResponse({"accounts": [{"name": f"accounts/{s.account}", "displayName": s.account}], "totalSize": 1})
+        return Json({"accounts": [{"name": f"accounts/{s.account}", "displayName": s.account}], "totalSize": 1})
 
     def _deployment_path_ok(request: Request) -> bool:
         return request.path_params["account"] == s.account and request.path_params["deployment"] == s.deployment_id
@@ -392,7 +442,7 @@ def create_app(dep: Deployment) -> Starlette:
             return auth_error()
         if not _deployment_path_ok(request):
             return error(404, "deployment not found", "NOT_FOUND")
-        return JSONResponse({
+        return Json({
             "name": s.deployment, "state": "READY", "baseModel": s.model, "enableHotLoad": True,
             "hotLoadBucketType": "MINIO", "hotLoadBucketUrl": s.bucket.resolve().as_uri(),
             "hotLoadTransitionType": s.transition, "minReplicaCount": s.replicas, "maxReplicaCount": s.replicas,
@@ -406,20 +456,24 @@ def create_app(dep: Deployment) -> Starlette:
         if request.method == "DELETE":
             if s.fault("HL-LEDGER-1"):
                 return error(405, "method not allowed", "UNIMPLEMENTED")
-            return JSONResponse(dep.reset_ledger())
-        return JSONResponse({"entries": dep.ledger})
+            return Json(dep.reset_ledger())
+        return Json({"entries": dep.ledger})
 
     def inference(chat: bool):
+        def parse(raw: bytes) -> Inference:
+            return parse_inference(decode_json(raw), chat, text, vocab, s.max_context, names)
+
         async def handler(request: Request) -> Response:
             if not authorized(request):
                 return auth_error()
             try:
-                req = parse_inference(await json_body(request), chat, text, vocab, s.max_context, names)
+                raw = await read_body(request)
+                req = await off_loop(lambda: parse(raw))
                 run = Run(dep, text, req, {k.lower(): v for k, v in request.headers.items()})
             except BadRequest as e:
                 if s.fault("INF-ERR-1") and "not valid JSON" in str(e):
                     return error(500, "internal error", "INTERNAL")
-                return error(e.status, str(e))
+                return refusal(e)
             except Unavailable as e:
                 return error(503, str(e), "UNAVAILABLE")
             except TooEarly as e:
@@ -436,9 +490,9 @@ def create_app(dep: Deployment) -> Starlette:
             if req.stream:
                 return StreamingResponse(run.stream(), media_type="text/event-stream", headers=run.headers())
             try:
-                return JSONResponse(await run.body(), headers=run.headers())
-            except BadRequest as e:
-                return error(e.status, str(e))
+                return Json(await run.body(), headers=run.headers())
+            except BadRequest as e:  # the request failed in a decode step (500) or was cut short
+                return error(e.status, str(e), "INTERNAL" if e.status >= 500 else "invalid_request_error")
 
         return handler
 
@@ -453,7 +507,9 @@ def create_app(dep: Deployment) -> Starlette:
     async def openapi(request: Request) -> Response:
         from pytest_rlrollout.reference.openapi import document
 
-        return JSONResponse(document(s.deployment, s.model))
+        return Json(
+            document(s.deployment, s.model, s.max_body_bytes, s.body_timeout, s.max_context, s.max_header_bytes)
+        )
 
     routes = [
         Route("/openapi.json", openapi, methods=["GET"]),
@@ -469,17 +525,54 @@ def create_app(dep: Deployment) -> Starlette:
             Route(f"{prefix}/chat/completions", inference(True), methods=["POST"]),
         ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crash})
-    return _Recorded(app, dep.requests)
+    return _Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes)
 
 
-class _Recorded:
-    """Keeps (method, path) of every request the deployment received: tests check what a
-    client did, e.g. that a read-only run sent no POST to the hot-load API."""
+class _Guarded:
+    """What wraps the app: keeps (method, path) of every request (tests check what a client did,
+    e.g. that a read-only run sent no POST to the hot-load API); refuses headers over their limit
+    (431), and a body whose declared length is over the limit (413) before a byte of it is read;
+    and keeps the connection when an exception escapes the app (Starlette answers it 500, then
+    re-raises it, and uvicorn resets a connection whose app raised)."""
 
-    def __init__(self, app: Any, log: Any):
-        self.app, self.log = app, log
+    def __init__(self, app: Any, log: Any, max_body: int, max_head: int):
+        self.app, self.log, self.max_body, self.max_head = app, log, max_body, max_head
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.log.append((scope["method"], scope["path"]))
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.log.append((scope["method"], scope["path"]))
+        head = sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # + ": " and CRLF
+        if head > self.max_head:
+            message = f"the request headers ({head} bytes) exceed {self.max_head} bytes"
+            await error(431, message, headers={"Connection": "close"})(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body:
+            message = f"the request body ({declared} bytes) exceeds {self.max_body} bytes"
+            await error(413, message, headers={"Connection": "close"})(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("%s %s failed", scope["method"], scope["path"])
+            if not started:
+                await error(500, "internal error", "INTERNAL")(scope, receive, send)
+
+
+def _content_length(scope: dict) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:  # the server's HTTP parser refuses such a header first
+                return None
+    return None

@@ -6,24 +6,30 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import shutil
 import tempfile
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.contract.identity import identity_problem
+from pytest_rlrollout.reference import validator
 from pytest_rlrollout.reference.model import Lora, Model
 from pytest_rlrollout.reference.replica import PendingSwap, Replica
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
 from pytest_rlrollout.reference.settings import Settings
+from pytest_rlrollout.reference.validator import ValidatorFailed
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
-from pytest_rlrollout.snapshot.validate import Context, Finding, signal_findings, validate
+from pytest_rlrollout.snapshot.validate import Context, Finding, signal_findings
+
+log = logging.getLogger(__name__)
 
 
 class HotLoadError(Exception):
@@ -33,6 +39,29 @@ class HotLoadError(Exception):
 
 
 RESET_POLICIES = {"all", "new_session", "none"}
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, APFS...), and characters the schema allows
+# the hint's one answer to an identity it will not look up: the same whatever is on the disk
+HINT_REFUSAL = "identity: not one path segment naming a directory of the bucket (SNAP-ID-1)"
+
+
+def identity_refusal(identity: object) -> str | None:
+    """Why `identity` cannot name a directory of the bucket (SNAP-ID-1), judged without touching
+    the disk; None for a name that can."""
+    why = identity_problem(identity)
+    if why is not None or not isinstance(identity, str):
+        return why
+    try:
+        encoded = identity.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    if len(identity) > NAME_MAX or len(encoded) > NAME_MAX:
+        return f"is longer than {NAME_MAX} characters or bytes"
+    return None
+
+
+def _quote(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."
 
 
 def reset_policy(value: object) -> str:
@@ -60,9 +89,13 @@ class Deployment:
         self.ledger: list[dict[str, Any]] = []
         self.ledger_reset = False
         self.loading: str | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # routing and the ledger: held for microseconds only
+        self._signal_lock = threading.Lock()  # one signal judged at a time (validation included)
+        self.workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="rlrollout-request")
+        self.signals = ThreadPoolExecutor(1, thread_name_prefix="rlrollout-signal")
         self._round_robin = 0
         self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)
+        validator.shared().warm()  # its imports run while the deployment starts, not at the first signal
 
     def set_pace(self, **delays: float) -> None:
         """Change how long loads, swaps and decode steps take (`load_delay`, `swap_delay`,
@@ -104,14 +137,34 @@ class Deployment:
                 r["loading_state"] = None
         return {"status": replicas} if self.settings.fault("HL-GET-1") else {"replicas": replicas}
 
+    def in_bucket(self, identity: str) -> Path | None:
+        """The bucket's directory `identity` names, if it stays inside the bucket once every
+        symlink is followed (an identity already judged by `identity_refusal`)."""
+        bucket = self.settings.bucket.resolve()
+        try:
+            path = (bucket / identity).resolve()
+        except (OSError, RuntimeError):  # a symlink loop, a name the OS refuses
+            return None
+        return bucket / identity if path != bucket and path.is_relative_to(bucket) else None
+
     def hot_load(self, body: Any) -> dict[str, Any]:
+        """Judge a signal and start the load (on a worker thread: validation may take seconds).
+        Whatever the validator raises is a refusal (400), never an answer of 500."""
+        with self._signal_lock:
+            return self._hot_load(body)
+
+    def _hot_load(self, body: Any) -> dict[str, Any]:
         received = time.time()
         f = self.settings.fault
         if not isinstance(body, dict):
             raise HotLoadError(400, "the request body must be a JSON object")
         if isinstance(body.get("reset_prompt_cache"), bool) and f("HL-POST-3a"):
             raise HotLoadError(400, "reset_prompt_cache: Input should be a valid string")
-        problems = signal_findings(body)
+        try:
+            problems = signal_findings(body)
+        except Exception as e:
+            log.exception("checking a signal failed")
+            raise HotLoadError(400, f"the signal could not be checked ({type(e).__name__})") from None
         if f("HL-POST-2"):  # only the unknown-field rejection is broken; a missing identity is still refused
             problems = [p for p in problems if "Extra inputs" not in p.message]
         problems = [p for p in problems if p.clause == "HL-POST-2" or not f(p.clause)]
@@ -120,20 +173,20 @@ class Deployment:
                 _finding(p.clause, p.message.replace("Extra inputs are not permitted, field:", "unknown field:"))
                 for p in problems
             ]
-        why = identity_problem(body.get("identity"))
+        identity = body.get("identity")
+        why = identity_refusal(identity)
         if why and f("HL-POST-4"):
-            raise HotLoadError(500, f"internal error resolving identity {body.get('identity')!r}")
+            raise HotLoadError(500, f"internal error resolving identity {_quote(identity)}")
         if why and not (f("SNAP-ID-1") and "'/'" in why):
-            problems.insert(
-                0, _finding("SNAP-ID-1", f"identity {body.get('identity')!r} {why}; it must be one path segment")
-            )
+            problems.insert(0, _finding("SNAP-ID-1", f"identity {_quote(identity)} {why}; it must be one path segment"))
         if problems:
             raise HotLoadError(
-                400, "; ".join(p.message for p in problems), clauses=sorted({p.clause for p in problems})
+                400, "; ".join(p.message for p in problems)[:2000], clauses=sorted({p.clause for p in problems})
             )
-        identity = body["identity"]
         policy = reset_policy(body.get("reset_prompt_cache"))
         meta = body.get("incremental_snapshot_metadata") or None
+        if meta is not None and not isinstance(meta, dict):  # only a fault switch lets one through
+            raise HotLoadError(400, "incremental_snapshot_metadata must be an object")
         with self._lock:
             if self.loading is not None:
                 raise HotLoadError(409, f"snapshot {self.loading} is still loading; signal again once it is ready")
@@ -141,48 +194,62 @@ class Deployment:
                 raise HotLoadError(
                     409, f"identity {identity} is already in the ledger; every snapshot needs a new identity"
                 )
-            path = self.settings.bucket / identity
-            if not path.is_dir():
-                raise HotLoadError(400, f"snapshot {identity} not found in the bucket")
-            parent = self.full_dirs.get(meta.get("previous_snapshot_identity")) if meta else None
-            if meta and f("SNAP-INC-5"):  # the bug: apply the diff onto whatever is served
-                meta = {**meta, "previous_snapshot_identity": self.replicas[0].identity}
-                parent = self.full_dirs.get(self.replicas[0].identity)
-            ctx = Context(
-                base=self.full_dirs[self.settings.base_identity],
-                parent=parent,
-                signal={k: v for k, v in body.items() if k != "validation"} if f("HL-CONFIG-2") else body,
-                identity=identity,
-                served=tuple(r.identity for r in self.replicas),
-                ledger_reset=self.ledger_reset,
-                base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
+        path = self.in_bucket(identity)
+        if path is None:
+            raise HotLoadError(400, f"identity {_quote(identity)} leaves the bucket", clauses=["SNAP-ID-1"])
+        if not path.is_dir():
+            raise HotLoadError(400, f"snapshot {identity} not found in the bucket")
+        previous = meta.get("previous_snapshot_identity") if meta else None
+        parent = self.full_dirs.get(previous) if isinstance(previous, str) else None
+        if meta and f("SNAP-INC-5"):  # the bug: apply the diff onto whatever is served
+            meta = {**meta, "previous_snapshot_identity": self.replicas[0].identity}
+            parent = self.full_dirs.get(self.replicas[0].identity)
+        ctx = Context(
+            base=self.full_dirs[self.settings.base_identity],
+            parent=parent,
+            signal={k: v for k, v in body.items() if k != "validation"} if f("HL-CONFIG-2") else body,
+            identity=identity,
+            served=tuple(r.identity for r in self.replicas),
+            ledger_reset=self.ledger_reset,
+            base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
+        )
+        # outside self._lock: routing takes it for every request. In a process of its own: a
+        # hostile snapshot's headers hold the GIL for as long as they take to parse, which a
+        # thread would not spare the event loop and the replicas
+        try:
+            report = validator.shared().validate(path, ctx, self.settings.validate_timeout)
+            failures = report.failures("MUST")
+        except ValidatorFailed as e:
+            raise HotLoadError(400, f"snapshot {identity} could not be validated: {e}") from None
+        except Exception as e:
+            log.exception("validating %s failed", path)
+            raise HotLoadError(400, f"snapshot {identity} could not be validated ({type(e).__name__})") from None
+        refused = [x for x in failures if not f(x.clause)]
+        # a SNAP fault switch on: the violation is let through, and a load it breaks is
+        # "recovered" by keeping the old weights under the new identity (a swallowed error)
+        let_through = [x for x in failures if f(x.clause) and x.clause.startswith("SNAP-")]
+        if f("HL-CONFIG-1"):
+            refused = [
+                _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
+                for x in refused
+            ]
+        deferred = refused if f("HL-POST-5a") else []
+        if refused and not (f("HL-POST-5") or f("HL-POST-5a")):
+            raise HotLoadError(
+                400, "; ".join(str(x) for x in refused[:8])[:4000], clauses=sorted({x.clause for x in refused})
             )
-            report = validate(path, context=ctx)
-            refused = [x for x in report.failures("MUST") if not f(x.clause)]
-            # a SNAP fault switch on: the violation is let through, and a load it breaks is
-            # "recovered" by keeping the old weights under the new identity (a swallowed error)
-            let_through = [x for x in report.failures("MUST") if f(x.clause) and x.clause.startswith("SNAP-")]
-            if f("HL-CONFIG-1"):
-                refused = [
-                    _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
-                    for x in refused
-                ]
-            deferred = refused if f("HL-POST-5a") else []
-            if refused and not (f("HL-POST-5") or f("HL-POST-5a")):
-                raise HotLoadError(
-                    400, "; ".join(str(x) for x in refused[:8]), clauses=sorted({x.clause for x in refused})
-                )
-            kind = report.kind
-            if meta and parent is None and not f("HL-POST-5"):
-                raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
-            entry = {
-                "identity": identity,
-                "kind": kind,
-                "received_at": received,
-                "signalled_at": time.time(),
-                "replicas": {},
-                "error": None,
-            }
+        kind = report.kind
+        if meta and parent is None and not f("HL-POST-5"):
+            raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
+        entry = {
+            "identity": identity,
+            "kind": kind,
+            "received_at": received,
+            "signalled_at": time.time(),
+            "replicas": {},
+            "error": None,
+        }
+        with self._lock:
             self.ledger.insert(0, entry)
             self.loading = identity
             if kind != "incremental":
@@ -252,24 +319,32 @@ class Deployment:
         return {"forgotten": forgotten}
 
     def hint(self, body: Any) -> dict[str, Any]:
+        """{} when the file is in the named snapshot of the bucket, 404 when it is not. Every
+        identity that is not a directory name inside the bucket gets one and the same refusal,
+        decided before the disk is touched (or, for a symlink, whatever it points to): the hint
+        tells nothing about paths outside the bucket."""
         if not (isinstance(body, dict) and isinstance(body.get("identity"), str) and isinstance(body.get("file"), str)):
             raise HotLoadError(400, "a hint is {'identity': str, 'file': str}")
         if set(body) - {"identity", "file"}:
-            raise HotLoadError(
-                400, f"Extra inputs are not permitted, field: '{sorted(set(body) - {'identity', 'file'})[0]}'"
-            )
-        root = self.settings.bucket / body["identity"]
+            extra = sorted(set(body) - {"identity", "file"})[0]
+            raise HotLoadError(400, f"Extra inputs are not permitted, field: {_quote(extra)}")
+        identity, name = body["identity"], body["file"]
+        root = self.in_bucket(identity) if identity_refusal(identity) is None else None
+        if root is None:
+            raise HotLoadError(400, HINT_REFUSAL, clauses=["SNAP-ID-1"])
         try:
-            known = root.is_dir() and SnapshotDir(root).has(body["file"])
-        except UnsafePath:
+            known = identity_refusal(name) is None and root.is_dir() and SnapshotDir(root).has(name)
+        except (UnsafePath, OSError, ValueError):
             known = False
         if not known:
-            raise HotLoadError(404, f"no file {body['file']!r} in snapshot {body['identity']!r}")
-        if self.settings.fault("HL-HINT-1") and self.loading is None and body["identity"] not in self.full_dirs:
-            self.hot_load({"identity": body["identity"]})
+            raise HotLoadError(404, f"no file {_quote(name)} in snapshot {_quote(identity)}")
+        if self.settings.fault("HL-HINT-1") and self.loading is None and identity not in self.full_dirs:
+            self.hot_load({"identity": identity})
         return {}
 
     def close(self) -> None:
+        for pool in (self.workers, self.signals):
+            pool.shutdown(wait=False, cancel_futures=True)
         for r in self.replicas:
             r.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)

@@ -4,6 +4,8 @@ request in one batched step per token, and swaps weights at a token boundary."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -12,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from pytest_rlrollout.reference.model import Lora, Model, Sequence_, log_softmax
+from pytest_rlrollout.reference.model import Lora, Model, Sequence_, StepOutput, log_softmax
 from pytest_rlrollout.reference.prompt_cache import Entry, PromptCache
 from pytest_rlrollout.reference.sampling import SamplingParams, sample
 from pytest_rlrollout.reference.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class TooEarly(Exception):
@@ -56,7 +60,8 @@ class Job:
     served_by: str = ""  # the snapshot identity at admission
 
     def emit(self, event: tuple[str, Any]) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        with contextlib.suppress(RuntimeError):  # the request's loop has closed (the server stopped)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
 @dataclass(frozen=True)
@@ -234,104 +239,158 @@ class Replica:
             job.emit(("error", (425, "waited longer than the hot-load drain timeout")))
 
     def _step(self, admitted: list[Job], active: list[Job]) -> None:
+        """One decode step: admit new requests, feed every request a prompt chunk or its last
+        token, sample. A request that fails ends alone (an error event); the others go on."""
         events: list[tuple[Job, tuple[str, Any]]] = []  # delivered once per step, not once per token
-        f = self.settings.fault
-        feeds: list[tuple[Job, list[int]]] = []
+        failed: set[Job] = set()
         for job in admitted:
-            if job.cancelled.is_set():
-                continue
-            job.model, job.lora, job.version = self.model, self.lora, self.version
-            if self._stale is not None:  # SWAP-NEW-1 fault: the old weights serve a few more requests
-                job.model, job.lora, job.version, left = self._stale
-                job.stale = True
-                self._stale = (job.model, job.lora, job.version, left - 1) if left > 1 else None
-            model = job.model
-            hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
-            cached = hit.length if hit else 0
-            if hit:
-                job.seq = model.clone_sequence(hit.entry.seq, cached)
-                if f("CACHE-EQ-1"):
-                    job.seq.k = [k * np.float32(1.05) for k in job.seq.k]
-                job.routing = list(hit.entry.routing[:cached])
-                if f("R3-CACHE-1"):
-                    job.routing = [job.routing[0], *job.routing[:-1]]
-                job.token_logprobs = list(hit.entry.token_logprobs[:cached])
-                job.boundary_logits = {b: v for b, v in hit.entry.boundary_logits.items() if b <= cached}
-                job.token_logprobs.append(float(log_softmax(hit.entry.boundary_logits[cached])[job.prompt[cached]]))
-            else:
-                job.seq = Sequence_()
-                job.token_logprobs = [0.0]  # the first token has no context
-            job.tokens = [int(t) for t in job.prompt]
-            job.served_by = self.identity
-            feeds.append((job, job.tokens[cached:]))
-            events.append((job, ("start", {"cached_tokens": cached, "replica": self.name})))
-        for job in active:
             if not job.cancelled.is_set():
-                if not job.stale:  # ASYNC: in-flight requests resume on the new weights
-                    job.model, job.lora = self.model, self.lora
-                feeds.append((job, [job.tokens[-1]]))
-        if not feeds:
-            self._deliver(events)
-            with self._cond:
-                self._active = [j for j in self._active if not j.cancelled.is_set()]
-            return
+                try:
+                    self._admit(job, events)
+                except Exception as e:
+                    _fail(job, e, events, failed)
+        chunk = max(1, self.settings.prefill_chunk)
+        feeds: list[tuple[Job, list[int]]] = []
+        fresh = set(admitted)
+        for job in admitted + active:
+            if job.cancelled.is_set() or job in failed or job.seq is None:
+                continue
+            if job not in fresh and not job.stale:  # ASYNC: in-flight requests resume on the new weights
+                job.model, job.lora = self.model, self.lora
+            # the next prompt chunk while the prompt goes in; then the token sampled last
+            feeds.append((job, job.tokens[job.seq.length : job.seq.length + chunk]))
         # requests with different adapters cannot share a batch
         groups: dict[tuple[int, int], list[tuple[Job, list[int]]]] = {}
         for feed in feeds:
             groups.setdefault((id(feed[0].model), id(feed[0].lora)), []).append(feed)
-        finished: list[Job] = []
+        finished: set[Job] = set()
         for group in groups.values():
-            jobs = [j for j, _ in group]
-            outs = jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
-            last = np.stack([o.logits[-1] for o in outs])
+            outs = self._forward(group, events, failed)
+            ran = [(job, fed, out) for (job, fed), out in zip(group, outs, strict=True) if out is not None]
+            if not ran:
+                continue
+            last = np.stack([out.logits[-1] for _, _, out in ran])
             greedy_lp = log_softmax(last.astype(np.float64))  # one pass for the whole batch
-            for b, ((job, fed), out) in enumerate(zip(group, outs, strict=True)):
-                start = len(job.tokens) - len(fed)
-                in_prompt = start < len(job.prompt) - 1
-                lp = log_softmax(out.logits) if in_prompt else None
-                for i in range(len(fed)):
-                    job.routing.append(out.routing[i])
-                    pos = start + i  # the position whose logits these are predicts position pos + 1
-                    if (pos + 1) % self.settings.block_size == 0:
-                        job.boundary_logits[pos + 1] = out.logits[i]
-                    if pos + 1 < len(job.prompt):
-                        job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
-                if job.generated == 0 and job.want_prompt_entries:
-                    prompt_routing = np.array(job.routing[: len(job.prompt)])
-                    if f("R3-CHANGE-1"):  # a memo that no swap invalidates
-                        prompt_routing = self._routing_memo.setdefault(
-                            tuple(job.tokens[: len(job.prompt)]), prompt_routing
-                        )
-                    events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing))))
-                if job.max_tokens == 0:
-                    finished.append(job)
-                    events.append((job, ("end", "length")))
-                    continue
-                if job.params.temperature <= 0:
-                    token = int(np.argmax(last[b]))
-                    logprob, sampling_logprob = float(greedy_lp[b, token]), 0.0
-                else:
-                    token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
-                job.generated += 1
-                job.tokens.append(token)
-                job.token_logprobs.append(logprob)
-                version = job.version if job.stale else self.version
-                if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
-                    version = job.served_by
-                events.append((job, ("token", Token(token, logprob, sampling_logprob, out.routing[-1], version))))
-                if token in job.stop_ids:
-                    finished.append(job)
-                    events.append((job, ("end", "stop")))
-                elif job.generated >= job.max_tokens:
-                    finished.append(job)
-                    events.append((job, ("end", "length")))
+            for b, (job, fed, out) in enumerate(ran):
+                try:
+                    if self._advance(job, fed, out, last[b], greedy_lp[b], events):
+                        finished.add(job)
+                except Exception as e:
+                    _fail(job, e, events, failed)
         with self._cond:
-            keep = [j for j in self._active if j not in finished and not j.cancelled.is_set()]
-            keep += [j for j in admitted if j not in finished and not j.cancelled.is_set()]
+            gone = finished | failed
+            keep = [j for j in self._active if j not in gone and not j.cancelled.is_set()]
+            keep += [j for j in admitted if j not in gone and not j.cancelled.is_set()]
             self._active = keep
         self._deliver(events)
-        for job in finished:
-            self._remember(job)
+        for job in finished - failed:
+            try:
+                self._remember(job)
+            except Exception:  # the request has its answer; only its cache entry is lost
+                log.exception("%s: caching a finished request failed", self.name)
+
+    def _admit(self, job: Job, events: list[tuple[Job, tuple[str, Any]]]) -> None:
+        """Pin the job to the served weights and start it on the longest cached prefix."""
+        f = self.settings.fault
+        job.model, job.lora, job.version = self.model, self.lora, self.version
+        if self._stale is not None:  # SWAP-NEW-1 fault: the old weights serve a few more requests
+            job.model, job.lora, job.version, left = self._stale
+            job.stale = True
+            self._stale = (job.model, job.lora, job.version, left - 1) if left > 1 else None
+        model = job.model
+        hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
+        cached = hit.length if hit else 0
+        if hit:
+            seq = model.clone_sequence(hit.entry.seq, cached)
+            if f("CACHE-EQ-1"):
+                seq.k = [k * np.float32(1.05) for k in seq.k]
+            job.routing = list(hit.entry.routing[:cached])
+            if f("R3-CACHE-1"):
+                job.routing = [job.routing[0], *job.routing[:-1]]
+            job.token_logprobs = list(hit.entry.token_logprobs[:cached])
+            job.boundary_logits = {b: v for b, v in hit.entry.boundary_logits.items() if b <= cached}
+            job.token_logprobs.append(float(log_softmax(hit.entry.boundary_logits[cached])[job.prompt[cached]]))
+        else:
+            seq = Sequence_()
+            job.token_logprobs = [0.0]  # the first token has no context
+        job.tokens = [int(t) for t in job.prompt]
+        job.served_by = self.identity
+        job.seq = seq
+        events.append((job, ("start", {"cached_tokens": cached, "replica": self.name})))
+
+    def _forward(
+        self, group: list[tuple[Job, list[int]]], events: list[tuple[Job, tuple[str, Any]]], failed: set[Job]
+    ) -> list[StepOutput | None]:
+        """The model's output for each feed of a batch; None for a request whose feed fails."""
+        jobs = [j for j, _ in group]
+        lengths = [j.seq.length for j in jobs]
+        try:
+            return jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
+        except Exception:
+            # Find the request that broke the batch by stepping each alone. A failed step leaves
+            # no trace: positions past a sequence's length are rewritten by the next step.
+            for job, n in zip(jobs, lengths, strict=True):
+                job.seq.length = n
+        outs: list[StepOutput | None] = []
+        for (job, fed), n in zip(group, lengths, strict=True):
+            try:
+                outs.append(job.model.step([job.seq], [fed], job.lora)[0])
+            except Exception as e:
+                job.seq.length = n
+                _fail(job, e, events, failed)
+                outs.append(None)
+        return outs
+
+    def _advance(
+        self,
+        job: Job,
+        fed: list[int],
+        out: StepOutput,
+        last: np.ndarray,
+        greedy_lp: np.ndarray,
+        events: list[tuple[Job, tuple[str, Any]]],
+    ) -> bool:
+        """Record what a step computed for `job` and sample its next token once the whole prompt
+        is in; True when the job is finished."""
+        f = self.settings.fault
+        start = job.seq.length - len(fed)  # the first position fed in this step
+        lp = log_softmax(out.logits) if start < len(job.prompt) - 1 else None
+        for i in range(len(fed)):
+            job.routing.append(out.routing[i])
+            pos = start + i  # the position whose logits these are predicts position pos + 1
+            if (pos + 1) % self.settings.block_size == 0:
+                job.boundary_logits[pos + 1] = out.logits[i]
+            if pos + 1 < len(job.prompt):
+                job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
+        if job.seq.length < len(job.prompt):
+            return False  # more of the prompt goes in at the next step
+        if job.generated == 0 and job.want_prompt_entries:
+            prompt_routing = np.array(job.routing[: len(job.prompt)])
+            if f("R3-CHANGE-1"):  # a memo that no swap invalidates
+                prompt_routing = self._routing_memo.setdefault(tuple(job.tokens[: len(job.prompt)]), prompt_routing)
+            events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing))))
+        if job.max_tokens == 0:
+            events.append((job, ("end", "length")))
+            return True
+        if job.params.temperature <= 0:
+            token = int(np.argmax(last))
+            logprob, sampling_logprob = float(greedy_lp[token]), 0.0
+        else:
+            token, logprob, sampling_logprob = sample(out.logits[-1], job.params, job.rng)
+        job.generated += 1
+        job.tokens.append(token)
+        job.token_logprobs.append(logprob)
+        version = job.version if job.stale else self.version
+        if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
+            version = job.served_by
+        events.append((job, ("token", Token(token, logprob, sampling_logprob, out.routing[-1], version))))
+        if token in job.stop_ids:
+            events.append((job, ("end", "stop")))
+            return True
+        if job.generated >= job.max_tokens:
+            events.append((job, ("end", "length")))
+            return True
+        return False
 
     @staticmethod
     def _deliver(events: list[tuple[Job, tuple[str, Any]]]) -> None:
@@ -339,7 +398,8 @@ class Replica:
         for job, ev in events:
             by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job.queue, ev))
         for loop, items in by_loop.values():
-            loop.call_soon_threadsafe(_put_all, items)
+            with contextlib.suppress(RuntimeError):  # that loop has closed (the server stopped)
+                loop.call_soon_threadsafe(_put_all, items)
 
     def _remember(self, job: Job) -> None:
         """Cache the computed positions (prompt and generated, minus the last unfed token)."""
@@ -357,6 +417,13 @@ class Replica:
                 session=job.session,
             )
         )
+
+
+def _fail(job: Job, e: Exception, events: list[tuple[Job, tuple[str, Any]]], failed: set[Job]) -> None:
+    """End `job` alone: its stream gets an error event, every other request of the step goes on."""
+    log.exception("a request failed in a decode step")
+    failed.add(job)
+    events.append((job, ("error", (500, f"{type(e).__name__}: {e}"))))
 
 
 def _put_all(items: list) -> None:

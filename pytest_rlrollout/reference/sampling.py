@@ -25,8 +25,9 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         return token, float(logprobs[token]), 0.0
     scaled = logits.astype(np.float64) / params.temperature
     keep = np.ones_like(scaled, dtype=bool)
-    if params.top_k and params.top_k > 0:
-        kth = np.partition(scaled, -params.top_k)[-params.top_k]
+    top_k = int(params.top_k)
+    if 0 < top_k < scaled.size:  # at or beyond the vocabulary, top-k keeps every token
+        kth = np.partition(scaled, -top_k)[-top_k]
         keep &= scaled >= kth
     probs = np.exp(log_softmax(np.where(keep, scaled, -np.inf)))
     if params.top_p < 1.0:
@@ -35,5 +36,7 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         cut = order[np.searchsorted(cum, params.top_p) + 1 :]
         probs[cut] = 0.0
         probs /= probs.sum()
+    if not np.all(np.isfinite(probs)):  # NaN logits: fail this sequence with a message that says so
+        raise ValueError(f"no sampling distribution for temperature {params.temperature} (non-finite logits)")
     token = int(rng.choice(len(probs), p=probs))
     return token, float(logprobs[token]), float(np.log(probs[token]))

@@ -33,6 +33,18 @@ class Settings:
     block_size: int = 16  # prompt-cache granularity (tokens)
     cache_entries: int = 256  # prompt-cache entries per replica
     max_context: int = 2048
+    # a prompt is fed in chunks of this many tokens, one chunk per decode step, so a long prefill
+    # delays the other streams of its replica by one chunk's time per step, not by all of it
+    prefill_chunk: int = 64
+    # request bodies: refused with 413 past this size (from Content-Length, and while read), and
+    # with 408 when they have not arrived whole this many seconds after the headers
+    max_body_bytes: int = 1 << 20
+    # request headers, all of them: refused with 431 past this size (the HTTP layer refuses, with
+    # 400, headers that do not arrive whole within its own 16 KiB read buffer)
+    max_header_bytes: int = 32 << 10
+    body_timeout: float = 30.0
+    validate_timeout: float = 120.0  # seconds a snapshot's validation may take before it is refused
+    workers: int = 4  # threads that decode, validate and tokenize requests off the event loop
     seed: int = 0
     faults: frozenset[str] = field(default_factory=frozenset)
 

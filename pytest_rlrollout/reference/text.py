@@ -25,10 +25,32 @@ class Text:
         self.stop_ids = frozenset(ids)
         self._byte_level = self._is_byte_level()
         self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
+        self._template: Any = None
+        self.max_token_bytes = self._max_token_bytes()
 
     def _is_byte_level(self) -> bool:
         decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
         return decoder.get("type") == "ByteLevel"
+
+    def _max_token_bytes(self) -> int | None:
+        """The most text one token can stand for, in UTF-8 bytes of the text encoded (None: no
+        bound), so a text of more than `n * max_token_bytes` bytes takes more than n tokens.
+        Only byte-level BPE has such a bound: each of its tokens is the bytes it decodes to, and
+        it has no unknown token (WordPiece's or a fused one stands for a word of any length). A
+        normalizer could shrink a text before it is split; NFC at most thirds its UTF-8 length
+        (three 3-byte Hangul jamo make one 3-byte syllable), any other may delete text: no bound."""
+        spec = json.loads(self.tokenizer.to_str())
+        model, normalizer = spec.get("model") or {}, spec.get("normalizer")
+        if not self._byte_level or model.get("type") != "BPE" or model.get("unk_token") is not None:
+            return None
+        if normalizer is not None and normalizer.get("type") != "NFC":
+            return None
+        longest = max(len(self.token_bytes(i)) for i in range(self.tokenizer.get_vocab_size(with_added_tokens=True)))
+        return longest * (3 if normalizer is not None else 1)
+
+    def bytes_bound(self, max_context: int) -> int | None:
+        """No text of more UTF-8 bytes than this fits `max_context` tokens (None: unknown)."""
+        return None if self.max_token_bytes is None else max_context * self.max_token_bytes
 
     @lru_cache(maxsize=65536)  # noqa: B019 - one Text per deployment, vocabularies are small
     def token_bytes(self, token: int) -> bytes:
@@ -53,12 +75,17 @@ class Text:
     def piece(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
-    def chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        # a snapshot's template is untrusted input: render it sandboxed
-        template = ImmutableSandboxedEnvironment(autoescape=False).from_string(self.chat_template)
-        return self.encode(template.render(messages=messages, add_generation_prompt=True))
+            # a snapshot's template is untrusted input: render it sandboxed (compiled once; a
+            # compiled template renders on any thread)
+            self._template = ImmutableSandboxedEnvironment(autoescape=False).from_string(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=True)
+
+    def chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode(self.render_chat(messages))
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -17,6 +17,13 @@ in a stored header or body is replaced before writing.
 Tests take times through `mark(name)`: live, the monotonic clock; recording, the same value also
 written down; replaying, the recorded value, so timing-dependent verdicts are made on the
 recorded timeline.
+
+Cassettes are data, never paths: a cassette directory may come from anyone. Only regular files
+inside the directory are read (links are resolved and must stay inside; a FIFO or a device is
+refused before a byte is read), each at most `MAX_FILE` bytes, and every cassette is checked
+against the shape the recorder writes when it is loaded: anything else is a `CassetteError`
+naming the file and what is wrong, never a KeyError or a wrong verdict later. Nothing here builds
+a path from a cassette's content.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
+import os
 import re
+import stat
 import threading
 import time
 from collections import defaultdict
@@ -33,8 +43,11 @@ from typing import Any
 
 import httpx
 
-from pytest_rlrollout.remote.secret import Secret
+from pytest_rlrollout.remote.client import bounded_transport, read_capped
+from pytest_rlrollout.remote.limits import LOCAL_LIMITS, Limits, MiB
+from pytest_rlrollout.remote.secret import Redacted, Secret
 from pytest_rlrollout.remote.sse import SSEDecoder
+from pytest_rlrollout.remote.stream import parsed_size
 
 SCRUBBED = "<scrubbed>"
 MATCHED_HEADERS = ("x-multi-turn-session-id", "x-session-affinity", "x-prompt-cache-isolation-key",
@@ -42,6 +55,23 @@ MATCHED_HEADERS = ("x-multi-turn-session-id", "x-session-affinity", "x-prompt-ca
 VOLATILE_BODY_FIELDS = ("request_id", "user", "metadata")  # differ between runs, change no answer
 KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "fireworks-backend-host", "fireworks-cached-prompt-tokens",
                          "fireworks-server-time-to-first-token", "fireworks-prompt-tokens")  # fmt: skip
+
+MAX_FILE = 64 * MiB  # bytes of one cassette file (the shipped ones are under 100 KB)
+# bytes in memory one cassette may parse to, as `parsed_size` estimates it (a shipped cassette:
+# 17 times its size); a file of empty arrays would parse to 20 times its size, so it is weighed first
+MAX_PARSED = 256 * MiB
+MAX_FILES = 100_000  # entries (files and directories) in one cassette directory
+MAX_DIRS = 16  # directories a cassette may sit under (the recorder writes one: its test module's)
+MAX_DEPTH = 32  # nesting of a cassette's meta (what the session recorded about the deployment)
+SHOWN = 60  # characters of a cassette's content an error may show
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP token
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")  # what httpx can send back as a header (ASCII, no line breaks)
+
+
+class CassetteError(ValueError):
+    """A cassette, or a cassette directory, that is not what the recorder writes: not a regular
+    file inside its directory, too large, not JSON, or not of a cassette's shape. The message
+    names the file and what is wrong, and shows at most a short excerpt of its content."""
 
 
 class CassetteMiss(Exception):
@@ -58,19 +88,226 @@ def cassette_name(nodeid: str) -> str:
     """A file name for a test: readable, and unique through a short hash of its portable id."""
     pid = portable_id(nodeid)
     module, _, rest = pid.partition("::")
+    module = re.sub(r"[^A-Za-z0-9_.-]+", "_", module).lstrip(".")[:80] or "_"  # never '..' or a separator
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", rest)[:80]
     return f"{module}/{safe}-{hashlib.sha1(pid.encode()).hexdigest()[:8]}.json"
 
 
+# --------------------------------------------------------------------------- reading cassettes as data
+
+
+def _shown(path: Path, root: Path) -> str:
+    """`path` as a message shows it: relative to `root`, a name that is not UTF-8 escaped (a
+    terminal that prints the message must not fail on it)."""
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(root)
+    return _printable(path)
+
+
+def _printable(path: Path) -> str:
+    """A path as one printable line: bytes that are not UTF-8 and control characters escaped
+    (a name holding a newline could otherwise forge a line of the report)."""
+    text = os.fsencode(path.as_posix()).decode("utf-8", "backslashreplace")
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
+
+
+def read_regular(path: Path, root: Path, cap: int = MAX_FILE) -> bytes:
+    """The bytes of `path`: a regular file inside `root` once links are resolved, of at most
+    `cap` bytes; `CassetteError` otherwise. It is opened without following a last link and
+    without blocking, and checked on the open file: a FIFO is refused, never waited on, and
+    nothing can be swapped in between the check and the read."""
+    path, root = Path(path), Path(root)
+    shown = _shown(path, root)
+    try:
+        real, inside = path.resolve(strict=True), root.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of links
+        raise CassetteError(f"{shown}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not real.is_relative_to(inside):
+        raise CassetteError(f"{shown}: a link out of the cassette directory {_printable(root)} (to {_printable(real)})")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(real, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise CassetteError(f"{shown}: cannot be opened ({e.strerror})") from None
+    try:
+        mode, size = (st := os.fstat(fd)).st_mode, st.st_size  # checked before a file object is made of it
+        if not stat.S_ISREG(mode):
+            raise CassetteError(f"{shown}: {_kind(mode)}, not a regular file")
+        if size > cap:
+            raise CassetteError(f"{shown}: {size:,} bytes, more than a cassette may hold ({cap:,})")
+    except CassetteError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(cap + 1)  # it may have grown since fstat
+    if len(data) > cap:
+        raise CassetteError(f"{shown}: more than a cassette may hold ({cap:,} bytes)")
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse(data: bytes, shown: str) -> dict[str, Any]:
+    """A cassette's document from its bytes, weighed before it is parsed and checked against
+    the shape the recorder writes."""
+    if (weight := parsed_size(data)) > MAX_PARSED:
+        raise CassetteError(f"{shown}: {len(data):,} bytes that would take about {weight / MiB:,.0f} MiB in memory "
+                            f"once parsed, more than a cassette may ({MAX_PARSED // MiB} MiB)")  # fmt: skip
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CassetteError(f"{shown}: not UTF-8 (at byte {e.start:,})") from None
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # the parser gives up at Python's recursion limit, long before memory does
+        raise CassetteError(f"{shown}: not a cassette: nested deeper than JSON is parsed here") from None
+    except ValueError as e:
+        raise CassetteError(f"{shown}: not JSON ({str(e)[:200]})") from None
+    problem = shape_problem(doc)
+    if problem is not None:
+        raise CassetteError(f"{shown}: not a cassette: {problem}")
+    return doc
+
+
+def _type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)
+
+
+def _excerpt(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fields(value: Any, where: str, required: set[str], optional: frozenset[str] = frozenset()) -> str | None:
+    if not isinstance(value, dict):
+        return f"{where} is {_type(value)}, not an object"
+    missing = sorted(required - value.keys())
+    if missing:
+        return f"{where} has no {missing[0]!r}"
+    unknown = sorted(k for k in value if k not in required and k not in optional)
+    if unknown:
+        return f"{where} has an unknown field {_excerpt(unknown[0])}"
+    return None
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in `value` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, d)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((c, d + 1) for c in children)
+    return deepest
+
+
+def shape_problem(doc: Any) -> str | None:
+    """What makes `doc` not a cassette (None: nothing): `interactions`, a list of `{key: str,
+    t: number, response: {status: int, headers: {str: str}, body: str | events: [{t: number,
+    data: str}, ...]}}`; `marks`, `{str: [number, ...]}`; `meta`, an object nested at most
+    MAX_DEPTH deep. Numbers are finite; header names are HTTP tokens and their values ASCII."""
+    problem = _fields(doc, "the document", {"interactions", "marks", "meta"})
+    if problem:
+        return problem
+    if not isinstance(doc["interactions"], list):
+        return f"interactions is {_type(doc['interactions'])}, not an array"
+    for i, entry in enumerate(doc["interactions"]):
+        problem = _entry_problem(entry, f"interactions[{i}]")
+        if problem:
+            return problem
+    marks = doc["marks"]
+    if not isinstance(marks, dict):
+        return f"marks is {_type(marks)}, not an object"
+    for name, values in marks.items():
+        if not isinstance(values, list) or not all(map(_is_number, values)):
+            return f"marks[{_excerpt(name)}] is not an array of finite numbers"
+    if not isinstance(doc["meta"], dict):
+        return f"meta is {_type(doc['meta'])}, not an object"
+    if _depth(doc["meta"]) > MAX_DEPTH:
+        return f"meta nests deeper than {MAX_DEPTH} levels"
+    return None
+
+
+def _entry_problem(entry: Any, where: str) -> str | None:
+    problem = _fields(entry, where, {"key", "t", "response"})
+    if problem:
+        return problem
+    if not isinstance(entry["key"], str):
+        return f"{where}.key is {_type(entry['key'])}, not a string"
+    if not _is_number(entry["t"]):
+        return f"{where}.t is {_type(entry['t'])}, not a finite number"
+    r, at = entry["response"], f"{where}.response"
+    problem = _fields(r, at, {"status", "headers"}, frozenset({"body", "events"}))
+    if problem:
+        return problem
+    if ("body" in r) == ("events" in r):
+        return f"{at} holds {'both' if 'body' in r else 'neither'} 'body' {'and' if 'body' in r else 'nor'} 'events'"
+    if not (isinstance(r["status"], int) and not isinstance(r["status"], bool) and 100 <= r["status"] <= 599):
+        return f"{at}.status is not an HTTP status (an integer from 100 to 599): {_excerpt(r['status'])}"
+    if not isinstance(r["headers"], dict):
+        return f"{at}.headers is {_type(r['headers'])}, not an object"
+    for name, value in r["headers"].items():
+        if not _HEADER_NAME.fullmatch(name):
+            return f"{at}.headers has a name that is not an HTTP token: {_excerpt(name)}"
+        if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
+            return f"{at}.headers[{_excerpt(name)}] is not an ASCII string without line breaks"
+    if "body" in r:
+        if not isinstance(r["body"], str):
+            return f"{at}.body is {_type(r['body'])}, not a string"
+        return None if _encodes(r["body"]) else f"{at}.body holds a lone surrogate that is no byte the recorder kept"
+    if not isinstance(r["events"], list):
+        return f"{at}.events is {_type(r['events'])}, not an array"
+    for j, event in enumerate(r["events"]):
+        problem = _fields(event, f"{at}.events[{j}]", {"t", "data"})
+        if problem:
+            return problem
+        if not _is_number(event["t"]) or not isinstance(event["data"], str):
+            return f"{at}.events[{j}] is not {{t: a finite number, data: a string}}"
+        if not _encodes(event["data"]):
+            return f"{at}.events[{j}].data holds a lone surrogate that is no byte the recorder kept"
+    return None
+
+
+def _encodes(text: str) -> bool:
+    """`text` is what the recorder writes: UTF-8, with the bytes that were not kept as escapes."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- matching
+
+
 def _auth_class(headers: httpx.Headers, key: Secret) -> str:
-    auth = headers.get("authorization", "")
-    given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
-    return "key" if given == key.reveal() else "none" if not given else "other"
+    # Redacted: the header holds the key, and this frame's locals may be shown
+    auth = Redacted(headers.get("authorization", ""))
+    given = Redacted(auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", ""))
+    return "key" if key.matches(given) else "none" if not given else "other"
 
 
 def request_key(request: httpx.Request, key: Secret) -> str:
     body = request.content.decode("utf-8", "replace") if request.content else ""
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         doc = json.loads(body)
         if isinstance(doc, dict):
             doc = {k: v for k, v in doc.items() if k not in VOLATILE_BODY_FIELDS}
@@ -82,13 +319,13 @@ def request_key(request: httpx.Request, key: Secret) -> str:
         request.url.query.decode(),
         headers,
         _auth_class(request.headers, key),
-        body,
+        key.redact(body, SCRUBBED),
     ]
     return _scrub(json.dumps(doc, sort_keys=True), key)
 
 
 def _scrub(text: str, key: Secret) -> str:
-    return text.replace(key.reveal(), SCRUBBED) if key else text
+    return key.redact(text, SCRUBBED)
 
 
 class Cassette:
@@ -105,8 +342,13 @@ class Cassette:
             self._by_key[entry["key"]].append(entry)
 
     @classmethod
-    def load(cls, path: Path) -> Cassette:
-        return cls(path, json.loads(path.read_text()))
+    def load(cls, path: Path, root: Path | None = None) -> Cassette:
+        """A cassette read as data: a regular file inside `root` (by default its own directory;
+        pass the cassette directory, so that a link out of it is refused too) of at most
+        `MAX_FILE` bytes, of a cassette's shape. `CassetteError` naming the file otherwise."""
+        path = Path(path)
+        root = path.parent if root is None else Path(root)
+        return cls(path, parse(read_regular(path, root), _shown(path, root)))
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -120,7 +362,7 @@ class Cassette:
         with self._lock:
             entries, i = self._by_key.get(key, []), self._cursor[key]
             if i >= len(entries):
-                raise CassetteMiss(f"{self.path.name}: no recorded answer (#{i + 1}) for {key[:300]}")
+                raise CassetteMiss(f"{_printable(Path(self.path.name))}: no recorded answer (#{i + 1}) for {key[:300]}")
             self._cursor[key] += 1
             return entries[i]
 
@@ -132,38 +374,45 @@ class Cassette:
         with self._lock:
             values, i = self.data["marks"].get(name, []), self._mark_cursor[name]
             if i >= len(values):
-                raise CassetteMiss(f"{self.path.name}: no recorded time #{i + 1} for {name!r}")
+                raise CassetteMiss(f"{_printable(Path(self.path.name))}: no recorded time #{i + 1} for {name!r}")
             self._mark_cursor[name] += 1
             return values[i]
 
     def write(self, key: Secret) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.data, indent=1, sort_keys=True)
-        self.path.write_text(_scrub(text, key) + "\n")
+        text = _scrub(json.dumps(self.data, indent=1, sort_keys=True), key)  # scrubbed before it is held
+        self.path.write_text(text + "\n")
 
 
 class _RecordedStream(httpx.SyncByteStream):
     """Passes a streamed body through chunk by chunk, writing down each SSE event and its offset
-    (split by the same decoder the client uses, so any legal framing records event by event)."""
+    (split by the same decoder the client uses, so any legal framing records event by event,
+    and an event past `Limits.event` is refused here as it is there). Bytes that are not UTF-8
+    are kept as escapes (`surrogateescape`), so replay sends the same bytes and the client
+    finds the same fault."""
 
-    def __init__(self, inner: httpx.SyncByteStream, entry: dict[str, Any], t0: float):
-        self.inner, self.entry, self.t0 = inner, entry, t0
+    def __init__(self, inner: httpx.SyncByteStream, entry: dict[str, Any], t0: float, decoder: SSEDecoder):
+        self.inner, self.entry, self.t0, self.decoder = inner, entry, t0, decoder
 
     def __iter__(self):
         events = self.entry["response"]["events"]
-        decoder = SSEDecoder()
 
         def write(completed: list[str]) -> None:
             t = round(time.monotonic() - self.t0, 6)
             events.extend({"t": t, "data": event + "\n\n"} for event in completed)
 
         for chunk in self.inner:
-            write(decoder.feed(chunk))
+            write(self.decoder.feed(chunk))
             yield chunk
-        write(decoder.close())
+        write(self.decoder.close())
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _bytes(text: str) -> bytes:
+    """A recorded body or event as the deployment sent it (bytes that were not UTF-8 included)."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 class _ReplayedStream(httpx.SyncByteStream):
@@ -172,13 +421,15 @@ class _ReplayedStream(httpx.SyncByteStream):
 
     def __iter__(self):
         for e in self.events:
-            yield e["data"].encode()
+            yield _bytes(e["data"])
 
 
 class CassetteTransport(httpx.BaseTransport):
     """`mode` 'record': forward to the network and write down; 'replay': answer from cassettes
     and never open a socket. The current cassette is switched per test by the plugin; `session`
-    holds what happens outside tests."""
+    holds what happens outside tests. Recording reads a body to at most `limits.body` bytes and
+    an SSE event to `limits.event` bytes, as the client does (its forwarding transport ends
+    every read by the client's deadline)."""
 
     def __init__(
         self,
@@ -189,14 +440,21 @@ class CassetteTransport(httpx.BaseTransport):
         *,
         record_mode: str = "rewrite",
         inner: httpx.BaseTransport | None = None,
+        limits: Limits = LOCAL_LIMITS,
     ):
-        self.mode, self.api_key, self.directory, self.session = mode, api_key, directory, session
+        self.mode, self.api_key, self.directory, self.session = mode, Secret(api_key), directory, session
         self.record_mode = record_mode  # rewrite | once
-        self.inner = inner if inner is not None else (httpx.HTTPTransport() if mode == "record" else None)
+        self.limits = limits
+        self.inner = inner if inner is not None else (bounded_transport() if mode == "record" else None)
         self.use(session)
 
     def use(self, cassette: Cassette) -> None:
         self.cassette, self.t0 = cassette, time.monotonic()
+
+    def load(self, name: str) -> Cassette:
+        """The cassette `name` (a path relative to the directory, as `cassette_name` gives it),
+        read as data from inside the directory."""
+        return Cassette.load(self.directory / name, root=self.directory)
 
     def mark(self, name: str) -> float:
         if self.mode == "replay":
@@ -210,12 +468,13 @@ class CassetteTransport(httpx.BaseTransport):
         if self.mode == "replay":
             entry = self.cassette.next_for(key)
             r = entry["response"]
-            stream = _ReplayedStream(r["events"]) if "events" in r else httpx.ByteStream(r["body"].encode())
+            stream = _ReplayedStream(r["events"]) if "events" in r else httpx.ByteStream(_bytes(r["body"]))
             return httpx.Response(r["status"], headers=r["headers"], stream=stream, request=request)
         request.read()
         request.headers["accept-encoding"] = "identity"  # bodies are stored as text
         start = time.monotonic()
         response = self.inner.handle_request(request)
+        what = f"{request.method} {request.url.path}"
         headers = {
             k: _scrub(v, self.api_key) for k, v in response.headers.items() if k.lower() in KEPT_RESPONSE_HEADERS
         }
@@ -224,24 +483,78 @@ class CassetteTransport(httpx.BaseTransport):
             "t": round(start - self.t0, 6),
             "response": {"status": response.status_code, "headers": headers},
         }
-        self.cassette.add(entry)
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             entry["response"]["events"] = []
-            stream = _RecordedStream(response.stream, entry, self.t0)
+            self.cassette.add(entry)
+            decoder = SSEDecoder(self.limits.event, what=what, errors="surrogateescape")
+            stream = _RecordedStream(response.stream, entry, self.t0, decoder)
             return httpx.Response(response.status_code, headers=response.headers, stream=stream, request=request)
-        body = response.read()
-        entry["response"]["body"] = _scrub(body.decode("utf-8", "replace"), self.api_key)
-        return httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+        try:
+            body = read_capped(response, self.limits.body, what)
+        finally:
+            response.close()
+        entry["response"]["body"] = _scrub(body.decode("utf-8", "surrogateescape"), self.api_key)
+        self.cassette.add(entry)  # once whole: a body cut short is never written down as an answer
+        passed: Any = response.headers
+        if response.headers.get("content-encoding", "identity").strip().lower() != "identity":  # decoded here
+            passed = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-encoding"]
+        return httpx.Response(response.status_code, headers=passed, stream=httpx.ByteStream(body), request=request)
 
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
 
 
+def cassette_files(directory: Path) -> list[Path]:
+    """Every `*.json` under `directory`, relative to it, in a stable order; found without
+    following links into other directories (a link that leads out: `CassetteError`; one that
+    stays inside leads to files found where they are). Walked without recursion, at most
+    `MAX_DIRS` directories deep and `MAX_FILES` entries in all (`CassetteError` past either)."""
+    directory = Path(directory)
+    inside = directory.resolve()
+    found: list[Path] = []
+    entries = 0
+    todo: list[tuple[Path, int]] = [(directory, 0)]
+    while todo:
+        top, depth = todo.pop()
+        try:
+            listing = os.scandir(top)
+        except OSError as e:
+            raise CassetteError(f"{_shown(top, directory)}: cannot be listed ({e.strerror})") from None
+        with listing:
+            for entry in listing:
+                entries += 1
+                if entries > MAX_FILES:
+                    raise CassetteError(f"{_printable(directory)}: more than {MAX_FILES:,} entries")
+                path = Path(entry.path)
+                if _walks_into(entry, path, directory, inside):
+                    if depth >= MAX_DIRS:
+                        raise CassetteError(f"{_shown(path, directory)}: nested deeper than {MAX_DIRS} directories")
+                    todo.append((path, depth + 1))
+                elif entry.name.endswith(".json"):
+                    found.append(path.relative_to(directory))
+    return sorted(found)
+
+
+def _walks_into(entry: os.DirEntry, path: Path, directory: Path, inside: Path) -> bool:
+    """`entry` is a directory to walk; a link to a directory is never walked, and one that
+    leads out of the cassette directory is a `CassetteError`."""
+    if not entry.is_symlink():
+        return entry.is_dir(follow_symlinks=False)
+    try:
+        linked_dir = entry.is_dir(follow_symlinks=True)
+    except OSError:  # a loop of links: not a directory; reading it says what it is
+        return False
+    if linked_dir and not path.resolve().is_relative_to(inside):
+        raise CassetteError(f"{_shown(path, directory)}: a link out of the cassette directory {_printable(directory)}")
+    return False
+
+
 def digest(directory: Path) -> str:
-    """sha256 over every cassette's name and bytes: which recording a replay ran."""
+    """sha256 over every cassette's name and bytes: which recording a replay ran. Reads only
+    regular files inside the directory, each at most `MAX_FILE` bytes (`CassetteError` else)."""
     h = hashlib.sha256()
-    for p in sorted(directory.rglob("*.json")):
-        h.update(p.relative_to(directory).as_posix().encode())
-        h.update(p.read_bytes())
+    for rel in cassette_files(directory):
+        h.update(os.fsencode(rel.as_posix()))  # a name that is not UTF-8 included
+        h.update(read_regular(Path(directory) / rel, directory))
     return "sha256:" + h.hexdigest()

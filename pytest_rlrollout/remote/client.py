@@ -1,26 +1,47 @@
 """A client for any hot-load deployment (the reference one, or a live one at a plain URL): the
 hot-load control API, status waits with per-replica progress, the ledger, capability discovery,
-and completions parsed into what the contract talks about (`Stream`)."""
+and completions parsed into what the contract talks about (`Stream`).
+
+The deployment under test may be hostile or broken, so every exchange is bounded (`Limits`):
+its time (a stream included, and a per-test `deadline` on top), the bytes of a body, of an SSE
+event and of a stream, and the events of a stream. Past a bound: `LimitExceeded`, naming the
+bound and what the deployment did. A transport that fails: `ExchangeFailed`, naming the
+request and what broke. The key never shows (see `secret`).
+"""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpcore
 import httpx
 
 from pytest_rlrollout.contract.catalogue import Profile
+from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.secret import Secret
-from pytest_rlrollout.remote.sse import SSEDecoder, event_data
-from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, json_object
+from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
+from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, json_object, parsed_size
 
 BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 FIRST_POLL = 0.01  # waits poll at once, then back off to their interval
+SLACK = 0.05  # seconds: a read timeout this close to the exchange's end is the end
+WRITE_PIECE = 64 * 1024  # bytes sent per write, each bounded by the time left
+# bytes of a stream decoded at a time: a compressed stream never inflates more at once, and the
+# clock is read between pieces (a piece of a million blank lines would keep it waiting)
+STREAM_PIECE = 64 * 1024
+# what was under way when an exchange's time was up, as its message says it
+NO_ANSWER, REQUEST_REFUSED = "no answer came", "the deployment took no more of the request"
+BODY_ARRIVING, STREAM_SENDING = "the answer's body was still arriving", "the stream was still sending"
+REASON = 300  # characters of a transport error's own message kept in ours
 
 
 @dataclass(frozen=True)
@@ -92,10 +113,247 @@ class Waited:
     error: str | None = None
 
 
+class ExchangeFailed(httpx.TransportError):
+    """The transport failed: the deployment could not be reached, broke the connection, or
+    answered with something that is not HTTP (malformed or oversized headers, broken chunks).
+    The message names the request, what the deployment did and the transport's own error.
+    An `httpx.TransportError`, so `except httpx.HTTPError` still catches it."""
+
+
+@dataclass
+class _Clock:
+    """The time one exchange may take (monotonic `end`, set by `bound`) and what it got so far,
+    for the message when the time is up."""
+
+    what: str  # "POST /inference/v1/completions"
+    start: float
+    end: float
+    bound: str
+    doing: str = NO_ANSWER  # what was under way, as the message says it
+    received: int = 0  # bytes of the answer's body so far
+    last: float = 0.0  # when the last bytes arrived
+    progress: Callable[[], str] = lambda: ""
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def timeout(self, read: float | None) -> httpx.Timeout:
+        """httpx's timeouts for this exchange: none longer than the time left (the network
+        backend bounds each read again by what is left when it starts)."""
+        left = max(self.left(), 0.001)
+        return httpx.Timeout(left if read is None else min(read, left))
+
+    def tick(self, n: int) -> None:
+        """`n` more bytes arrived; past the end: `LimitExceeded`."""
+        self.received += n
+        self.last = time.monotonic()
+        if self.last >= self.end:
+            raise self.over()
+
+    def over(self) -> LimitExceeded:
+        now = time.monotonic()
+        detail = ", ".join(x for x in (self.progress(), f"{self.received:,} bytes" if self.received else "") if x)
+        if self.last and now - self.last >= 1:
+            detail += f"; nothing arrived in the last {now - self.last:.0f} s"
+        elif not self.last and self.doing in (BODY_ARRIVING, STREAM_SENDING):
+            detail += "; no byte of the body arrived"
+        return LimitExceeded(
+            self.bound,
+            f"{self.what}: {self.doing} after {self.end - self.start:.3g} s" + (f": {detail}" if detail else ""),
+        )
+
+
+_EXCHANGE = threading.local()  # .clock: the exchange this thread is in (the network backend reads it)
+
+
+def _left(timeout: float | None, late: type[Exception]) -> float | None:
+    """`timeout` cut to the time the current exchange has left; `late` once none is left."""
+    clock: _Clock | None = getattr(_EXCHANGE, "clock", None)
+    if clock is None:
+        return timeout
+    left = clock.left()
+    if left <= 0:
+        raise late("the exchange's time is up")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the current exchange's end. httpx's read
+    timeout starts afresh with each read, so a server sending a byte a second would never meet
+    it; cut to the time left, a trickle or a silence ends at the end."""
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            for i in range(0, len(buffer), WRITE_PIECE):  # a peer that reads slowly meets the end too
+                self._inner.write(buffer[i : i + WRITE_PIECE], _left(timeout, httpcore.WriteTimeout))
+        except httpcore.WriteTimeout:
+            clock: _Clock | None = getattr(_EXCHANGE, "clock", None)
+            if clock is not None:  # what the message says the deployment did
+                clock.doing = REQUEST_REFUSED
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _DeadlineStream(
+            self._inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout))
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend):
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _bound(transport: httpx.BaseTransport | None) -> None:
+    """Put the deadline under an httpx transport's connections. httpx offers no public way to
+    give its transport a network backend: this reaches into its httpcore pool, and leaves any
+    other transport alone (its answer is still checked against the clock between reads)."""
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(backend, httpcore.NetworkBackend) and not isinstance(backend, _DeadlineBackend):
+        pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+
+
+def bounded_transport() -> httpx.HTTPTransport:
+    """An HTTP transport whose connects, reads and writes end by the end of the exchange the
+    calling thread is in (`DeploymentClient` sets it; the recorder forwards through this)."""
+    transport = httpx.HTTPTransport()
+    _bound(transport)
+    return transport
+
+
+_FAILED = (  # what the deployment did, by the transport's error (the first that matches)
+    (httpx.ConnectTimeout, "could not be reached within the connect timeout"),
+    (httpx.ConnectError, "could not be reached"),
+    (httpx.ReadTimeout, "sent nothing for a whole read timeout"),
+    (httpx.WriteTimeout, "took nothing of the request for a whole write timeout"),
+    (httpx.PoolTimeout, "left no connection free within the pool timeout"),
+    (httpx.RemoteProtocolError, "answered with broken HTTP (malformed or oversized headers or chunks, or cut short)"),
+    (httpx.LocalProtocolError, "could not be sent the request as HTTP"),
+    (httpx.ReadError, "broke the connection while answering"),
+    (httpx.WriteError, "broke the connection while the request was sent"),
+    (httpx.DecodingError, "sent a body whose content-encoding does not decode"),
+    (httpx.TooManyRedirects, "redirected too many times"),
+)
+
+
+def _decoded(r: httpx.Response, most: int, what: str) -> Iterator[bytes]:
+    """The answer's body, decoded, in pieces of at most `most` bytes (a transport that answered
+    from memory: in one piece). The client asks for identity; gzip and deflate are still
+    decoded, piece by piece, so a small compressed answer never expands past the caller's cap
+    at once; httpx's own decoders would inflate a whole read, whatever it grows to."""
+    if r.is_stream_consumed:  # a transport answered from memory (a mock): the body is read already
+        yield r.content
+        return
+    encoding = r.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        yield from r.iter_raw()
+        return
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ExchangeFailed(f"{what}: the deployment sent a {encoding[:40]!r}-encoded answer, though the client "
+                             "asked for identity (and decodes gzip and deflate only)")  # fmt: skip
+    inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # a gzip or zlib header, either
+    try:
+        for raw in r.iter_raw():
+            data = raw
+            while data:
+                piece = inflate.decompress(data, most)
+                data = inflate.unconsumed_tail
+                if piece:
+                    yield piece
+        if rest := inflate.flush(most):
+            yield rest
+    except zlib.error as e:
+        raise ExchangeFailed(f"{what}: the deployment's {encoding} answer does not decode ({e})") from None
+
+
+def read_capped(r: httpx.Response, cap: int, what: str, tick: Callable[[int], None] | None = None) -> bytes:
+    """An answer's body, decoded, of at most `cap` bytes (`LimitExceeded` past it: a body that
+    announces more is refused before a byte is read); `tick` sees each piece's size."""
+    bound = f"Limits.body = {amount(cap)}"
+    declared = r.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > cap:
+        raise LimitExceeded(bound, f"{what}: the answer announces a body of {int(declared):,} bytes "
+                                   f"(HTTP {r.status_code}, Content-Length)")  # fmt: skip
+    got = bytearray()
+    for piece in _decoded(r, cap + 1, what):
+        got += piece
+        if len(got) > cap:
+            raise LimitExceeded(bound, f"{what}: the answer's body (HTTP {r.status_code}) passed {cap:,} bytes")
+        if tick is not None:
+            tick(len(piece))
+    return bytes(got)
+
+
+def _answered(r: httpx.Response, body: bytes, key: Secret) -> httpx.Response:
+    """A response holding `body` (what `.text` and `.json()` read), the key replaced in it and in
+    the headers (a deployment that echoes it back never gets it shown in a verdict's message).
+    A decoded body drops its content-encoding, which would have it decoded twice."""
+    decoded = r.headers.get("content-encoding", "identity").strip().lower() != "identity"
+    dropped = ("content-encoding", "content-length") if decoded else ("content-length",)  # the length changes
+    headers = [(k, key.redact(v)) for k, v in r.headers.multi_items() if k.lower() not in dropped]
+    out = httpx.Response(r.status_code, headers=headers, content=key.redact_bytes(body), request=r.request,
+                         extensions=r.extensions)  # fmt: skip
+    with contextlib.suppress(RuntimeError):  # set once the response was closed
+        out.elapsed = r.elapsed
+    return out
+
+
+def _events_excerpt(events: list[str]) -> str:
+    """The first events, joined, no longer than evidence needs (a stream may hold MBs)."""
+    shown: list[str] = []
+    for e in events:
+        shown.append(e[: 4 * EXCERPT])
+        if sum(map(len, shown)) > 2 * EXCERPT:
+            break
+    return "\n\n".join(shown)
+
+
 class DeploymentClient:
-    def __init__(self, target: Target, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
-        self.target, self.transport = target, transport
-        self.http = httpx.Client(timeout=timeout, transport=transport)
+    """The deployment's APIs, every exchange within `limits` (LOCAL_LIMITS by default).
+
+    `deadline` (a `time.monotonic()` value, or None) ends every exchange by then as well: the
+    per-test deadline the suite sets; an exchange gets min(`limits.exchange`, the time left).
+    `timeout` is httpx's per-read timeout."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        limits: Limits = LOCAL_LIMITS,
+    ):
+        self.target, self.transport, self.timeout, self.limits = target, transport, timeout, limits
+        self.deadline: float | None = None
+        # identity: a compressed answer is never inflated by httpx (see `_decoded`)
+        self.http = httpx.Client(timeout=timeout, transport=transport, headers={"Accept-Encoding": "identity"})
+        for t in (self.http._transport, *self.http._mounts.values()):  # env proxies get mounts of their own
+            _bound(t)
         # what was asked and answered, newest last: the evidence a failed verdict shows
         self.exchanges: collections.deque[Exchange] = collections.deque(maxlen=32)
 
@@ -114,27 +372,93 @@ class DeploymentClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """Send a request and read the answer, writing the exchange down (secrets left out)."""
-        try:
-            r = self.http.request(method, url, **kwargs)
-        except httpx.HTTPError as e:
-            self._note(method, url, type(e).__name__, kwargs.get("content") or kwargs.get("json"), str(e))
-            raise
-        self._note(method, url, r.status_code, kwargs.get("content") or kwargs.get("json"), r.text)
-        return r
+    # ----------------------------------------------------------------------- bounded exchanges
 
-    def _note(self, method: str, url: str, status: int | str, body: Any, answer: str) -> None:
-        sent = body.decode("utf-8", "replace") if isinstance(body, bytes) else json.dumps(body) if body else ""
-        self.exchanges.append(
-            Exchange.of(method, httpx.URL(url).path, status, sent, answer, self.target.api_key.reveal())
-        )
+    @contextlib.contextmanager
+    def _exchange(self, method: str, url: str) -> Iterator[_Clock]:
+        """The clock of one exchange, which the network backend reads for this thread. Nested in
+        another exchange (a request made from `on_chunk`), it ends no later than the outer one."""
+        now = time.monotonic()
+        what = f"{method} {httpx.URL(url).path}"
+        clock = _Clock(what, now, now + self.limits.exchange, f"Limits.exchange = {self.limits.exchange:g} s")
+        if self.deadline is not None and self.deadline < clock.end:
+            clock.end, clock.bound = self.deadline, "the test's deadline"
+            if clock.end <= now:
+                raise LimitExceeded(
+                    clock.bound, f"{what} was not sent: the test's time was up {now - clock.end:.1f} s ago"
+                )
+        outer: _Clock | None = getattr(_EXCHANGE, "clock", None)
+        if outer is not None and outer.end < clock.end:
+            clock.end, clock.bound = outer.end, outer.bound
+        _EXCHANGE.clock = clock
+        try:
+            yield clock
+        finally:
+            _EXCHANGE.clock = outer
+
+    def _failure(self, e: httpx.HTTPError, clock: _Clock) -> Exception:
+        """What a transport error means: the exchange's time was up (`LimitExceeded`), or the
+        transport failed (`ExchangeFailed` naming the request and what the deployment did)."""
+        if isinstance(e, ExchangeFailed):
+            return e
+        if isinstance(e, httpx.TimeoutException) and clock.left() <= SLACK:
+            return clock.over()
+        did = next((text for kind, text in _FAILED if isinstance(e, kind)), "failed")
+        reason = self.target.api_key.excerpt(str(e) or "no detail", REASON)
+        failure = ExchangeFailed(f"{clock.what}: the deployment {did} ({type(e).__name__}: {reason})")
+        with contextlib.suppress(RuntimeError):  # an error raised before its request was built has none
+            failure.request = e.request
+        return failure
+
+    def _body(self, r: httpx.Response, clock: _Clock) -> bytes:
+        """The answer's body, at most `limits.body` bytes, within the exchange's time, and no
+        heavier once parsed than `limits.memory` (weighed before anyone parses it)."""
+        clock.doing = BODY_ARRIVING
+        body = read_capped(r, self.limits.body, clock.what, clock.tick)
+        if (weight := parsed_size(body)) > self.limits.memory:
+            raise LimitExceeded(f"Limits.memory = {amount(self.limits.memory)}",
+                                f"{clock.what}: the answer's body (HTTP {r.status_code}, {len(body):,} bytes) would "
+                                f"take about {weight / 2**20:,.0f} MiB in memory once parsed")  # fmt: skip
+        return body
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """Send a request and read the answer, writing the exchange down (secrets left out). The
+        body is read to at most `limits.body` bytes, the whole exchange within its time:
+        `LimitExceeded` past either, `ExchangeFailed` when the transport fails."""
+        sent = kwargs.get("content") or kwargs.get("json")
+        with self._exchange(method, url) as clock:
+            try:
+                with self.http.stream(method, url, **{"timeout": clock.timeout(self.timeout), **kwargs}) as r:
+                    body = self._body(r, clock)
+            except httpx.HTTPError as e:
+                failure = self._failure(e, clock)
+                self._note(method, url, type(e).__name__, sent, str(failure))
+                raise failure from None  # httpx's frames hold the request's raw headers: not shown
+            except LimitExceeded as e:
+                self._note(method, url, type(e).__name__, sent, str(e))
+                raise
+        self._note(method, url, r.status_code, sent, body)
+        return _answered(r, body, self.target.api_key)
+
+    def _shown(self, text: str, n: int = EXCERPT) -> str:
+        """The first `n` characters of what the deployment sent, as evidence: a deployment that
+        echoes the key back never gets it shown."""
+        return self.target.api_key.excerpt(text, n)
+
+    def _note(self, method: str, url: str, status: int | str, body: Any, answer: str | bytes) -> None:
+        if isinstance(body, bytes):
+            sent = body[: 4 * EXCERPT].decode("utf-8", "replace")
+        else:
+            sent = json.dumps(body) if body else ""
+        if isinstance(answer, bytes):
+            answer = answer[: 4 * EXCERPT].decode("utf-8", "replace")
+        self.exchanges.append(Exchange.of(method, httpx.URL(url).path, status, sent, answer, self.target.api_key))
 
     # ----------------------------------------------------------------------- control
 
     def auth_headers(self) -> dict[str, str]:
-        key = self.target.api_key.reveal()
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        """The Authorization header; its value (`Redacted`) never shows in a repr or a report."""
+        return {"Authorization": self.target.api_key.bearer()} if self.target.api_key else {}
 
     def hot_load_headers(self) -> dict[str, str]:
         names = {"fireworks-model": self.target.model}
@@ -213,9 +537,9 @@ class DeploymentClient:
             if replicas and all(serves(x, identity, lora) for x in replicas):
                 return Waited(True, elapsed, replicas)
             for x in replicas:
-                state = x.get("loading_state") or {}
+                state = _object(x.get("loading_state"))
                 if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
-                    return Waited(False, elapsed, replicas, state.get("error") or "load failed")
+                    return Waited(False, elapsed, replicas, str(state.get("error") or "load failed"))
             partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
             stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
             if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
@@ -245,45 +569,82 @@ class DeploymentClient:
     ) -> Stream:
         """Send a completion (streaming when body['stream']) and parse what comes back;
         `on_chunk` sees every streamed chunk as it arrives. What does not parse is kept in
-        `Stream.problems`, never raised."""
+        `Stream.problems`, never raised; a bound passed raises `LimitExceeded`, a failed
+        transport `ExchangeFailed`."""
         payload = {"model": self.target.body_model, **body}
-        url, h = self.inference_url(chat), self.auth_headers() | (headers or {})
+        url, sending = self.inference_url(chat), self.auth_headers() | (headers or {})
         if not payload.get("stream"):
-            r = self.request("POST", url, json=payload, headers=h)
+            r = self.request("POST", url, json=payload, headers=sending)
             out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text)
             if r.status_code == 200:
                 doc = json_object(r)
                 if doc is None:
-                    out.problems.append(f"the 200 answer is not a JSON object: {r.text[:EXCERPT]!r}")
+                    out.problems.append(f"the 200 answer is not a JSON object: {self._shown(r.text)!r}")
                 else:
                     out.chunks.append(doc)
             return out
-        try:
-            with self.http.stream("POST", url, json=payload, headers=h) as r:
-                out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()})
-                if r.status_code != 200:
-                    out.body = r.read().decode("utf-8", "replace")
-                else:
-                    self._read_stream(r, out, on_chunk)
-        except httpx.HTTPError as e:
-            self._note("POST", url, type(e).__name__, payload, str(e))
-            raise
-        self._note("POST", url, out.status, payload, out.body or "\n\n".join(out.events))
+        out = Stream(0, {})
+        with self._exchange("POST", url) as clock:
+            try:
+                with self.http.stream("POST", url, json=payload, headers=sending,
+                                      timeout=clock.timeout(self.timeout)) as r:  # fmt: skip
+                    key = self.target.api_key  # echoed back, never shown
+                    out.status, out.headers = r.status_code, {k.lower(): key.redact(v) for k, v in r.headers.items()}
+                    if r.status_code != 200:
+                        out.body = key.redact(self._body(r, clock).decode("utf-8", "replace"))
+                    else:
+                        self._read_stream(r, out, on_chunk, clock)
+            except httpx.HTTPError as e:
+                failure = self._failure(e, clock)
+                self._note("POST", url, type(e).__name__, payload, str(failure))
+                raise failure from None  # httpx's frames hold the request's raw headers: not shown
+            except LimitExceeded as e:
+                self._note("POST", url, type(e).__name__, payload, str(e))
+                raise
+        self._note("POST", url, out.status, payload, out.body or _events_excerpt(out.events))
         return out
 
-    def _read_stream(self, r: httpx.Response, out: Stream, on_chunk: Callable[[dict[str, Any]], None] | None) -> None:
-        decoder = SSEDecoder()
-        for raw in r.iter_bytes():
-            for event in decoder.feed(raw):
-                if self._take(out, event, on_chunk):
-                    return
-        for event in decoder.close():
-            self._take(out, event, on_chunk)
-        out.unterminated = decoder.unterminated
+    def _read_stream(
+        self, r: httpx.Response, out: Stream, on_chunk: Callable[[dict[str, Any]], None] | None, clock: _Clock
+    ) -> None:
+        kind = r.headers.get("content-type", "")
+        if not kind.strip().lower().startswith("text/event-stream"):
+            out.problems.append(f"the stream's content-type is {self._shown(kind, 80)!r}, not text/event-stream")
+        decoder = SSEDecoder(self.limits.event, what=clock.what)
+        clock.doing, clock.progress = STREAM_SENDING, lambda: f"{len(out.events):,} events"
+        held = [0]  # bytes the events kept and their chunks take, as `parsed_size` estimates them
+        try:
+            for piece in _decoded(r, STREAM_PIECE, clock.what):
+                for event in decoder.feed(piece):
+                    if self._take(out, event, on_chunk, clock, held):
+                        return
+                clock.tick(len(piece))
+            for event in decoder.close():
+                self._take(out, event, on_chunk, clock, held)
+            out.unterminated = decoder.unterminated
+        finally:
+            if decoder.invalid:
+                out.problems.append(f"{decoder.invalid} events held bytes that are not UTF-8 (read as U+FFFD)")
 
-    @staticmethod
-    def _take(out: Stream, event: str, on_chunk: Callable[[dict[str, Any]], None] | None) -> bool:
-        """Add one event to `out`; True once the stream is done."""
+    def _take(
+        self,
+        out: Stream,
+        event: str,
+        on_chunk: Callable[[dict[str, Any]], None] | None,
+        clock: _Clock,
+        held: list[int],
+    ) -> bool:
+        """Add one event to `out`; True once the stream is done. A stream is kept whole (the
+        verdicts read every event), so its events and their bytes are bounded."""
+        if len(out.events) >= self.limits.events:
+            raise LimitExceeded(f"Limits.events = {self.limits.events:,}", f"{clock.what}: the stream passed "
+                                f"{self.limits.events:,} events without data: [DONE]")  # fmt: skip
+        held[0] += parsed_size(event)  # weighed before it is parsed
+        if held[0] > self.limits.memory:
+            raise LimitExceeded(f"Limits.memory = {amount(self.limits.memory)}",
+                                f"{clock.what}: the stream's events would take about {held[0] / 2**20:,.0f} MiB in "
+                                f"memory once parsed ({len(out.events) + 1:,} events, none of them data: [DONE])")  # fmt: skip
+        event = self.target.api_key.redact(event)  # echoed back, never shown
         out.events.append(event)
         data = event_data(event)
         if data.strip() == "[DONE]":
@@ -293,10 +654,10 @@ class DeploymentClient:
             return False
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             chunk = None
         if not isinstance(chunk, dict):
-            out.problems.append(f"event {len(out.events)} is not a JSON object: {data[:EXCERPT]!r}")
+            out.problems.append(f"event {len(out.events)} is not a JSON object: {self._shown(data)!r}")
             return False
         out.chunks.append(chunk)
         if on_chunk is not None:
@@ -304,9 +665,20 @@ class DeploymentClient:
         return False
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {}: a status of the wrong shape reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def loading_state(replica: dict[str, Any]) -> dict[str, Any]:
+    """A replica's `loading_state`, {} when the deployment sent something other than an object."""
+    return _object(replica.get("loading_state"))
+
+
 def busy(replica: dict[str, Any]) -> bool:
     """The replica is loading or swapping a snapshot."""
-    return ((replica.get("loading_state") or {}).get("stage")) in BUSY_STAGES
+    stage = loading_state(replica).get("stage")
+    return isinstance(stage, str) and stage in BUSY_STAGES
 
 
 def serves(replica: dict[str, Any], identity: str, lora: bool = False) -> bool:
@@ -314,7 +686,8 @@ def serves(replica: dict[str, Any], identity: str, lora: bool = False) -> bool:
     if not replica.get("readiness"):
         return False
     if lora:
-        return any(
-            a.get("identity") == identity and a.get("status") == "loaded" for a in replica.get("loaded_adapters") or []
+        adapters = replica.get("loaded_adapters")
+        return isinstance(adapters, list) and any(
+            _object(a).get("identity") == identity and _object(a).get("status") == "loaded" for a in adapters
         )
     return replica.get("current_snapshot_identity") == identity

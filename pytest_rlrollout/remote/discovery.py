@@ -13,6 +13,7 @@ import httpx
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.catalogue import Profile
 from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.stream import EXCERPT, Stream, json_object, logprob_entries
 
 PROBE_TEXT = "Hello"
@@ -97,7 +98,7 @@ def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, cont
 def _get(client: DeploymentClient, url: str, headers: dict[str, str], option: str) -> httpx.Response:
     try:
         return client.request("GET", url, headers=headers)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, LimitExceeded) as e:
         raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check {option}") from None
 
 
@@ -115,7 +116,7 @@ def _inference_answers(client: DeploymentClient) -> None:
         s = client.complete({"prompt": PROBE_TEXT, "max_tokens": 1})
         if s.status in (400, 422) and "model" not in s.body.lower():  # perhaps a server of token-id prompts
             s = client.complete({"prompt": PROBE_IDS, "max_tokens": 1})
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, LimitExceeded) as e:
         raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check --rl-inference-url") from None
     if s.status in (401, 403):
         raise PreflightError(f"the API key was refused (POST {url}: HTTP {s.status}): check --rl-api-key")

@@ -4,10 +4,13 @@ entries, routing matrices as arrays, usage, and cached tokens from every channel
 from __future__ import annotations
 
 import base64
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from pytest_rlrollout.remote.secret import Secret
 
 EXCERPT = 400  # characters of a body kept as evidence
 
@@ -27,20 +30,52 @@ class Exchange:
         return f"{self.method} {self.path} -> {self.status}\n  sent: {self.request}\n  answer: {self.response}"
 
     @classmethod
-    def of(cls, method: str, path: str, status: int | str, request: str, response: str, key: str) -> Exchange:
-        return cls(method, path, status, redact(request, key)[:EXCERPT], redact(response, key)[:EXCERPT])
+    def of(cls, method: str, path: str, status: int | str, request: str, response: str, key: Secret | str) -> Exchange:
+        return cls(method, path, status, excerpt(request, key), excerpt(response, key))
 
 
-def redact(text: str, key: str) -> str:
+def excerpt(text: str, key: Secret | str, n: int = EXCERPT) -> str:
+    """The first `n` characters of `text`, the key replaced first (no prefix of it is left at the cut)."""
+    return Secret(key).excerpt(text, n)
+
+
+def redact(text: str, key: Secret | str) -> str:
     """`text` with the API key replaced (a key of a few characters could be anything: kept out too)."""
-    return text.replace(key, "<key>") if key else text
+    return Secret(key).redact(text)
+
+
+# What `json.loads` makes of a JSON text costs, at most (measured on the worst shapes, with the
+# parser's transient copies): per character that opens an array or an object (an empty list
+# and its slot in its parent), per comma (a number and its slot), per quote that is not escaped
+# (half a string's header, or a key's entry); and per character of the text, 2 bytes (its decoded copy and the
+# strings parsed from it), 8 when it is not plain ASCII (one escaped astral character makes a
+# whole string 4 bytes wide, and the parser holds it twice while it joins it).
+PER_CONTAINER, PER_COMMA, PER_QUOTE, PER_PLAIN, PER_WIDE = 96, 40, 64, 2, 8
+
+
+def parsed_size(text: str | bytes) -> int:
+    """An upper estimate of the bytes `text` and what `json.loads` makes of it take in memory,
+    from a few counts done in C: an answer is weighed before it is parsed, so a small one that
+    would parse into a great many objects is refused instead."""
+    if isinstance(text, str):
+        held = sys.getsizeof(text)
+        marks = (text.count("["), text.count("{"), text.count(","), text.count('"') - text.count('\\"'))
+        plain = text.isascii() and "\\u" not in text
+    else:
+        held = len(text)
+        marks = (text.count(b"["), text.count(b"{"), text.count(b","), text.count(b'"') - text.count(b'\\"'))
+        plain = text.isascii() and b"\\u" not in text
+    opened, commas, quotes = marks[0] + marks[1], marks[2], marks[3]
+    strings = (PER_PLAIN if plain else PER_WIDE) * len(text)
+    return held + strings + PER_CONTAINER * opened + PER_COMMA * commas + PER_QUOTE * quotes
 
 
 def json_object(response: Any) -> dict[str, Any] | None:
-    """A response's body as a JSON object, or None when it is not one."""
+    """A response's body as a JSON object, or None when it is not one (nested deeper than the
+    parser goes included: RecursionError)."""
     try:
         doc = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -75,7 +110,7 @@ class Stream:
 
     def choices(self) -> list[dict[str, Any]]:
         """Every choice of every chunk (a chunk may have none: a usage-only chunk)."""
-        return [c for chunk in self.chunks for c in (chunk.get("choices") or []) if isinstance(c, dict)]
+        return [c for chunk in self.chunks for c in _list(chunk.get("choices")) if isinstance(c, dict)]
 
     def choice_field(self, name: str) -> Any:
         """The last non-null value of a choice's field across the chunks (None when absent)."""
@@ -96,7 +131,7 @@ class Stream:
     def final(self) -> dict[str, Any]:
         """The chunk that carries the finish_reason (the last chunk if none does)."""
         for c in reversed(self.chunks):
-            if any(isinstance(ch, dict) and ch.get("finish_reason") for ch in c.get("choices") or []):
+            if any(isinstance(ch, dict) and ch.get("finish_reason") for ch in _list(c.get("choices"))):
                 return c
         return self.chunks[-1] if self.chunks else {}
 
@@ -126,7 +161,7 @@ class Stream:
         perf = next((c["perf_metrics"] for c in reversed(self.chunks) if isinstance(c.get("perf_metrics"), dict)), {})
         header = self.headers.get("fireworks-cached-prompt-tokens")
         return {
-            "usage": _int((usage.get("prompt_tokens_details") or {}).get("cached_tokens")),
+            "usage": _int(_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
             "header": int(header) if header is not None and header.isdigit() else None,
             "perf_metrics": _int(perf.get("cached-prompt-tokens")),
         }
@@ -134,6 +169,16 @@ class Stream:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _list(value: Any) -> list[Any]:
+    """`value` when it is a JSON array, else []: a chunk of the wrong shape reads as empty."""
+    return value if isinstance(value, list) else []
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {}."""
+    return value if isinstance(value, dict) else {}
 
 
 def policy_versions(chunks: list[dict[str, Any]]) -> list[str | None]:
@@ -146,7 +191,7 @@ def logprob_entries(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every logprobs.content entry of `chunks`, in order (entries that are not objects left out)."""
     out = []
     for c in chunks:
-        for choice in c.get("choices") or []:
+        for choice in _list(c.get("choices")):
             logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
             content = logprobs.get("content") if isinstance(logprobs, dict) else None
             out += [e for e in content or [] if isinstance(e, dict)] if isinstance(content, list) else []

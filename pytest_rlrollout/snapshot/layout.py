@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import re
 import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+
+from pytest_rlrollout.snapshot import untrusted
 
 Kind = Literal["full", "incremental", "lora"]
 
@@ -20,7 +22,7 @@ ADAPTER_WEIGHTS = re.compile(r"^adapter_model(-[^/]*)?\.(safetensors|bin)$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "chat_template.jinja")  # fmt: skip
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d{1,18})\.")  # 18 digits: int() stays cheap whatever the name
 
 
 def layer_of(tensor: str) -> int | None:
@@ -34,15 +36,24 @@ def group_name(layer: int | None) -> str:
 
 
 class UnsafePath(ValueError):
-    """A file name that would leave the snapshot directory."""
+    """A file name the validator does not follow: not a plain name, longer than any file name
+    can be, or a symlink that leaves the snapshot directory or loops."""
+
+
+MAX_NAME_BYTES = 255  # NAME_MAX on Linux and macOS: no file of the snapshot has a longer name
+COMPARE_CHUNK = 1 << 20
 
 
 class SnapshotDir:
+    """A snapshot directory read as untrusted: names are confined to it, symlinks are followed
+    only when they stay inside it, and only regular files are opened."""
+
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
         if not self.root.is_dir():
             raise NotADirectoryError(f"{root}: not a directory")
-        self._real = self.root.resolve()
+        self._real = Path(os.path.realpath(self.root))  # never raises, unlike Path.resolve() on a loop
+        self._stats: dict[str, os.stat_result | str] = {}  # a stat, or why there is none
 
     @property
     def name(self) -> str:
@@ -53,46 +64,108 @@ class SnapshotDir:
         """Names directly inside the snapshot (subdirectories are not part of a snapshot)."""
         return sorted(e.name for e in os.scandir(self.root) if not e.is_dir(follow_symlinks=False))
 
+    @cached_property
+    def _listed(self) -> frozenset[str]:
+        return frozenset(self.listing)
+
     def path(self, name: str) -> Path:
         """The path of a file inside the snapshot; raises UnsafePath for names or links leaving it."""
         if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-            raise UnsafePath(f"{name!r} is not a plain file name")
+            raise UnsafePath(f"{untrusted.brief(name)} is not a plain file name")
+        # surrogatepass: a name from JSON can hold any lone surrogate, which surrogateescape refuses
+        if len(name) > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise UnsafePath(f"{untrusted.brief(name)} is longer than any file name ({MAX_NAME_BYTES} bytes)")
         p = self.root / name
-        if p.is_symlink() and not p.resolve().is_relative_to(self._real):
-            raise UnsafePath(f"{name} is a symlink leaving the snapshot (to {os.readlink(p)})")
+        if name in self._listed and os.path.islink(p):
+            self._confine(p, name)
         return p
 
-    def has(self, name: str) -> bool:
+    def _confine(self, link: Path, name: str) -> None:
+        try:
+            real = os.path.realpath(link, strict=True)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(f"{name} is a symlink loop") from None
+            real = os.path.realpath(link)  # dangling: where it would point still decides
+        if not Path(real).is_relative_to(self._real):
+            raise UnsafePath(f"{name} is a symlink leaving the snapshot (to {_link_target(link)})")
+
+    def stat(self, name: str) -> os.stat_result | None:
+        """The file's stat (symlinks followed), or None when it is not there or cannot be followed."""
+        st = self._stat(name)
+        return None if isinstance(st, str) else st
+
+    def _stat(self, name: str) -> os.stat_result | str:
+        if name not in self._stats:
+            self._stats[name] = self._stat_or_why(name)
+        return self._stats[name]
+
+    def _stat_or_why(self, name: str) -> os.stat_result | str:
         try:
             p = self.path(name)
-        except UnsafePath:
-            return False
-        return p.is_file()
+        except UnsafePath as e:
+            return f"{e}; not read"
+        if name not in self._listed:
+            # the listing leaves directories out: a directory is not a missing file
+            return "is a directory, not a regular file; not read" if os.path.isdir(p) else "is missing"
+        try:
+            return os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ENOENT and os.path.islink(p):
+                return f"is a dangling symlink (to {_link_target(p)}); not read"
+            return f"cannot be read: {e.strerror or e}"
+
+    def has(self, name: str) -> bool:
+        return self.is_regular(name)
 
     def is_regular(self, name: str) -> bool:
-        try:
-            return stat.S_ISREG(os.stat(self.path(name)).st_mode)
-        except (UnsafePath, OSError):
-            return False
+        st = self.stat(name)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
-    def read_bytes(self, name: str) -> bytes:
-        p = self.path(name)
-        if not self.is_regular(name):
-            raise ValueError(f"{name} is not a regular file")
-        return p.read_bytes()
+    def unreadable(self, name: str) -> str | None:
+        """Why a file is not read (missing, a directory, a symlink out or in a loop, a FIFO, a
+        device...), or None for a regular file the validator reads."""
+        st = self._stat(name)
+        if isinstance(st, str):
+            return st
+        if not stat.S_ISREG(st.st_mode):
+            return f"is {untrusted.kind_of(st.st_mode)}, not a regular file; not read"
+        return None
 
-    def read_json(self, name: str) -> object:
+    def read_bytes(self, name: str, limit: int = untrusted.MAX_JSON_BYTES) -> bytes:
+        """A regular file's bytes; ValueError (UnsafePath, Unreadable) or OSError when it is not one."""
+        return untrusted.read_limited(self.path(name), limit)
+
+    def read_json(self, name: str, limit: int = untrusted.MAX_JSON_BYTES) -> object:
         """Parsed JSON; raises ValueError with a readable message for unreadable or invalid files."""
+        why = self.unreadable(name)
+        if why is not None:
+            raise ValueError(why)
         try:
-            raw = self.read_bytes(name)
+            raw = self.read_bytes(name, limit)
         except OSError as e:
-            raise ValueError(f"cannot read: {e.strerror or e}") from None
+            raise ValueError(f"cannot be read: {e.strerror or e}") from None
+        except untrusted.Unreadable as e:
+            raise ValueError(str(e)) from None
         try:
-            return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"not valid JSON: {e}") from None
-        except RecursionError:
-            raise ValueError("not valid JSON: nested too deeply") from None
+            return untrusted.loads(raw)
+        except untrusted.BadJSON as e:
+            raise ValueError(str(e)) from None
+
+    def same_bytes(self, name: str, other: SnapshotDir, other_name: str | None = None) -> bool:
+        """Whether two regular files hold the same bytes, read in chunks (a tokenizer can be big)."""
+        with (
+            untrusted.open_regular(self.path(name)) as a,
+            untrusted.open_regular(other.path(other_name or name)) as b,
+        ):
+            if os.fstat(a.fileno()).st_size != os.fstat(b.fileno()).st_size:
+                return False
+            while True:
+                chunk = a.read(COMPARE_CHUNK)
+                if chunk != b.read(COMPARE_CHUNK):
+                    return False
+                if not chunk:
+                    return True
 
     @cached_property
     def safetensors_files(self) -> list[str]:
@@ -105,3 +178,10 @@ class SnapshotDir:
     def is_lora(self) -> bool:
         """SNAP-LORA-1: adapter_config.json makes a snapshot a LoRA adapter; there is no flag."""
         return ADAPTER_CONFIG in self.listing
+
+
+def _link_target(link: Path) -> str:
+    try:
+        return untrusted.brief_text(os.readlink(link), 200)
+    except OSError:
+        return "?"

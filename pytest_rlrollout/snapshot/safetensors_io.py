@@ -1,7 +1,8 @@
 """Safetensors files: a strict header reader (no tensor data read) and a streaming writer.
 
 The reader reports *why* a file is malformed, which the safetensors library does only in
-general terms; the validator still asks the library for a second opinion.
+general terms; the validator still asks the library for a second opinion. It takes files
+as untrusted: bounded header size, tensor count, name length and JSON shape (`untrusted`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,20 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from pytest_rlrollout.snapshot import dtypes
+from pytest_rlrollout.snapshot import dtypes, untrusted
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+# Bounds on one header, far above real files (a 30B MoE's largest holds ~400 tensors in ~50 KB),
+# so that a hostile header is refused in bounded time and memory: parsing costs ~500 bytes and
+# ~1 us per tensor; one of a million tensors took 43 s and 1.8 GB before these bounds.
+MAX_HEADER_BYTES = 32 * 1024 * 1024  # the safetensors library allows 100 MB
+MAX_TENSORS = 65_536  # per file
+MAX_TENSOR_NAME = 1024  # characters
+MAX_RANK = 64  # dimensions of a shape (numpy's own limit)
+_UINT64 = 1 << 64  # shapes and offsets are u64/usize to the library
 
 
 class HeaderError(ValueError):
@@ -45,60 +53,100 @@ class Header:
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
-    """Parse and check a safetensors header; raises HeaderError naming the problem."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise HeaderError(f"file is {size} bytes, shorter than the 8-byte header length")
-        n = int.from_bytes(f.read(8), "little")
-        if n > size - 8:
-            raise HeaderError(f"header length {n} exceeds the file ({size} bytes)")
-        if n > MAX_HEADER_BYTES:
-            raise HeaderError(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
-        raw = f.read(n)
+    """Parse and check a safetensors header; raises HeaderError naming the problem. Only regular
+    files are opened (a FIFO would block); the header is bounded before it is parsed."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HeaderError(f"header is not UTF-8 JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise HeaderError(f"header is a JSON {type(doc).__name__}, not an object")
-    metadata = doc.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise HeaderError("__metadata__ is not a map of strings to strings")
+        with untrusted.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            n = _header_length(f, size)
+            raw = untrusted.read_exactly(f, n)
+    except untrusted.Unreadable as e:
+        raise HeaderError(str(e)) from None
+    doc = _parse(raw)
+    metadata = _metadata(doc.pop("__metadata__", None))
+    if len(doc) > MAX_TENSORS:
+        raise HeaderError(f"holds {len(doc)} tensors, more than the validator's limit of {MAX_TENSORS}")
     data_start = 8 + n
     tensors: dict[str, TensorInfo] = {}
     for name, entry in doc.items():
         tensors[name] = _tensor_info(name, entry, data_start)
+    _check_layout(tensors, data_start, size)
+    return Header(Path(path), size, data_start, metadata, tensors)
+
+
+def _header_length(f: BinaryIO, size: int) -> int:
+    if size < 8:
+        raise HeaderError(f"file is {size} bytes, shorter than the 8-byte header length")
+    n = int.from_bytes(untrusted.read_exactly(f, 8), "little")
+    if n > size - 8:
+        raise HeaderError(f"header length {n} exceeds the file ({size} bytes)")
+    if n > MAX_HEADER_BYTES:
+        raise HeaderError(f"header length {n} exceeds the validator's {MAX_HEADER_BYTES}-byte limit")
+    return n
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    """The header's JSON object; counts of its keys and objects before parsing bound the tensors."""
+    shape = untrusted.shape_of(raw)
+    # + __metadata__ (a key and an object) and the root (an object)
+    if shape.depth <= untrusted.MAX_DEPTH and (shape.keys > MAX_TENSORS + 1 or shape.objects > MAX_TENSORS + 2):
+        raise HeaderError(f"holds more than {MAX_TENSORS} tensors (the validator's limit); not parsed")
+    try:
+        doc = untrusted.loads(raw, strict=True, shape=shape)
+    except untrusted.BadJSON as e:
+        raise HeaderError(f"header: {e}") from None
+    if not isinstance(doc, dict):
+        raise HeaderError(f"header is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _metadata(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise HeaderError("__metadata__ is not a map of strings to strings")
+    return value
+
+
+def _check_layout(tensors: dict[str, TensorInfo], data_start: int, size: int) -> None:
+    """Data offsets are contiguous from the data section's start and end at the end of the file."""
     expected = 0
     for start, end, name in sorted((t.start, t.end, name) for name, t in tensors.items()):
         if start - data_start != expected:
             gap = "overlaps the previous tensor" if start - data_start < expected else "leaves a gap"
-            raise HeaderError(f"tensor {name!r}: data_offsets begin at {start - data_start}, {gap}")
+            raise HeaderError(f"tensor {_name(name)}: data_offsets begin at {start - data_start}, {gap}")
         expected = end - data_start
     if data_start + expected != size:
         raise HeaderError(f"data section is {size - data_start} bytes but the tensors account for {expected}")
-    return Header(path, size, data_start, metadata, tensors)
+
+
+def _name(name: str) -> str:
+    return untrusted.brief(name)
 
 
 def _tensor_info(name: str, entry: object, data_start: int) -> TensorInfo:
+    if len(name) > MAX_TENSOR_NAME:
+        raise HeaderError(f"tensor name {_name(name)} is longer than the validator's limit of {MAX_TENSOR_NAME}")
     if not isinstance(entry, dict):
-        raise HeaderError(f"tensor {name!r}: entry is not an object")
+        raise HeaderError(f"tensor {_name(name)}: entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in dtypes.BY_CODE:
-        raise HeaderError(f"tensor {name!r}: unknown dtype {dtype!r}")
-    if not uint_list(shape):
-        raise HeaderError(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-    if not (uint_list(offsets) and len(offsets) == 2):
-        raise HeaderError(f"tensor {name!r}: data_offsets {offsets!r} is not a pair of non-negative integers")
+    if type(dtype) is not str or dtype not in dtypes.BY_CODE:
+        raise HeaderError(f"tensor {_name(name)}: unknown dtype {untrusted.brief(dtype)}")
+    if not shape_ok(shape):
+        raise HeaderError(
+            f"tensor {_name(name)}: shape {untrusted.brief(shape)} is not a list of at most {MAX_RANK} "
+            "unsigned 64-bit integers"
+        )
+    if not (type(offsets) is list and len(offsets) == 2 and uint_list(offsets) and offsets[1] < _UINT64):
+        raise HeaderError(
+            f"tensor {_name(name)}: data_offsets {untrusted.brief(offsets)} is not a pair of unsigned 64-bit integers"
+        )
     begin, end = offsets
     if end < begin:
-        raise HeaderError(f"tensor {name!r}: data_offsets end {end} before begin {begin}")
+        raise HeaderError(f"tensor {_name(name)}: data_offsets end {end} before begin {begin}")
     want = dtypes.nbytes(dtype, shape)
     if end - begin != want:
-        raise HeaderError(f"tensor {name!r}: holds {end - begin} bytes, shape {shape} x {dtype} needs {want}")
+        raise HeaderError(f"tensor {_name(name)}: holds {end - begin} bytes, shape {shape} x {dtype} needs {want}")
     return TensorInfo(dtype, tuple(shape), data_start + begin, data_start + end)
 
 
@@ -108,6 +156,17 @@ def uint_list(xs: object) -> bool:
         return False
     for x in xs:  # noqa: SIM110
         if type(x) is not int or x < 0:
+            return False
+    return True
+
+
+def shape_ok(xs: object) -> bool:
+    """A shape the validator computes with: at most MAX_RANK unsigned 64-bit integers (so a
+    product of dimensions stays small, however hostile the file)."""
+    if type(xs) is not list or len(xs) > MAX_RANK:
+        return False
+    for x in xs:  # noqa: SIM110
+        if type(x) is not int or x < 0 or x >= _UINT64:
             return False
     return True
 

@@ -271,7 +271,7 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     with reference_deployment(bucket, faults=opts.local_faults, transition=opts.transition) as dep:
         target = Target(dep.name, dep.base_url, dep.model, dep.api_key)
         transport = _recorder(opts, target.api_key)
-        with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request) as client:
+        with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
             yield RLDeployment(client, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
                                local=dep)  # fmt: skip
 
@@ -285,7 +285,9 @@ def _live(opts: RLOptions, profile: Profile) -> Iterator[RLDeployment]:
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
                     profile=profile)  # fmt: skip
     bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
-    with DeploymentClient(target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request) as client:
+    with DeploymentClient(
+        target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request, limits=opts.limits
+    ) as client:
         yield RLDeployment(client, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
 
 
@@ -383,8 +385,8 @@ def run_id(config: pytest.Config) -> str:
     if opts.replay_meta is not None:
         return opts.replay_meta["run_id"]
     session = opts.record / "_session.json" if opts.record else None
-    if session is not None and opts.record_mode == "once" and session.is_file():
-        return json.loads(session.read_text())["meta"]["run_id"]
+    if session is not None and opts.record_mode == "once" and session.exists():
+        return recorded_run_id(session)
     worker_uid = (getattr(config, "workerinput", {}) or {}).get("testrunuid")
     if worker_uid:
         return worker_uid[:8]
@@ -394,6 +396,20 @@ def run_id(config: pytest.Config) -> str:
     if not marker.exists():
         marker.write_text(uuid.uuid4().hex)
     return marker.read_text()[:8]
+
+
+def recorded_run_id(session: Path) -> str:
+    """The run id of the recording being added to, checked: it names snapshots and files."""
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteError
+    from pytest_rlrollout.suite.options import RUN_ID
+
+    try:
+        found = Cassette.load(session).meta.get("run_id")
+    except CassetteError as e:
+        raise pytest.UsageError(f"--rl-record-mode=once: {e}") from None
+    if not isinstance(found, str) or not RUN_ID.fullmatch(found):
+        raise pytest.UsageError(f"--rl-record-mode=once: {session} holds no usable run_id ({str(found)[:80]!r})")
+    return found
 
 
 # --------------------------------------------------------------------------- per test, one concern each
@@ -466,6 +482,22 @@ def _rl_fresh_exchanges(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _rl_deadline(request: pytest.FixtureRequest, _rl_lock: None) -> Iterator[None]:
+    """Everything the test asks of the deployment ends by `--rl-test-timeout` after it got the
+    deployment: one that keeps a stream going, or trickles it, fails that test naming the bound
+    instead of holding the run for as long as it keeps sending."""
+    if not _uses_deployment(request):
+        yield
+        return
+    client = request.getfixturevalue("rl_deployment").client
+    client.deadline = time.monotonic() + options(request.config).timeouts.test
+    try:
+        yield
+    finally:
+        client.deadline = None
+
+
+@pytest.fixture(autouse=True)
 def _rl_lock(request: pytest.FixtureRequest, _rl_requirements: None) -> Iterator[None]:
     """Exclusive for `rl_swaps` tests, shared for every other test of the deployment, across
     processes; a swap test leaves the deployment at rest for the next one."""
@@ -494,13 +526,16 @@ def _rl_cassette(request: pytest.FixtureRequest, _rl_requirements: None) -> Iter
     if t is None:
         yield None
         return
-    from pytest_rlrollout.remote.cassette import Cassette, cassette_name
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteError, cassette_name
 
     path = t.directory / cassette_name(request.node.nodeid)
     if t.mode == "replay":
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             inconclusive(f"no cassette for this test in {t.directory} (record it with --rl-record)")
-        cassette = Cassette.load(path)
+        try:  # read as the transport reads it: confined to the cassette directory
+            cassette = t.load(cassette_name(request.node.nodeid))
+        except CassetteError as e:  # the recording is broken, not the deployment: an error naming it
+            pytest.fail(f"cassette {e}", pytrace=False)
     else:
         cassette = Cassette(path)
     keep = t.mode == "record" and not (t.record_mode == "once" and path.is_file())

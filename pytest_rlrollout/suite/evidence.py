@@ -62,7 +62,9 @@ class Timeline:
 
 def replica_state(replica: dict[str, Any]) -> str:
     """What a replica's status says, in a few words: 'serving X', 'loading Y', 'error Y'."""
-    state = replica.get("loading_state") or {}
+    from pytest_rlrollout.remote.client import loading_state  # the plugin imports this module: httpx only when used
+
+    state = loading_state(replica)
     stage, target = state.get("stage"), state.get("target_snapshot_identity")
     current = replica.get("current_snapshot_identity")
     if stage and stage not in ("ready", "idle", "done") and target and target != current:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pytest_rlrollout.remote.client import loading_state
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import Stream, policy_versions
 from pytest_rlrollout.suite.outcomes import inconclusive
@@ -32,7 +33,7 @@ IN_TRANSIT_CHUNKS = 3
 
 def in_swap(replica: dict[str, Any], identity: str) -> bool:
     """The replica is between the old and the new snapshot."""
-    state = replica.get("loading_state") or {}
+    state = loading_state(replica)
     return state.get("target_snapshot_identity") == identity and (
         state.get("stage") == "swapping" or not replica.get("readiness")
     )

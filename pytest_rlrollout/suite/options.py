@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import pytest
 
 from pytest_rlrollout.contract.catalogue import Profile
+from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
 
 Mode = Literal["local", "live", "replay"]
@@ -35,7 +37,9 @@ class Timeouts:
     probe: float  # between status polls while trying to catch a swap in progress (a short window)
     stalled_after: float  # a rollout that stopped part-way is given up after this long
     retry: float  # between retries of a refused-while-busy signal (409: one load at a time)
-    request: float  # one HTTP exchange
+    request: float  # one read of an HTTP answer (the network's silence allowed)
+    exchange: float  # one request and its whole answer, a whole stream included
+    test: float  # everything one test asks of the deployment
     long_stream_tokens: int  # tokens a stream must last for a swap to land inside it
 
     def with_(self, **changes: Any) -> Timeouts:
@@ -44,8 +48,11 @@ class Timeouts:
 
 
 # The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB.
-LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, long_stream_tokens=64)
-LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0, request=120.0, long_stream_tokens=256)
+# A test waits for at most a few swaps: its deadline is a few swap timeouts.
+LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, exchange=60.0,
+                 test=120.0, long_stream_tokens=64)  # fmt: skip
+LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0, request=120.0, exchange=600.0,
+                test=5400.0, long_stream_tokens=256)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,11 @@ class RLOptions:
             return (self.replay_meta or {}).get("recorded_mode", "live")
         return self.mode
 
+    @property
+    def limits(self) -> Limits:
+        """The bounds every exchange with the deployment is held to (time from the timeouts)."""
+        return Limits(exchange=self.timeouts.exchange)
+
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlrollout", "RL-rollout deployment contract")
@@ -110,6 +122,10 @@ def add_options(parser: pytest.Parser) -> None:
     add(
         "--rl-swap-timeout", type=float, metavar="SECONDS", help="how long a swap may take (default: 3 local, 900 live)"
     )
+    add("--rl-exchange-timeout", type=float, metavar="SECONDS",
+        help="the longest one request and its whole answer (a stream included) may take (default: 60 local, 600 live)")  # fmt: skip
+    add("--rl-test-timeout", type=float, metavar="SECONDS",
+        help="the longest one test may spend talking to the deployment (default: 120 local, 5400 live)")  # fmt: skip
     add("--rl-long-stream-tokens", type=int, metavar="N",
         help="length of the streams swaps must land in (default: 64 local, 256 live)")  # fmt: skip
     add("--rl-level", choices=["must", "should"], default="should",
@@ -144,7 +160,7 @@ def read_options(config: pytest.Config) -> RLOptions:
         record, replay = None, record
     if record and replay:
         _usage("--rl-record and --rl-replay exclude each other")
-    for name in ("rl_swap_timeout", "rl_long_stream_tokens"):
+    for name in ("rl_swap_timeout", "rl_long_stream_tokens", "rl_exchange_timeout", "rl_test_timeout"):
         if get(name) is not None and get(name) <= 0:
             _usage(f"{_flag(name)} must be positive, not {get(name)}")
     common: dict[str, Any] = dict(
@@ -253,7 +269,8 @@ def _flag(name: str) -> str:
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
     get = config.getoption
-    return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"))
+    return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"),
+                         exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"))  # fmt: skip
 
 
 def _gate_options(config: pytest.Config) -> dict[str, Any]:
@@ -300,16 +317,64 @@ def cassette_dir(value: str | os.PathLike[str]) -> Path:
 
 
 def _session_meta(directory: Path) -> dict[str, Any]:
+    """The recording's meta, checked: a cassette directory may come from anyone, and its values
+    become file names, snapshot identities and URLs."""
+    from pytest_rlrollout.remote.cassette import Cassette, CassetteError
+
     session = directory / "_session.json"
     if not session.is_file():
         _usage(f"--rl-replay {directory}: no _session.json (record a run with --rl-record first)")
     try:
-        meta = json.loads(session.read_text()).get("meta")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError) as e:
-        _usage(f"--rl-replay {directory}: _session.json is not a recorded session ({e})")
-    if not isinstance(meta, dict) or not isinstance(meta.get("deployment"), str):
-        _usage(f"--rl-replay {directory}: _session.json holds no recorded session (no meta.deployment)")
+        meta = Cassette.load(session).meta
+    except CassetteError as e:
+        _usage(f"--rl-replay {directory}: {e}")
+    wrong = meta_problems(meta)
+    if wrong:
+        _usage(f"--rl-replay {directory}: _session.json is not a recorded session: {wrong[0]}")
     return meta
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it becomes part of snapshot identities and file names
+DEPLOYMENT = re.compile(r"accounts/[A-Za-z0-9_.-]{1,128}/deployments/[A-Za-z0-9_.-]{1,128}")
+
+
+def meta_problems(meta: Any) -> list[str]:
+    """What is wrong with a recording's meta (empty: nothing)."""
+    if not isinstance(meta, dict):
+        return ["its meta is not an object"]
+    checks = {
+        "run_id": lambda v: isinstance(v, str) and RUN_ID.fullmatch(v),
+        "deployment": lambda v: v is None or (isinstance(v, str) and DEPLOYMENT.fullmatch(v)),
+        "model": lambda v: isinstance(v, str) and 0 < len(v) <= 512 and v.isprintable(),
+        "profile": lambda v: v in (None, "fireworks", "openai"),
+        "transition": lambda v: v in (None, "ASYNC", "SYNC"),
+        "recorded_mode": lambda v: v in (None, "local", "live"),
+        "discovery": lambda v: v is None or _discovery_ok(v),
+    }
+    required = ("run_id", "deployment", "model")
+    problems = [f"meta.{k} is missing" for k in required if k not in meta]
+    problems += [f"meta.{k} is not allowed: {str(meta[k])[:80]!r}" for k, ok in checks.items() if k in meta
+                 and not ok(meta[k])]  # fmt: skip
+    if meta.get("profile") in (None, "fireworks") and meta.get("deployment") is None:
+        problems.append("meta.deployment is missing: a Fireworks recording names its deployment")
+    return problems
+
+
+def _discovery_ok(d: Any) -> bool:
+    from pytest_rlrollout.contract.capabilities import CAPABILITIES
+
+    return (
+        isinstance(d, dict)
+        and d.keys() == {"profile", "decided", "capabilities", "seen", "replicas", "transition"}
+        and d["profile"] in ("fireworks", "openai")
+        and isinstance(d["decided"], str)
+        and isinstance(d["capabilities"], dict)
+        and all(k in CAPABILITIES and isinstance(v, bool) for k, v in d["capabilities"].items())
+        and isinstance(d["seen"], dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in d["seen"].items())
+        and isinstance(d["replicas"], int)
+        and d["transition"] in (None, "ASYNC", "SYNC")
+    )
 
 
 def _usage(message: str):

@@ -15,6 +15,9 @@ from pytest_rlrollout.contract.outcomes import UNJUDGED, Outcome
 
 # --rl-level=must turns a failure of SHOULD clauses into an xfail whose reason starts with this.
 SHOULD_FAILURE = "rl-should-failure:"
+# A test that failed by an exception other than an assertion about the deployment carries this
+# user property: its outcome is `error` (the suite or a cassette broke), never `fail`.
+SUITE_ERROR = "rl_suite_error"
 
 
 def skip_as(outcome: Outcome, reason: str) -> NoReturn:
@@ -48,7 +51,8 @@ def outcome_of(report: pytest.TestReport) -> tuple[Outcome, str]:
             if reason.startswith(f"{typed}: "):
                 return typed, reason[len(typed) + 2 :]
         return Outcome.INCONCLUSIVE, f"skipped without a typed outcome: {reason}"
-    return (Outcome.FAIL if report.when == "call" else Outcome.ERROR), _tail(report.longreprtext)
+    suite_broke = any(k == SUITE_ERROR for k, _ in report.user_properties)
+    return (Outcome.FAIL if report.when == "call" and not suite_broke else Outcome.ERROR), _tail(report.longreprtext)
 
 
 def _tail(text: str, lines: int = 12) -> str:

@@ -15,7 +15,7 @@ import pytest
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
 from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, add_options, options, read_options
-from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE
+from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE, SUITE_ERROR
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
@@ -63,12 +63,13 @@ def _preflight(config: pytest.Config) -> Discovery:
 
     from pytest_rlrollout.remote.client import DeploymentClient, Target
     from pytest_rlrollout.remote.discovery import PreflightError, discover, preflight
+    from pytest_rlrollout.remote.limits import LimitExceeded
 
     o = options(config)
     assert o.base_url and o.model and o.api_key is not None
     target = Target(o.deployment, o.base_url, o.model, o.api_key, inference_url=o.inference_url or "",
                     profile=o.profile or ("fireworks" if o.deployment else "openai"))  # fmt: skip
-    with DeploymentClient(target, timeout=o.timeouts.request) as client:
+    with DeploymentClient(target, timeout=o.timeouts.request, limits=o.limits) as client:
         try:
             profile = preflight(client, o.profile)
             decided = f"--rl-profile={profile}" if o.profile else (
@@ -76,7 +77,7 @@ def _preflight(config: pytest.Config) -> Discovery:
             return discover(client, profile, transition=o.transition, decided=decided)
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, LimitExceeded) as e:
             raise pytest.UsageError(f"preflight: the deployment stopped answering the capability probes "
                                     f"({type(e).__name__}: {e})") from None  # fmt: skip
 
@@ -139,6 +140,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     dep = item.funcargs.get("rl_deployment") if hasattr(item, "funcargs") else None
     exchanges = telling(list(dep.client.exchanges), EXCHANGES) if dep is not None and report.failed else []
     attach(report, item, exchanges, _assertion(call) if report.failed else "")
+    if report.failed and call.excinfo is not None and not _deployments_fault(call.excinfo.value):
+        report.user_properties.append((SUITE_ERROR, type(call.excinfo.value).__name__))
     if report.passed and not observed(item).anything:
         report.outcome = "skipped"
         report.longrepr = (
@@ -153,6 +156,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
             report.outcome = "skipped"
             report.wasxfail = f"{SHOULD_FAILURE} {', '.join(clauses)} (a SHOULD clause; --rl-level=must)"
     return report
+
+
+def _deployments_fault(e: BaseException) -> bool:
+    """A test fails the deployment only by an assertion about what it answered (a bound it went
+    past included) or by its transport failing; any other exception is the suite's (or a
+    cassette's) error, never a finding about the deployment."""
+    import httpx
+
+    return isinstance(e, AssertionError | pytest.fail.Exception | httpx.HTTPError)
 
 
 def _assertion(call: pytest.CallInfo) -> str:

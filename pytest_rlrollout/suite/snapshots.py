@@ -35,6 +35,7 @@ from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC
 Op = list  # ["scale", factor] | ["negate"]: applied to the base tensor
 Overlay = dict[str, Op]  # tensor name -> op; tensors not listed equal the base
 
+IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # what the suite names its snapshots
 ROUTER = re.compile(r"\.(mlp|block_sparse_moe)\.gate\.weight$")
 FLOATS = ("BF16", "F16", "F32")
 
@@ -143,7 +144,14 @@ class SnapshotFactory:
     def new_identity(self, label: str) -> str:
         self._serial[self.test_key] = n = self._serial.get(self.test_key, 0) + 1
         self.last_serial = n + int(self.test_key, 16)
-        return f"rlt-{self.run_id}-{self.test_key}-{n:02d}-{label}"
+        return self._checked(f"rlt-{self.run_id}-{self.test_key}-{n:02d}-{label}")
+
+    @staticmethod
+    def _checked(identity: str) -> str:
+        """`identity`, if it is one safe path segment: the run id in it may come from a cassette."""
+        if not IDENTITY.fullmatch(identity):
+            raise ValueError(f"refusing to build snapshot identity {identity[:100]!r}: not one safe path segment")
+        return identity
 
     def state(self) -> dict:
         """What this run knows (for a cassette: replay restores it before the test)."""
@@ -230,10 +238,13 @@ class SnapshotFactory:
             return self.full(label, overlay, config_edit)
         return self.sentinel(serving, label, change, config_edit)
 
-    def upload_as(self, local: Path, identity: str) -> int:
-        """Upload a directory under an exact (possibly invalid) identity; removed at the end."""
-        sent = self.bucket.upload(local, identity)
-        self.uploaded.append(identity.split("/")[0])
+    def upload_nested(self, local: Path, outer: str, inner: str) -> int:
+        """Upload a directory as `<outer>/<inner>` (what a nested identity would name; SNAP-ID-1):
+        the bucket itself is only ever given one-segment identities. Removed at the end."""
+        wrapper = self.workdir / f"{outer}.nested"
+        shutil.copytree(local, wrapper / inner)
+        sent = self.bucket.upload(wrapper, self._checked(outer))
+        self.uploaded.append(outer)
         return sent
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:

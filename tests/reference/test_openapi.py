@@ -1,5 +1,7 @@
-"""schemathesis against the deployment's own OpenAPI document: no request it generates gets a 5xx."""
+"""schemathesis against the deployment's own OpenAPI document: no request it generates gets a 5xx,
+whether it fits the schema (positive), breaks it (negative) or sits on its edges (coverage)."""
 
+import collections
 import shutil
 from pathlib import Path
 
@@ -8,6 +10,9 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.config import GenerationConfig  # noqa: E402
 
 from pytest_rlrollout.reference import reference_deployment  # noqa: E402
 from pytest_rlrollout.reference.openapi import document  # noqa: E402
@@ -39,8 +44,48 @@ def test_the_document_is_served(server):
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=schema.as_strategy())
 def test_no_server_errors(server, case):
+    response = case.call(base_url=server.base_url, headers=_headers(server, case))
+    assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:300])
+
+
+def _headers(server, case) -> dict[str, str]:
     headers = {"Authorization": f"Bearer {server.api_key}"}
     if case.path.startswith("/hot_load"):
         headers |= {"fireworks-deployment": server.name, "fireworks-model": server.model}
-    response = case.call(base_url=server.base_url, headers=headers)
-    assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:300])
+    return headers
+
+
+def _served_model(server, case) -> None:
+    """A generated model name is one the deployment does not serve (a 404 before any other check):
+    a case whose model is a plausible string names the deployment instead, so what else it holds
+    reaches the parameter checks, the tokenizer and the decoder."""
+    body = case.body if isinstance(case.body, dict) else None
+    if body is not None and case.path.endswith("completions") and isinstance(body.get("model"), str):
+        body["model"] = server.name
+
+
+# negative data: bodies, headers and parameters that break the schema (wrong types, values out
+# of range, missing fields); every one must be a 4xx
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=schema.as_strategy(GenerationMode.NEGATIVE))
+def test_no_server_errors_on_negative_data(server, case):
+    _served_model(server, case)
+    case.call_and_validate(base_url=server.base_url, headers=_headers(server, case), checks=[not_a_server_error])
+
+
+def test_no_server_errors_in_the_coverage_phase(server):
+    """schemathesis's coverage phase: the schema's edge cases, both sides of every boundary
+    (minimum, maximum, maxLength, maxItems, const, enum, pattern), missing and wrong-typed
+    fields, unexpected methods; positive and negative, deterministically enumerated."""
+    modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+    statuses: collections.Counter[int] = collections.Counter()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for case in schema.iter_coverage_cases(operation, generation_modes=modes, generation_config=GenerationConfig()):
+            _served_model(server, case)
+            response = case.call_and_validate(
+                base_url=server.base_url, headers=_headers(server, case), checks=[not_a_server_error]
+            )
+            statuses[response.status_code] += 1
+    # the phase did reach past the front door: requests were served, and refused for what they held
+    assert statuses[200] > 0 and statuses[400] > 100, statuses

@@ -51,7 +51,8 @@ def test_a_usage_only_chunk_and_junk_are_parsed_without_raising():
     events = [{"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "model": "m@x"},
               {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}]  # fmt: skip
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [1, 2]\n\ndata: [DONE]"
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+    sse = {"content-type": "text/event-stream"}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, headers=sse, text=body))
     with DeploymentClient(Target(None, "http://x", "m", "", profile="openai"), transport=transport) as c:
         s = c.complete({"prompt": "hi", "stream": True})
     assert s.finish_reason == "stop" and s.usage["total_tokens"] == 3 and s.choices()[0]["text"] == "a"

@@ -235,3 +235,17 @@ def test_a_diff_missing_files_without_parent_says_how_to_check_it(reference, tmp
     (dst / "config.json").unlink()
     [finding] = validate(dst, signal=reference["incremental"].signal).of("SNAP-CONFIG-1")
     assert "pass --parent" in finding.message
+
+
+def test_target_modules_match_as_peft_matches_them(reference):
+    """The set lookup SNAP-LORA-3 uses (bounded whatever adapter_config lists) answers what PEFT's
+    substring rule does: `.{t}.weight` inside a base tensor name, or a name starting with `{t}.`."""
+    from pytest_rlrollout.snapshot.validate.lora import _module_names
+
+    base = list(json.loads((reference.base / "model.safetensors.index.json").read_text())["weight_map"])
+    pieces = {p for name in base for p in name.split(".")}
+    candidates = pieces | {".".join(name.split(".")[i:j]) for name in base for i in range(6) for j in range(i, 7)}
+    candidates |= {"q_pro", "proj", "weight", "", "layers.0.self", "model.layers"}
+    modules = _module_names(base)
+    for t in candidates:
+        assert (t in modules) == any(f".{t}.weight" in b or b.startswith(f"{t}.") for b in base), t

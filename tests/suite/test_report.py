@@ -39,6 +39,9 @@ def test_plain_skip(): pytest.skip("for no stated reason")
 @clause("VER-STREAM-1")
 def test_one(rl_observe): rl_observe(1, "chunk")
 
+@clause("INF-LOGPROBS-1")
+def test_crash(): {}["choices"]  # the test's own bug: an error, never a finding about the deployment
+
 @clause("VER-STREAM-1")
 def test_two(): assert False, "chunk 7 has no @identity"
 
@@ -46,7 +49,7 @@ def test_untagged(): pass
 """
 
 EXPECTED = {
-    "INF-SSE-1": "pass", "INF-RAW-1": "inconclusive", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
+    "INF-SSE-1": "pass", "INF-RAW-1": "inconclusive", "INF-LOGPROBS-1": "error", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
     "SWAP-ASYNC-3": "inconclusive", "SESS-1": "error", "CACHE-HIT-1": "inconclusive", "VER-STREAM-1": "fail",
 }  # fmt: skip
 

@@ -3,6 +3,9 @@ gate) or at hot-load time (the reference deployment).
 
     report = validate("out/step-0042", base="snapshots/base")
     report.ok("MUST"), report.findings, report.verdicts["SNAP-INDEX-2"]
+
+Snapshots are untrusted input: hostile files become findings in bounded time and memory (the
+bounds: `core`'s docstring, `rlrollout validate --help`).
 """
 
 # The check modules register their checks with core's registry when imported.

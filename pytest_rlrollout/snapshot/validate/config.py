@@ -9,6 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pytest_rlrollout.snapshot import untrusted
 from pytest_rlrollout.snapshot.layout import CONFIG
 from pytest_rlrollout.snapshot.validate.core import WEIGHTS, Inconclusive, NotApplicable, Problem, Subject, check
 
@@ -39,7 +40,7 @@ def _transformers_complaint(config: dict[str, Any]) -> str | None:
     if known is None:
         return None  # without transformers, a model_type is all that can be asked
     if config["model_type"] not in known:
-        return f"model_type {config['model_type']!r} is not known to the installed transformers"
+        return f"model_type {untrusted.shown(config['model_type'])} is not known to the installed transformers"
     return None
 
 
@@ -100,18 +101,22 @@ def config_differences(snapshot: Mapping[str, Any], base: Mapping[str, Any], ign
         return out
 
     a, b = canon(snapshot), canon(base)
+    shown = untrusted.shown  # keys and values can be megabytes long: each is cut to size
     if "model_type" in a and "model_type" in b and a["model_type"] != b["model_type"]:
-        return [f"Types mismatch: snapshot model_type {a['model_type']!r}, base model_type {b['model_type']!r}"]
+        return [
+            f"Types mismatch: snapshot model_type {shown(a['model_type'])}, base model_type {shown(b['model_type'])}"
+        ]
     problems = []
     extra_snapshot = sorted(set(a) - set(b))
     extra_base = sorted(set(b) - set(a))
     if extra_snapshot:
-        problems.append(f"Extra snapshot model config options: {extra_snapshot}")
+        problems.append(f"Extra snapshot model config options: {shown(extra_snapshot, 1000)}")
     if extra_base:
-        problems.append(f"Extra base model config options: {extra_base}")
+        problems.append(f"Extra base model config options: {shown(extra_base, 1000)}")
     for key in sorted(set(a) & set(b)):
         if a[key] != b[key]:
-            problems.append(f"Config value mismatch for {key}: snapshot {a[key]!r}, base {b[key]!r}")
+            where = untrusted.brief_text(key, 200)
+            problems.append(f"Config value mismatch for {where}: snapshot {shown(a[key])}, base {shown(b[key])}")
     return problems
 
 
@@ -124,6 +129,13 @@ def _config_matches_base(s: Subject) -> Iterator[Problem]:
         theirs = s.base.config_dict()
     except Inconclusive:
         raise Inconclusive("the base snapshot's config.json did not load") from None
-    ignore = ((s.ctx.signal or {}).get("validation") or {}).get("extra_fields_ignore") or ()
-    for message in config_differences(mine, theirs, [k for k in ignore if isinstance(k, str)]):
+    for message in config_differences(mine, theirs, _ignored_fields(s.ctx.signal)):
         yield Problem(CONFIG, message)
+
+
+def _ignored_fields(signal: Mapping[str, Any] | None) -> list[str]:
+    """The signal's validation.extra_fields_ignore, as far as it is a list of strings; whatever
+    else it holds is HL-POST-2's or HL-CONFIG-2's finding, on the signal."""
+    validation = (signal or {}).get("validation")
+    ignore = validation.get("extra_fields_ignore") if isinstance(validation, dict) else None
+    return [k for k in ignore if isinstance(k, str)] if isinstance(ignore, list) else []

@@ -5,11 +5,24 @@ whose input could not be read (because another clause already failed) is `inconc
 instead of piling up follow-on findings, so one defect yields one clause's finding.
 The validator only reads: it opens files read-only and never writes into a snapshot.
 The checks themselves live beside this module, one module per area.
+
+Everything in a snapshot, and the signal, is untrusted input: whatever it holds ends as
+findings (or, for a signal file that is not a JSON object, a ValueError) within fixed bounds,
+far above real snapshots (a 30B MoE: ~50 files, ~19k tensors, headers of ~50 KB):
+
+- files: regular files only (FIFOs, sockets, devices, directories are named, never opened);
+  symlinks only when they stay inside the snapshot; JSON files at most 32 MiB, nested at
+  most 64 deep, at most 2,097,152 items (`untrusted`);
+- safetensors headers: at most 32 MiB, 65,536 tensors, names of 1,024 characters, rank 64
+  (`safetensors_io`); at most MAX_FILES files and MAX_TENSORS tensors read per snapshot;
+- findings: at most MAX_FINDINGS per clause and MAX_SCHEMA_PROBLEMS per document, messages
+  cut to MAX_MESSAGE characters (`Report.text()` also prints them escaped: names can hold
+  newlines and terminal escapes).
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import re
 from collections import Counter, defaultdict
@@ -20,14 +33,23 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pytest_rlrollout.contract import Level, Outcome, Verdict, catalogue
-from pytest_rlrollout.contract.schemas import problems as schema_problems
-from pytest_rlrollout.snapshot import dtypes
+from pytest_rlrollout.contract import Level, Outcome, Verdict, catalogue, schemas
+from pytest_rlrollout.snapshot import dtypes, untrusted
 from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC, Kind, SnapshotDir, UnsafePath
 
 SHOWN = 5  # names quoted per message before "and N more"
 EXAMPLES = 3  # findings of one cause that text() names before it only counts them
+# Bounds on what a hostile snapshot can make the validator read and report (module docstring).
+MAX_FILES = 4096  # safetensors files whose headers are read (one layer per shard: ~100 real ones)
+# tensors read over all headers: the largest open models hold ~150k; reading one costs ~15 us
+MAX_TENSORS = 1 << 18
+MAX_FINDINGS = 1000  # per clause; one more finding says the rest were not listed
+MAX_SCHEMA_PROBLEMS = 100  # per document
+MAX_MESSAGE = 1000  # characters of a finding's message (and a verdict's reason)
+MAX_FILE = 300  # characters of a finding's file name (an index can name files of any length)
+# A hot-load body is a few hundred bytes; jsonschema sorts unknown fields to name them (1 s for 500k)
+MAX_SIGNAL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -96,9 +118,11 @@ class Report:
 
     def text(self, level: Level = "SHOULD") -> str:
         """The report for a terminal: findings of one cause beyond EXAMPLES are folded into one line,
-        and the verdict is the one `ok(level)` (the exit code) gives."""
+        and the verdict is the one `ok(level)` (the exit code) gives. Every line is printable:
+        a name holding a newline or a terminal escape is shown escaped (\\n, \\x1b), so it can
+        neither forge a finding line nor reach the terminal."""
         level = _level(level)
-        lines = [f"{self.snapshot}: {self.kind} snapshot, identity {self.identity!r}"]
+        lines = [f"{self.snapshot}: {self.kind} snapshot, identity {untrusted.brief(self.identity)}"]
         shown = finding_lines(self.findings)
         lines += [f"  {line}" for line in shown]
         if len(shown) < len(self.findings):
@@ -106,7 +130,7 @@ class Report:
         counts = Counter(v.outcome.value for v in self.verdicts.values())
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         lines.append(f"{self._verdict(level)}: {len(self.findings)} finding(s); clauses: {summary}")
-        return "\n".join(lines)
+        return "\n".join(map(untrusted.printable, lines))
 
     def _verdict(self, level: Level) -> str:
         if not self.findings:
@@ -131,7 +155,9 @@ def _level(level: str) -> Level:
 # --------------------------------------------------------------------------- folding findings for text()
 
 # A file or tensor name: dotted or slashed, with a letter in its first part (so 5.2 stays a number).
-_NAME = re.compile(r"[\w\-]*[A-Za-z_][\w\-]*(?:[./][\w\-]+)+")
+# Possessive runs and a lookahead keep it linear per position: the plain `[\w-]*[A-Za-z_][\w-]*`
+# backtracks cubically, 6 s on one 1000-letter name.
+_NAME = re.compile(r"(?=[\w\-]*[A-Za-z_])[\w\-]++(?:[./][\w\-]++)+")
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 # a list of names or numbers, as names() and shapes print them: one placeholder however long
 _RUN = re.compile(r"<(name|n)>(?:,\s*<(?:name|n)>)*(?: and <n> more)?")
@@ -255,11 +281,13 @@ class Subject:
         return meta if isinstance(meta, Mapping) and meta else None
 
     @cached_property
-    def identity(self) -> str:
+    def identity(self) -> object:
+        """The identity as given, whatever its type (SNAP-ID-1 judges it): --identity, else the
+        signal's, else the directory name."""
         if self.ctx.identity is not None:
             return self.ctx.identity
-        signalled = (self.ctx.signal or {}).get("identity")
-        return signalled if isinstance(signalled, str) else self.dir.name
+        signal = self.ctx.signal or {}
+        return signal.get("identity", self.dir.name)
 
     @cached_property
     def parent(self) -> Subject | None:
@@ -277,7 +305,7 @@ class Subject:
                 if self.parent is not None:
                     return self.parent._json(name)
                 return None, "is missing; a diff inherits it from its parent, so pass --parent to check it"
-            return None, "is missing"
+            return None, self.dir.unreadable(name)  # missing, or a directory
         try:
             return self.dir.read_json(name), None
         except (ValueError, UnsafePath) as e:
@@ -327,7 +355,8 @@ class Subject:
             return None
         out = {}
         for name, e in value["tensor_map"].items():
-            if isinstance(e, dict) and isinstance(e.get("dtype"), str) and st.uint_list(e.get("shape")):
+            # shapes beyond the validator's rank and size bounds are left out, as malformed ones
+            if isinstance(e, dict) and isinstance(e.get("dtype"), str) and st.shape_ok(e.get("shape")):
                 code = dtypes.normalise(e["dtype"])
                 if code is not None:
                     out[name] = (code, tuple(e["shape"]))
@@ -340,6 +369,11 @@ class Subject:
     # -- safetensors files
 
     @cached_property
+    def limits(self) -> list[str]:
+        """What the validator's bounds left unread (SNAP-SAFETENSORS-1 reports it first)."""
+        return []
+
+    @cached_property
     def headers(self) -> dict[str, st.Header]:
         return {n: h for n, h in self._parsed.items() if isinstance(h, st.Header)}
 
@@ -349,28 +383,52 @@ class Subject:
 
     @cached_property
     def _parsed(self) -> dict[str, st.Header | str]:
+        """Each safetensors file's header, or why it was not read. Files beyond MAX_FILES, and
+        files after MAX_TENSORS tensors, are not read: one hostile snapshot could otherwise hold
+        thousands of headers of 65,536 tensors each."""
         out: dict[str, st.Header | str] = {}
-        for name in self.dir.safetensors_files:
-            try:
-                path = self.dir.path(name)
-            except UnsafePath as e:
-                out[name] = f"{e}; not read"
+        files = self.dir.safetensors_files
+        tensors = 0
+        if len(files) > MAX_FILES:
+            self.limits.append(
+                f"holds {len(files)} safetensors files, more than {MAX_FILES}; the validator reads the first "
+                f"{MAX_FILES} (by name) only"
+            )
+        for i, name in enumerate(files):
+            if i >= MAX_FILES:
+                out[name] = f"not read: more than {MAX_FILES} safetensors files (the validator's limit)"
                 continue
-            if not self.dir.is_regular(name):
-                out[name] = "not a regular file; not read"
+            if tensors >= MAX_TENSORS:
+                if len(self.limits) < 2:
+                    self.limits.append(
+                        f"its safetensors files hold more than {MAX_TENSORS} tensors; the validator read {tensors} "
+                        f"and left {len(files) - i} file(s) unread"
+                    )
+                out[name] = (
+                    f"not read: the files before it hold more than {MAX_TENSORS} tensors (the validator's limit)"
+                )
                 continue
-            try:
-                out[name] = st.read_header(path)
-            except st.HeaderError as e:
-                out[name] = str(e)
+            why = self.dir.unreadable(name)
+            if why is not None:
+                out[name] = why
                 continue
-            except OSError as e:
-                out[name] = f"cannot read: {e.strerror or e}"
-                continue
-            complaint = st.library_opinion(path) if self.judged else None  # a second opinion, where it matters
-            if complaint is not None:
-                out[name] = f"the safetensors library refuses it: {complaint}"
+            out[name] = self._header(name)
+            if isinstance(out[name], st.Header):
+                tensors += len(out[name].tensors)
         return out
+
+    def _header(self, name: str) -> st.Header | str:
+        path = self.dir.path(name)
+        try:
+            header = st.read_header(path)
+        except st.HeaderError as e:
+            return str(e)
+        except OSError as e:
+            return f"cannot be read: {e.strerror or e}"
+        complaint = st.library_opinion(path) if self.judged else None  # a second opinion, where it matters
+        if complaint is not None:
+            return f"the safetensors library refuses it: {complaint}"
+        return header
 
     @cached_property
     def tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -410,8 +468,14 @@ class Subject:
 
 def names(items: Iterable[str]) -> str:
     items = sorted(items)
-    shown = ", ".join(items[:SHOWN])
+    shown = ", ".join(untrusted.brief_text(n, 200) for n in items[:SHOWN])
     return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def schema_problems(name: str, document: Any, limit: int = MAX_SCHEMA_PROBLEMS) -> list[schemas.SchemaProblem]:
+    """How `document` breaks `<name>.schema.json`: at most `limit` problems, then one saying
+    more were not listed."""
+    return list(schemas.problems(name, document, limit))
 
 
 # --------------------------------------------------------------------------- entry point
@@ -424,8 +488,24 @@ def signal_findings(signal: Mapping[str, Any]) -> list[Finding]:
     for problem in schema_problems("hot-load-request", signal):
         if problem.path[:1] == ("identity",):
             continue  # the identity is judged by the SNAP-ID-1 check itself
-        out.append(Finding(problem.clause, cat[problem.clause].level, "signal", problem.message))
+        out.append(_finding(problem.clause, cat[problem.clause].level, Problem("signal", problem.message)))
     return out
+
+
+def _finding(clause: str, level: Level, p: Problem) -> Finding:
+    """A finding with its untrusted parts cut to size: a name or value in a message can be megabytes."""
+    file = None if p.file is None else untrusted.brief_text(p.file, MAX_FILE)
+    return Finding(clause, level, file, untrusted.brief_text(p.message, MAX_MESSAGE))
+
+
+def _run(chk: Check, subject: Subject) -> list[Problem]:
+    """A check's problems, at most MAX_FINDINGS of them: checks are generators, so a hostile
+    snapshot's millionth problem is never even computed."""
+    problems = list(itertools.islice(chk.fn(subject), MAX_FINDINGS + 1))
+    if len(problems) > MAX_FINDINGS:
+        more = f"more findings of this clause not listed: the validator lists at most {MAX_FINDINGS}"
+        problems[MAX_FINDINGS:] = [Problem(None, more)]
+    return problems
 
 
 def validate(
@@ -442,6 +522,10 @@ def validate(
     `base` enables the comparisons against the base model (SNAP-CONFIG-2, SNAP-COVER-1,
     SNAP-TOK-1a, SNAP-LORA-3); `parent` marks the directory as an ARC2 diff of that
     snapshot; `signal` is the hot-load request body that would announce it.
+
+    Whatever the snapshot, the parent and the signal hold becomes findings, within the bounds
+    the module docstring lists; only a snapshot, base or parent that is not a directory (or
+    cannot be listed) raises, an OSError.
     """
     if context is not None and (base or parent or signal is not None or context_fields):
         raise TypeError("pass either context= or the individual fields, not both")
@@ -453,7 +537,8 @@ def validate(
     )
     subject = Subject(snapshot, ctx)
     cat = catalogue()
-    report = Report(str(snapshot), subject.kind, subject.identity)
+    identity = subject.identity
+    report = Report(str(snapshot), subject.kind, identity if isinstance(identity, str) else untrusted.shown(identity))
     looks_like_adapter = (
         subject.kind != "lora" and subject.dir.adapter_weight_files and CONFIG not in subject.dir.listing
     )
@@ -468,15 +553,15 @@ def validate(
             report.verdicts[clause] = Verdict(Outcome.NOT_APPLICABLE, why)
             continue
         try:
-            problems = list(chk.fn(subject))
+            problems = _run(chk, subject)
         except NotApplicable as e:
-            report.verdicts[clause] = Verdict(Outcome.NOT_APPLICABLE, str(e))
+            report.verdicts[clause] = Verdict(Outcome.NOT_APPLICABLE, untrusted.brief_text(str(e), MAX_MESSAGE))
             continue
         except Inconclusive as e:
-            report.verdicts[clause] = Verdict(Outcome.INCONCLUSIVE, str(e))
+            report.verdicts[clause] = Verdict(Outcome.INCONCLUSIVE, untrusted.brief_text(str(e), MAX_MESSAGE))
             continue
         level = cat[clause].level
-        report.findings += [Finding(clause, level, p.file, p.message) for p in problems]
+        report.findings += [_finding(clause, level, p) for p in problems]
         report.verdicts[clause] = Verdict(Outcome.FAIL if problems else Outcome.PASS)
     if ctx.signal is not None:
         extra = signal_findings(ctx.signal)
@@ -487,8 +572,13 @@ def validate(
 
 
 def load_signal(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A hot-load request body from a JSON file (for `--signal`)."""
-    doc = json.loads(Path(path).read_text())
+    """A hot-load request body from a JSON file (for `--signal`), read as untrusted: a regular
+    file (a FIFO would block) of at most MAX_SIGNAL_BYTES, within the JSON bounds. ValueError
+    says what is wrong with it, OSError that it cannot be read."""
+    try:
+        doc = untrusted.loads(untrusted.read_limited(path, MAX_SIGNAL_BYTES))
+    except ValueError as e:  # Unreadable, BadJSON
+        raise ValueError(f"{path}: {e}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a hot-load signal is a JSON object")
     return doc

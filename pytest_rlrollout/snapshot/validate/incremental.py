@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pytest_rlrollout.snapshot import arc2
+from pytest_rlrollout.snapshot import arc2, untrusted
 from pytest_rlrollout.snapshot.layout import ADAPTER_CONFIG, INDEX, SPEC
 from pytest_rlrollout.snapshot.validate.core import WEIGHTS, Inconclusive, NotApplicable, Problem, Subject, check, names
 
@@ -54,16 +54,28 @@ def _keeps_parent_dtypes(s: Subject) -> Iterator[Problem]:
             yield Problem(SPEC, f"{name}: {dt}{list(shape)}, the parent is {pdt}{list(pshape)}")
 
 
+def _format(s: Subject, key: str, default: str) -> str | None:
+    """A format named in the signal's metadata, lower-cased; None when it is not a string."""
+    value = (s.incremental_metadata or {}).get(key, default)
+    return value.lower() if isinstance(value, str) else None
+
+
 @check("SNAP-INC-3", frozenset({"incremental"}))
 def _arc2_payloads(s: Subject) -> Iterator[Problem]:
     parent = _need_parent(s)
-    fmt = str((s.incremental_metadata or {}).get("compression_format", "arc_v2")).lower()
+    fmt = _format(s, "compression_format", "arc_v2")
     if fmt == "arc_v3":
         yield Problem(None, "arc_v3 payloads are pickles and are never decoded from untrusted input")
         return
     if fmt not in arc2.FORMATS:
-        raise Inconclusive(f"compression_format {fmt!r} is unknown (SNAP-INC-4)")
+        raw = (s.incremental_metadata or {}).get("compression_format")
+        raise Inconclusive(f"compression_format {untrusted.shown(raw, 100)} is unknown (SNAP-INC-4)")
     for file, h in sorted(s.headers.items()):
+        if file in parent.header_errors:
+            # nothing can be decoded over an unreadable parent file, so a deployment could not
+            # load the diff: a finding here, whoever is to blame
+            yield Problem(file, f"cannot be decoded: the parent's {file} is unreadable: {parent.header_errors[file]}")
+            continue
         ph = parent.headers.get(file)
         if ph is None or set(ph.tensors) != set(h.tensors):
             continue  # SNAP-INC-1 reports files that do not pair up
@@ -75,6 +87,8 @@ def _arc2_payloads(s: Subject) -> Iterator[Problem]:
                 arc2.check_structure(ph, h, file)
         except arc2.DeltaError as e:
             yield Problem(file, str(e).removeprefix(f"{file}: "))
+        except OSError as e:  # its header was read a moment ago: the file changed or vanished since
+            yield Problem(file, f"cannot be read: {e.strerror or e}")
 
 
 @check("SNAP-INC-4", frozenset({"incremental"}))
@@ -87,10 +101,11 @@ def _incremental_signal(s: Subject) -> Iterator[Problem]:
             None, "the signal has no incremental_snapshot_metadata; the diff would be loaded as a full snapshot"
         )
         return
-    if str(meta.get("compression_format")).lower() != "arc_v2":
-        yield Problem(None, f"compression_format is {meta.get('compression_format')!r}, not 'arc_v2'")
-    if meta.get("checksum_format") not in CHECKSUM_FORMATS:
-        yield Problem(None, f"checksum_format is {meta.get('checksum_format')!r}, not 'alder32' (sic)")
+    if _format(s, "compression_format", "") != "arc_v2":
+        yield Problem(None, f"compression_format is {untrusted.shown(meta.get('compression_format'))}, not 'arc_v2'")
+    checksum = meta.get("checksum_format")
+    if not (isinstance(checksum, str) and checksum in CHECKSUM_FORMATS):
+        yield Problem(None, f"checksum_format is {untrusted.shown(checksum)}, not 'alder32' (sic)")
 
 
 @check("SNAP-INC-5", frozenset({"incremental"}))
@@ -102,13 +117,17 @@ def _previous_is_served(s: Subject) -> Iterator[Problem]:
     if s.ctx.served is not None:
         others = sorted({str(x) for x in s.ctx.served if x != previous})
         if others:
-            yield Problem(None, f"previous_snapshot_identity is {previous!r}, but replicas serve {others}")
+            yield Problem(
+                None, f"previous_snapshot_identity is {untrusted.shown(previous)}, but replicas serve {others}"
+            )
         return
     parent = s.ctx.parent_identity or (s.ctx.parent.name if s.ctx.parent else None)
     if parent is None:
         raise NotApplicable("neither the served identities nor a parent are known")
     if previous != parent:
-        yield Problem(None, f"previous_snapshot_identity is {previous!r}, the parent snapshot is {parent!r}")
+        yield Problem(
+            None, f"previous_snapshot_identity is {untrusted.shown(previous)}, the parent snapshot is {parent!r}"
+        )
 
 
 @check("SNAP-INC-6", frozenset({"lora"}))

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 
 from pytest_rlrollout.contract.schemas import is_plain_shard_name
-from pytest_rlrollout.contract.schemas import problems as schema_problems
-from pytest_rlrollout.snapshot import dtypes
+from pytest_rlrollout.snapshot import dtypes, untrusted
 from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import INDEX, SPEC, UnsafePath, group_name, layer_of
 from pytest_rlrollout.snapshot.validate.core import (
@@ -18,6 +17,7 @@ from pytest_rlrollout.snapshot.validate.core import (
     Subject,
     check,
     names,
+    schema_problems,
 )
 
 
@@ -40,10 +40,13 @@ def _index(s: Subject) -> Iterator[Problem]:
             try:
                 s.dir.path(file)
             except UnsafePath as e:
-                yield Problem(INDEX, f"weight_map names {file}: {e}")
+                yield Problem(INDEX, f"weight_map names {untrusted.brief_text(file, 200)}: {e}")
                 continue
-            if not s.dir.is_regular(file):
+            why = s.dir.unreadable(file)
+            if why == "is missing":
                 yield Problem(INDEX, f"weight_map puts {len(tensors)} tensor(s) in {file}, which does not exist")
+            elif why is not None and file not in s.dir.listing:  # a listed file is SNAP-SAFETENSORS-1's
+                yield Problem(INDEX, f"weight_map puts {len(tensors)} tensor(s) in {file}, which {why}")
 
 
 @check("SNAP-INDEX-2", WEIGHTS)
@@ -142,11 +145,14 @@ def _spec_matches_files(s: Subject) -> Iterator[Problem]:
             continue
         file, t = in_files[name]
         code = dtypes.normalise(entry["dtype"])
+        dtype = untrusted.shown(entry["dtype"], 100)
         if code is None:
-            yield Problem(SPEC, f"{name}: dtype {entry['dtype']!r} is not a known dtype name")
+            yield Problem(SPEC, f"{name}: dtype {dtype} is not a known dtype name")
         elif code != t.dtype:
             yield Problem(SPEC, f"{name}: spec says {entry['dtype']}, {file} holds {t.dtype}")
         if tuple(entry["shape"]) != t.shape:
-            yield Problem(SPEC, f"{name}: spec says shape {entry['shape']}, {file} holds {list(t.shape)}")
+            yield Problem(
+                SPEC, f"{name}: spec says shape {untrusted.shown(entry['shape'])}, {file} holds {list(t.shape)}"
+            )
     if orphans:
         yield Problem(SPEC, f"tensor_map describes {names(orphans)}, which no safetensors file holds")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from pytest_rlrollout.contract.schemas import problems as schema_problems
+from pytest_rlrollout.snapshot import untrusted
 from pytest_rlrollout.snapshot.layout import ADAPTER_CONFIG, INDEX, UnsafePath
-from pytest_rlrollout.snapshot.validate.core import Inconclusive, Problem, Subject, check, names
+from pytest_rlrollout.snapshot.validate.core import Inconclusive, Problem, Subject, check, names, schema_problems
 
 
 @check("SNAP-LORA-1")
@@ -35,6 +35,19 @@ def _lora_weights(s: Subject) -> Iterator[Problem]:
         )
 
 
+def _module_names(tensors: Iterable[str]) -> set[str]:
+    """Every name a target_modules entry `t` can have to match one of `tensors` as PEFT matches it
+    (`.{t}.weight` inside a name, or a name starting with `{t}.`). Built from the base, so that
+    however many entries an adapter_config lists, matching each costs one set lookup."""
+    out: set[str] = set()
+    for b in tensors:
+        dots = [i for i, c in enumerate(b) if c == "."]
+        out.update(b[:i] for i in dots)
+        ends = [i for i in dots if b.startswith(".weight", i)]
+        out.update(b[i + 1 : j] for j in ends for i in dots if i < j)
+    return out
+
+
 def _adapter_target(key: str) -> tuple[str, str] | None:
     """('model.layers.0.self_attn.q_proj', 'A') for a PEFT key, or None for other keys."""
     name = key.removeprefix("base_model.model.")
@@ -60,7 +73,8 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
     name = cfg.get("base_model_name_or_path")
     if isinstance(name, str) and name and s.ctx.base_model and name not in s.ctx.base_model:
         yield Problem(
-            ADAPTER_CONFIG, f"base_model_name_or_path is {name!r}; the deployment serves {names(s.ctx.base_model)}"
+            ADAPTER_CONFIG,
+            f"base_model_name_or_path is {untrusted.shown(name)}; the deployment serves {names(s.ctx.base_model)}",
         )
     if s.base is None:
         return  # module and shape checks need the base
@@ -70,13 +84,10 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
         raise Inconclusive("the base snapshot's tensors could not be read") from None
     targets = cfg.get("target_modules")
     if isinstance(targets, list):
-        absent = [
-            t
-            for t in targets
-            if isinstance(t, str) and not any(f".{t}.weight" in b or b.startswith(f"{t}.") for b in base)
-        ]
+        modules = _module_names(base)
+        absent = [t for t in dict.fromkeys(t for t in targets if isinstance(t, str)) if t not in modules]
         if absent:
-            yield Problem(ADAPTER_CONFIG, f"target_modules {absent} match no module of the base model")
+            yield Problem(ADAPTER_CONFIG, f"target_modules {untrusted.shown(absent)} match no module of the base model")
     r = cfg.get("r") if not cfg.get("rank_pattern") else None
     for file in s.dir.adapter_weight_files:
         h = s.headers.get(file)
@@ -92,6 +103,11 @@ def _lora_fits_base(s: Subject) -> Iterator[Problem]:
             base_t = base.get(f"{module}.weight")
             if base_t is None:
                 yield Problem(file, f"{key}: the base has no {module}.weight")
+                continue
+            if not (base_t[1] and t.shape):
+                yield Problem(
+                    file, f"{key}: shape {list(t.shape)} on {module} {list(base_t[1])}: a LoRA factor is a matrix"
+                )
                 continue
             out_f, in_f = base_t[1][0], base_t[1][-1]
             rank = r if isinstance(r, int) else (t.shape[0] if part == "A" else t.shape[-1])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 
-from pytest_rlrollout.snapshot import dtypes
-from pytest_rlrollout.snapshot.layout import INDEX, SPEC
+from pytest_rlrollout.snapshot import dtypes, untrusted
+from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC
 from pytest_rlrollout.snapshot.validate.core import (
     WEIGHTS,
     Inconclusive,
@@ -76,7 +76,13 @@ def _quantized_has_scales(s: Subject) -> Iterator[Problem]:
         yield Problem(SPEC, "config.json declares quantization_config but no tensor is 8-bit or narrower")
         return
     block = q.get("weight_block_size")
-    block_ok = isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
+    block_ok = isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)
+    if block is not None and not block_ok:
+        yield Problem(
+            CONFIG,
+            f"quantization_config.weight_block_size is {untrusted.shown(block)}, not a pair of positive integers "
+            "[bm, bn], so no scale shape can be checked",
+        )
     for name, (_, shape) in sorted(quantized.items()):
         scale = next((name + sfx for sfx in ("_scale_inv", "_scale") if name + sfx in table), None)
         if scale is None:

@@ -187,8 +187,9 @@ def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
 @clause("SNAP-ID-1")
 def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("nested")
-    nested = f"{built.identity}-dir/inner"
-    rl_snapshot_factory.upload_as(built.local, nested)
+    outer = f"{built.identity}-dir"
+    nested = f"{outer}/inner"
+    rl_snapshot_factory.upload_nested(built.local, outer, "inner")
     before = served_identities(rl_deployment)
     r = rl_deployment.hot_load({**built.signal, "identity": nested})
     assert r.status_code != 200, f"identity {nested!r} was accepted"

@@ -1,0 +1,87 @@
+"""What every hostile-input test asserts besides its outcome: bounded wall time and bounded
+memory, and a row for the corpus summary (`build/hostile.{json,md}`: inputs per target, the
+worst time and RSS seen)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+ROWS = Path(__file__).resolve().parents[2] / "build" / "hostile"
+SAMPLE = 0.005  # seconds between RSS samples
+
+
+class Budget:
+    """`with Budget("validator", "nested header", seconds=5, rss_mb=200):` fails the test when
+    the block takes longer than `seconds` or grows this process's RSS by more than `rss_mb`
+    (sampled every 5 ms: a spike shorter than that can slip through), and records one row.
+    `inputs` counts the hostile inputs the block fed (a generator may feed many at once)."""
+
+    def __init__(self, target: str, case: str, *, seconds: float, rss_mb: float, inputs: int = 1):
+        self.target, self.case, self.seconds, self.rss_mb, self.inputs = target, case, seconds, rss_mb, inputs
+        self._process = psutil.Process()
+        self._done = threading.Event()
+        self.elapsed = 0.0
+        self.peak_mb = 0.0
+
+    def __enter__(self) -> Budget:
+        self._start_rss = self._process.memory_info().rss
+        self._peak = self._start_rss
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        self._t0 = time.monotonic()
+        return self
+
+    def _sample(self) -> None:
+        while not self._done.wait(SAMPLE):
+            self._peak = max(self._peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self.elapsed = time.monotonic() - self._t0
+        self._done.set()
+        self._sampler.join()
+        self._peak = max(self._peak, self._process.memory_info().rss)
+        self.peak_mb = (self._peak - self._start_rss) / 2**20
+        self._write_row()
+        if exc[0] is None:
+            assert self.elapsed <= self.seconds, f"{self.case}: {self.elapsed:.2f} s > {self.seconds} s"
+            assert self.peak_mb <= self.rss_mb, f"{self.case}: RSS grew {self.peak_mb:.0f} MB > {self.rss_mb} MB"
+
+    def _write_row(self) -> None:
+        ROWS.mkdir(parents=True, exist_ok=True)
+        row = {"target": self.target, "case": self.case, "inputs": self.inputs, "seconds": round(self.elapsed, 3),
+               "rss_mb": round(self.peak_mb, 1), "pid": os.getpid()}  # fmt: skip
+        (ROWS / f"{uuid.uuid4().hex}.json").write_text(json.dumps(row))
+
+
+def assemble(rows: Path = ROWS) -> dict | None:
+    """build/hostile.json and .md from this run's rows: per target the inputs fed, the worst
+    time and the worst RSS growth (called at the session's end)."""
+    files = sorted(rows.glob("*.json")) if rows.is_dir() else []
+    if not files:
+        return None
+    table = [json.loads(p.read_text()) for p in files]
+    targets: dict[str, dict] = {}
+    for r in table:
+        t = targets.setdefault(r["target"], {"cases": 0, "inputs": 0, "worst_seconds": 0.0, "worst_rss_mb": 0.0})
+        t["cases"] += 1
+        t["inputs"] += r["inputs"]
+        if r["seconds"] >= t["worst_seconds"]:
+            t["worst_seconds"], t["slowest"] = r["seconds"], r["case"]
+        if r["rss_mb"] >= t["worst_rss_mb"]:
+            t["worst_rss_mb"], t["hungriest"] = r["rss_mb"], r["case"]
+    doc = {"targets": targets, "inputs": sum(t["inputs"] for t in targets.values())}
+    (rows.parent / "hostile.json").write_text(json.dumps(doc, indent=2))
+    lines = ["| target | cases | inputs | worst time (s) | slowest case | worst RSS growth (MB) | hungriest case |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, t in sorted(targets.items()):
+        lines.append(f"| {name} | {t['cases']} | {t['inputs']} | {t['worst_seconds']} | {t['slowest']} | "
+                     f"{t['worst_rss_mb']} | {t['hungriest']} |")  # fmt: skip
+    (rows.parent / "hostile.md").write_text("\n".join(lines) + "\n")
+    return doc

@@ -92,7 +92,7 @@ def problems(name: str, document: Any, limit: int | None = None) -> Iterator[Sch
             raise ValueError(f"schema {name} has no x-clause for {list(e.absolute_schema_path)}")
         out.append(SchemaProblem(clause, tuple(e.absolute_path), _message(e)))
     yield from out
-    if limit is not None and len(errors) > limit:
+    if limit is not None and len(errors) > limit and out:
         more = f"more problems not listed: at most {limit} are listed per document"
         yield SchemaProblem(out[-1].clause, out[-1].path, more)
 

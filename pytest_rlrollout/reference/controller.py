@@ -39,24 +39,8 @@ class HotLoadError(Exception):
 
 
 RESET_POLICIES = {"all", "new_session", "none"}
-NAME_MAX = 255  # bytes of one file name (ext4, xfs, APFS...), and characters the schema allows
 # the hint's one answer to an identity it will not look up: the same whatever is on the disk
 HINT_REFUSAL = "identity: not one path segment naming a directory of the bucket (SNAP-ID-1)"
-
-
-def identity_refusal(identity: object) -> str | None:
-    """Why `identity` cannot name a directory of the bucket (SNAP-ID-1), judged without touching
-    the disk; None for a name that can."""
-    why = identity_problem(identity)
-    if why is not None or not isinstance(identity, str):
-        return why
-    try:
-        encoded = identity.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid Unicode (a lone surrogate)"
-    if len(identity) > NAME_MAX or len(encoded) > NAME_MAX:
-        return f"is longer than {NAME_MAX} characters or bytes"
-    return None
 
 
 def _quote(value: object) -> str:
@@ -139,7 +123,7 @@ class Deployment:
 
     def in_bucket(self, identity: str) -> Path | None:
         """The bucket's directory `identity` names, if it stays inside the bucket once every
-        symlink is followed (an identity already judged by `identity_refusal`)."""
+        symlink is followed (an identity already judged by `identity_problem`)."""
         bucket = self.settings.bucket.resolve()
         try:
             path = (bucket / identity).resolve()
@@ -174,7 +158,7 @@ class Deployment:
                 for p in problems
             ]
         identity = body.get("identity")
-        why = identity_refusal(identity)
+        why = identity_problem(identity)
         if why and f("HL-POST-4"):
             raise HotLoadError(500, f"internal error resolving identity {_quote(identity)}")
         if why and not (f("SNAP-ID-1") and "'/'" in why):
@@ -329,11 +313,11 @@ class Deployment:
             extra = sorted(set(body) - {"identity", "file"})[0]
             raise HotLoadError(400, f"Extra inputs are not permitted, field: {_quote(extra)}")
         identity, name = body["identity"], body["file"]
-        root = self.in_bucket(identity) if identity_refusal(identity) is None else None
+        root = self.in_bucket(identity) if identity_problem(identity) is None else None
         if root is None:
             raise HotLoadError(400, HINT_REFUSAL, clauses=["SNAP-ID-1"])
         try:
-            known = identity_refusal(name) is None and root.is_dir() and SnapshotDir(root).has(name)
+            known = identity_problem(name) is None and root.is_dir() and SnapshotDir(root).has(name)
         except (UnsafePath, OSError, ValueError):
             known = False
         if not known:

@@ -13,6 +13,7 @@ child is this module, started by this module: both ends are ours).
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
@@ -63,7 +64,9 @@ class Validator:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             # the child imports exactly the modules this process imports
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                   # one BLAS thread: per-thread buffers of a many-core host would eat the memory limit
+                   "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
             # `-c`, not `-m`: this package imports this module, and runpy warns about that
             code = f"from {__name__} import _serve; _serve()"
             self._proc = subprocess.Popen(
@@ -71,14 +74,23 @@ class Validator:
             )
         return self._proc
 
+    def close(self) -> None:
+        """End the child now (at exit, or it would linger until the interpreter tears down)."""
+        with self._lock:
+            self._kill()
+
     def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 _shared = Validator()
+atexit.register(_shared.close)
 
 
 def shared() -> Validator:

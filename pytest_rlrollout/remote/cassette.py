@@ -260,8 +260,8 @@ def _entry_problem(entry: Any, where: str) -> str | None:
         return problem
     if ("body" in r) == ("events" in r):
         return f"{at} holds {'both' if 'body' in r else 'neither'} 'body' {'and' if 'body' in r else 'nor'} 'events'"
-    if not (isinstance(r["status"], int) and not isinstance(r["status"], bool) and 100 <= r["status"] <= 599):
-        return f"{at}.status is not an HTTP status (an integer from 100 to 599): {_excerpt(r['status'])}"
+    if not (isinstance(r["status"], int) and not isinstance(r["status"], bool) and 100 <= r["status"] <= 999):
+        return f"{at}.status is not an HTTP status (an integer from 100 to 999): {_excerpt(r['status'])}"
     if not isinstance(r["headers"], dict):
         return f"{at}.headers is {_type(r['headers'])}, not an object"
     for name, value in r["headers"].items():
@@ -325,7 +325,19 @@ def request_key(request: httpx.Request, key: Secret) -> str:
 
 
 def _scrub(text: str, key: Secret) -> str:
-    return key.redact(text, SCRUBBED)
+    """`text` without the key, as it is and as JSON escapes it (a key with non-ASCII characters,
+    quotes or backslashes is written escaped)."""
+    text = key.redact(text, SCRUBBED)
+    if key:
+        for ascii_only in (True, False):
+            escaped = json.dumps(key.reveal(), ensure_ascii=ascii_only)[1:-1]
+            text = text.replace(escaped, SCRUBBED) if escaped != key.reveal() else text
+    return text
+
+
+def _ascii(value: str) -> str:
+    """A header value as printable ASCII (what the loader takes and httpx sends back)."""
+    return value if _HEADER_VALUE.fullmatch(value) else value.encode("unicode_escape").decode("ascii")
 
 
 class Cassette:
@@ -475,8 +487,10 @@ class CassetteTransport(httpx.BaseTransport):
         start = time.monotonic()
         response = self.inner.handle_request(request)
         what = f"{request.method} {request.url.path}"
-        headers = {
-            k: _scrub(v, self.api_key) for k, v in response.headers.items() if k.lower() in KEPT_RESPONSE_HEADERS
+        headers = {  # as the loader takes them: a value that is not printable ASCII kept as escapes
+            k: _ascii(_scrub(v, self.api_key))
+            for k, v in response.headers.items()
+            if k.lower() in KEPT_RESPONSE_HEADERS
         }
         entry = {
             "key": key,

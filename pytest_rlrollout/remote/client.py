@@ -262,8 +262,8 @@ _FAILED = (  # what the deployment did, by the transport's error (the first that
 
 
 def _decoded(r: httpx.Response, most: int, what: str) -> Iterator[bytes]:
-    """The answer's body, decoded, in pieces of at most `most` bytes (a transport that answered
-    from memory: in one piece). The client asks for identity; gzip and deflate are still
+    """The answer's body, decoded, piece by piece as it arrives (a transport that answered from
+    memory: in one piece); an inflated piece is at most `most` bytes. The client asks for identity; gzip and deflate are still
     decoded, piece by piece, so a small compressed answer never expands past the caller's cap
     at once; httpx's own decoders would inflate a whole read, whatever it grows to."""
     if r.is_stream_consumed:  # a transport answered from memory (a mock): the body is read already
@@ -271,7 +271,7 @@ def _decoded(r: httpx.Response, most: int, what: str) -> Iterator[bytes]:
         return
     encoding = r.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
-        yield from r.iter_raw()
+        yield from r.iter_raw()  # as it arrives: iter_raw(n) would hold pieces back until n bytes came
         return
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise ExchangeFailed(f"{what}: the deployment sent a {encoding[:40]!r}-encoded answer, though the client "
@@ -296,7 +296,7 @@ def read_capped(r: httpx.Response, cap: int, what: str, tick: Callable[[int], No
     announces more is refused before a byte is read); `tick` sees each piece's size."""
     bound = f"Limits.body = {amount(cap)}"
     declared = r.headers.get("content-length", "").strip()
-    if declared.isdigit() and int(declared) > cap:
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise LimitExceeded(bound, f"{what}: the answer announces a body of {int(declared):,} bytes "
                                    f"(HTTP {r.status_code}, Content-Length)")  # fmt: skip
     got = bytearray()
@@ -315,7 +315,8 @@ def _answered(r: httpx.Response, body: bytes, key: Secret) -> httpx.Response:
     A decoded body drops its content-encoding, which would have it decoded twice."""
     decoded = r.headers.get("content-encoding", "identity").strip().lower() != "identity"
     dropped = ("content-encoding", "content-length") if decoded else ("content-length",)  # the length changes
-    headers = [(k, key.redact(v)) for k, v in r.headers.multi_items() if k.lower() not in dropped]
+    # raw bytes: a header that is not ASCII (httpx decodes it as Latin-1) is passed on as it came
+    headers = [(k, key.redact_bytes(v)) for k, v in r.headers.raw if k.decode("latin-1").lower() not in dropped]
     out = httpx.Response(r.status_code, headers=headers, content=key.redact_bytes(body), request=r.request,
                          extensions=r.extensions)  # fmt: skip
     with contextlib.suppress(RuntimeError):  # set once the response was closed

@@ -39,11 +39,6 @@ def excerpt(text: str, key: Secret | str, n: int = EXCERPT) -> str:
     return Secret(key).excerpt(text, n)
 
 
-def redact(text: str, key: Secret | str) -> str:
-    """`text` with the API key replaced (a key of a few characters could be anything: kept out too)."""
-    return Secret(key).redact(text)
-
-
 # What `json.loads` makes of a JSON text costs, at most (measured on the worst shapes, with the
 # parser's transient copies): per character that opens an array or an object (an empty list
 # and its slot in its parent), per comma (a number and its slot), per quote that is not escaped
@@ -162,7 +157,7 @@ class Stream:
         header = self.headers.get("fireworks-cached-prompt-tokens")
         return {
             "usage": _int(_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
-            "header": int(header) if header is not None and header.isdigit() else None,
+            "header": int(header) if header is not None and header.isascii() and header.isdigit() else None,
             "perf_metrics": _int(perf.get("cached-prompt-tokens")),
         }
 

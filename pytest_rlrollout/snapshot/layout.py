@@ -73,7 +73,7 @@ class SnapshotDir:
         if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
             raise UnsafePath(f"{untrusted.brief(name)} is not a plain file name")
         # surrogatepass: a name from JSON can hold any lone surrogate, which surrogateescape refuses
-        if len(name) > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        if len(name) * 4 > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             raise UnsafePath(f"{untrusted.brief(name)} is longer than any file name ({MAX_NAME_BYTES} bytes)")
         p = self.root / name
         if name in self._listed and os.path.islink(p):

@@ -301,13 +301,14 @@ def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployme
 
     assert opts.replay is not None and opts.replay_meta is not None
     key = Secret("replay-key")
-    transport = CassetteTransport("replay", key, opts.replay, Cassette.load(opts.replay / "_session.json"))
+    session = Cassette.load(opts.replay / "_session.json", root=opts.replay)
+    transport = CassetteTransport("replay", key, opts.replay, session, limits=opts.limits)
     # snapshots are still built (their signals must match the recording), into a bucket nobody reads
     bucket = tmp.mktemp("rl-replay-bucket")
     base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
     target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key,
                     profile=opts.profile or "fireworks")  # fmt: skip
-    with DeploymentClient(target, transport=transport) as client:
+    with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
         yield RLDeployment(client, opts, base_snapshot=base, bucket=Bucket(bucket))
 
 
@@ -318,7 +319,7 @@ def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
 
     session = Cassette(opts.record / "_session.json")
-    return CassetteTransport("record", key, opts.record, session, record_mode=opts.record_mode)
+    return CassetteTransport("record", key, opts.record, session, record_mode=opts.record_mode, limits=opts.limits)
 
 
 @pytest.fixture(scope="session")

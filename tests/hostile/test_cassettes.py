@@ -174,7 +174,7 @@ SHAPES: dict[str, tuple[bytes, str]] = {
     "a status that is a string": (change(lambda d: body(d).update(status="200")), "response.status is not an HTTP status"),
     "a status that is true": (change(lambda d: body(d).update(status=True)), "response.status is not an HTTP status"),
     "a status of 99": (change(lambda d: body(d).update(status=99)), "response.status is not an HTTP status"),
-    "a status of 600": (change(lambda d: body(d).update(status=600)), "response.status is not an HTTP status"),
+    "a status of 1000": (change(lambda d: body(d).update(status=1000)), "response.status is not an HTTP status"),
     "a status of 200.0": (change(lambda d: body(d).update(status=200.0)), "response.status is not an HTTP status"),
     "a status of 10**30": (change(lambda d: body(d).update(status=10**30)), "response.status is not an HTTP status"),
     "headers a list": (change(lambda d: body(d).update(headers=[["a", "b"]])),
@@ -550,3 +550,33 @@ def test_bytes_that_are_not_utf8_replay_as_they_were_recorded(tmp_path):
             again = stream(c)
     assert live.problems == again.problems and "not UTF-8" in live.problems[0], (live.problems, again.problems)
     assert live.events == again.events
+
+
+def test_what_the_recorder_writes_its_loader_takes(tmp_path):
+    """A deployment's odd answer (a non-ASCII or control character in a kept header, a status
+    past 599) is recorded so that the recording still loads and replays the status."""
+    odd = [(b"content-type", b"application/json"), (b"fireworks-backend-host", "h\u00e9".encode() + b"\x01")]
+    answer = httpx.MockTransport(lambda r: httpx.Response(999, headers=odd, content=b"{}"))
+    recorded = Cassette(tmp_path / "c.json")
+    with Budget("cassettes", "record: a non-ASCII header and status 999, then load", seconds=3, rss_mb=50):
+        recorder = CassetteTransport("record", KEY, tmp_path, recorded, inner=answer)
+        with DeploymentClient(TARGET, transport=recorder) as c:
+            live = c.request("GET", "http://x/v1/status")
+        recorded.write(KEY)
+        with replaying(Cassette.load(tmp_path / "c.json").data, tmp_path / "c.json") as c:
+            again = c.request("GET", "http://x/v1/status")
+    assert live.status_code == again.status_code == 999
+    shown = again.headers["fireworks-backend-host"]
+    assert shown.startswith("h\\x") and shown.endswith("\\x01") and shown.isascii(), shown
+
+
+def test_a_key_json_escapes_is_scrubbed_too(tmp_path):
+    key = Secret('sk-"quoted"\\-k\u00e9y')
+    answer = httpx.MockTransport(lambda r: httpx.Response(200, json={"echo": key.reveal()}))
+    recorded = Cassette(tmp_path / "c.json")
+    recorder = CassetteTransport("record", key, tmp_path, recorded, inner=answer)
+    with DeploymentClient(Target("accounts/a/deployments/d", "http://x", "m", key), transport=recorder) as c:
+        c.request("GET", "http://x/v1/status")
+    recorded.write(key)
+    text = (tmp_path / "c.json").read_text()
+    assert "quoted" not in text and "<scrubbed>" in text, text

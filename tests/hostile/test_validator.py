@@ -746,9 +746,7 @@ SIGNALS = {
     "signal identity NaN": Hostile(signal_file(lambda: b'{"identity": NaN}'), "SNAP-ID-1", "not a string"),
     "signal identity an object": Hostile(signal(identity={"a": {"b": []}}), "SNAP-ID-1", "not a string"),
     "signal identity with escapes": Hostile(signal(identity=EVIL), "SNAP-ID-1", "control character"),
-    "signal identity of 100k characters": Hostile(
-        signal(identity="i" * 100_000), "SNAP-ID-1", "100000 characters long"
-    ),
+    "signal identity of 100k characters": Hostile(signal(identity="i" * 100_000), "SNAP-ID-1", "100000 bytes long"),
     "signal without identity": Hostile(
         signal_file(lambda: b'{"reset_prompt_cache": true}'), "HL-POST-2", "'identity' is a required property"
     ),

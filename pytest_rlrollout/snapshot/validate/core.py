@@ -388,7 +388,7 @@ class Subject:
         thousands of headers of 65,536 tensors each."""
         out: dict[str, st.Header | str] = {}
         files = self.dir.safetensors_files
-        tensors = 0
+        tensors, told = 0, False
         if len(files) > MAX_FILES:
             self.limits.append(
                 f"holds {len(files)} safetensors files, more than {MAX_FILES}; the validator reads the first "
@@ -399,7 +399,8 @@ class Subject:
                 out[name] = f"not read: more than {MAX_FILES} safetensors files (the validator's limit)"
                 continue
             if tensors >= MAX_TENSORS:
-                if len(self.limits) < 2:
+                if not told:  # once, at the first file left unread
+                    told = True
                     self.limits.append(
                         f"its safetensors files hold more than {MAX_TENSORS} tensors; the validator read {tensors} "
                         f"and left {len(files) - i} file(s) unread"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import stat
 from collections.abc import Iterator
 
-from pytest_rlrollout.contract import schemas
 from pytest_rlrollout.contract.identity import identity_problem
 from pytest_rlrollout.snapshot import untrusted
 from pytest_rlrollout.snapshot.layout import TOKENIZER_FILES, SnapshotDir
@@ -16,20 +15,9 @@ MAX_FILE_BYTES = 5 * 1024**3  # SNAP-SIZE-1
 
 @check("SNAP-ID-1")
 def _identity(s: Subject) -> Iterator[Problem]:
-    why = _identity_problem(s.identity)  # whatever the signal holds: a number, null, a list, NaN...
+    why = identity_problem(s.identity)  # whatever the signal holds: a number, null, a list, NaN...
     if why:
         yield Problem(None, f"identity {untrusted.brief(s.identity)} {why}; it must be one path segment")
-
-
-def _identity_problem(identity: object) -> str | None:
-    """identity_problem(), and the length the hot-load request schema allows, if it sets one."""
-    why = identity_problem(identity)
-    if why is not None or not isinstance(identity, str):
-        return why
-    longest = schemas.schema("hot-load-request")["properties"]["identity"].get("maxLength")
-    if longest is not None and len(identity) > longest:
-        return f"is {len(identity)} characters long, more than {longest}"
-    return None
 
 
 @check("SNAP-SAFETENSORS-1")

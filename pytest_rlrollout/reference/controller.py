@@ -76,6 +76,8 @@ class Deployment:
         self._lock = threading.Lock()  # routing and the ledger: held for microseconds only
         self._signal_lock = threading.Lock()  # one signal judged at a time (validation included)
         self.workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="rlrollout-request")
+        # signals are judged on a thread of their own, so a validation taking seconds holds no
+        # request worker; `_signal_lock`, not this pool, orders signals from every caller
         self.signals = ThreadPoolExecutor(1, thread_name_prefix="rlrollout-signal")
         self._round_robin = 0
         self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)

@@ -43,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from pytest_rlrollout.contract.untrusted import kind_of, printable
 from pytest_rlrollout.remote.client import bounded_transport, read_capped
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, Limits, MiB
 from pytest_rlrollout.remote.secret import Redacted, Secret
@@ -107,14 +108,7 @@ def _shown(path: Path, root: Path) -> str:
 def _printable(path: Path) -> str:
     """A path as one printable line: bytes that are not UTF-8 and control characters escaped
     (a name holding a newline could otherwise forge a line of the report)."""
-    text = os.fsencode(path.as_posix()).decode("utf-8", "backslashreplace")
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _kind(mode: int) -> str:
-    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}  # fmt: skip
-    return next((name for test, name in kinds.items() if test(mode)), "not a file")
+    return printable(os.fsencode(path.as_posix()).decode("utf-8", "backslashreplace"))
 
 
 def read_regular(path: Path, root: Path, cap: int = MAX_FILE) -> bytes:
@@ -138,7 +132,7 @@ def read_regular(path: Path, root: Path, cap: int = MAX_FILE) -> bytes:
     try:
         mode, size = (st := os.fstat(fd)).st_mode, st.st_size  # checked before a file object is made of it
         if not stat.S_ISREG(mode):
-            raise CassetteError(f"{shown}: {_kind(mode)}, not a regular file")
+            raise CassetteError(f"{shown}: {kind_of(mode)}, not a regular file")
         if size > cap:
             raise CassetteError(f"{shown}: {size:,} bytes, more than a cassette may hold ({cap:,})")
     except CassetteError:

@@ -29,7 +29,7 @@ from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
-from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, json_object, parsed_size
+from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, as_object, json_object, parsed_size
 
 BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 FIRST_POLL = 0.01  # waits poll at once, then back off to their interval
@@ -538,7 +538,7 @@ class DeploymentClient:
             if replicas and all(serves(x, identity, lora) for x in replicas):
                 return Waited(True, elapsed, replicas)
             for x in replicas:
-                state = _object(x.get("loading_state"))
+                state = as_object(x.get("loading_state"))
                 if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
                     return Waited(False, elapsed, replicas, str(state.get("error") or "load failed"))
             partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
@@ -666,14 +666,9 @@ class DeploymentClient:
         return False
 
 
-def _object(value: Any) -> dict[str, Any]:
-    """`value` when it is a JSON object, else {}: a status of the wrong shape reads as empty."""
-    return value if isinstance(value, dict) else {}
-
-
 def loading_state(replica: dict[str, Any]) -> dict[str, Any]:
     """A replica's `loading_state`, {} when the deployment sent something other than an object."""
-    return _object(replica.get("loading_state"))
+    return as_object(replica.get("loading_state"))
 
 
 def busy(replica: dict[str, Any]) -> bool:
@@ -689,6 +684,6 @@ def serves(replica: dict[str, Any], identity: str, lora: bool = False) -> bool:
     if lora:
         adapters = replica.get("loaded_adapters")
         return isinstance(adapters, list) and any(
-            _object(a).get("identity") == identity and _object(a).get("status") == "loaded" for a in adapters
+            as_object(a).get("identity") == identity and as_object(a).get("status") == "loaded" for a in adapters
         )
     return replica.get("current_snapshot_identity") == identity

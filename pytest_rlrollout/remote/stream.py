@@ -156,7 +156,7 @@ class Stream:
         perf = next((c["perf_metrics"] for c in reversed(self.chunks) if isinstance(c.get("perf_metrics"), dict)), {})
         header = self.headers.get("fireworks-cached-prompt-tokens")
         return {
-            "usage": _int(_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
+            "usage": _int(as_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
             "header": int(header) if header is not None and header.isascii() and header.isdigit() else None,
             "perf_metrics": _int(perf.get("cached-prompt-tokens")),
         }
@@ -171,8 +171,8 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _object(value: Any) -> dict[str, Any]:
-    """`value` when it is a JSON object, else {}."""
+def as_object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {}: a field of the wrong shape reads as empty."""
     return value if isinstance(value, dict) else {}
 
 

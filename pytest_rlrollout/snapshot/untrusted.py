@@ -23,6 +23,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from pytest_rlrollout.contract.untrusted import kind_of, printable  # noqa: F401 (read here by the validator's modules)
+
 MAX_DEPTH = 64
 MAX_JSON_ITEMS = 1 << 21  # 2,097,152: a spec of ~250k tensors
 MAX_JSON_BYTES = 32 << 20  # 32 MiB
@@ -37,14 +39,6 @@ class BadJSON(ValueError):
 
 
 # --------------------------------------------------------------------------- regular files
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink"))  # fmt: skip
-
-
-def kind_of(mode: int) -> str:
-    """What a non-regular file is, for messages."""
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
@@ -288,12 +282,3 @@ def brief_text(text: str, limit: int = 160) -> str:
         return text
     head = limit * 2 // 3
     return f"{text[:head]}...{text[head - limit :]} ({len(text)} characters)"
-
-
-def printable(text: str) -> str:
-    """`text` with every character a terminal would act on, or that could pass for another line
-    (controls, escapes, line and paragraph separators, bidi overrides, lone surrogates from
-    undecodable file names), shown as a Python escape such as \\n, \\x1b or \\udcff."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -114,8 +114,9 @@ def _printable(path: Path) -> str:
 def read_regular(path: Path, root: Path, cap: int = MAX_FILE) -> bytes:
     """The bytes of `path`: a regular file inside `root` once links are resolved, of at most
     `cap` bytes; `CassetteError` otherwise. It is opened without following a last link and
-    without blocking, and checked on the open file: a FIFO is refused, never waited on, and
-    nothing can be swapped in between the check and the read."""
+    without blocking, and checked on the open file: a FIFO is refused, never waited on, and the
+    file itself cannot be swapped between the check and the read (a parent directory swapped
+    for a link after the path was resolved is not caught)."""
     path, root = Path(path), Path(root)
     shown = _shown(path, root)
     try:

@@ -146,6 +146,8 @@ class Run:
                 m.reshape(-1)[-1] = self.dep.replicas[0].model.experts
             if f("R3-DET-1"):
                 m = np.random.default_rng().permuted(m, axis=-1)
+            if f("NUM-ROUTE-1"):
+                m = m[::-1]
             raw = np.ascontiguousarray(m).tobytes()
             e["routing_matrix"] = base64.b64encode(raw[:-1] if f("R3-SHAPE-1") else raw).decode()
         return e

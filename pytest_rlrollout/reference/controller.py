@@ -5,6 +5,7 @@ background on every replica."""
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import shutil
@@ -13,9 +14,11 @@ import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.contract.identity import identity_problem
@@ -71,6 +74,7 @@ class Deployment:
         model = Model.load(base)
         self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
         self.ledger: list[dict[str, Any]] = []
+        self.kinds: dict[str, str] = {settings.base_identity: "full"}  # how each identity was loaded (kept past resets)
         self.ledger_reset = False
         self.loading: str | None = None
         self._lock = threading.Lock()  # routing and the ledger: held for microseconds only
@@ -236,6 +240,7 @@ class Deployment:
             "error": None,
         }
         with self._lock:
+            self.kinds[identity] = kind
             self.ledger.insert(0, entry)
             self.loading = identity
             if kind != "incremental":
@@ -260,10 +265,13 @@ class Deployment:
             if kind == "lora":
                 lora = Lora.load(path, identity)
             elif kind == "incremental":
-                model = Model.load(self._materialize(identity, path, meta["previous_snapshot_identity"]))
+                previous = meta["previous_snapshot_identity"]
+                model = self._misapplied(replica, Model.load(self._materialize(identity, path, previous)), previous)
             else:
                 model = Model.load(path)
                 self.full_dirs[identity] = path
+            if model is not None and self._label_only(replica):
+                model = replica.model
         except Exception as e:  # the previous snapshot keeps serving; the status says why
             if swallow:
                 model, lora = replica.model, None
@@ -282,6 +290,25 @@ class Deployment:
             self._replica_finished(remaining)
 
         replica.request_swap(PendingSwap(identity, model, lora, policy, done))
+
+    # ----------------------------------------------------------------------- weight-fidelity faults
+
+    def _label_only(self, replica: Replica) -> bool:
+        """FID-SWAP-1 faults: this replica's load changes the label and keeps the weights."""
+        f = self.settings.fault
+        return f("FID-SWAP-1") or (f("FID-SWAP-1:one") and replica is self.replicas[-1])
+
+    def _misapplied(self, replica: Replica, model: Model, previous: str) -> Model:
+        """An ARC2 diff's result as the FID-SAME-1 faults corrupt it (else `model` itself)."""
+        f = self.settings.fault
+        if f("FID-SAME-1"):  # the diff (parent XOR target) lands on the base: base ^ parent ^ target
+            base = Model.load(self.full_dirs[self.settings.base_identity])
+            model = _xor_weights(base, Model.load(self.full_dirs[previous]), model)
+        if f("FID-SAME-1:experts") and self.kinds.get(replica.identity) == "incremental":
+            first = next(i for i, layer in enumerate(model.layers) if layer.router is not None)
+            kept = replica.model.layers[first]
+            model.layers[first] = replace(model.layers[first], w_gate_up=kept.w_gate_up, w_down=kept.w_down)
+        return model
 
     def _replica_finished(self, remaining: list[int]) -> None:
         with self._lock:
@@ -334,6 +361,24 @@ class Deployment:
         for r in self.replicas:
             r.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _xor_weights(base: Model, parent: Model, target: Model) -> Model:
+    """`target`'s diff applied onto `base` bit for bit: base ^ parent ^ target on every weight
+    (float32 arrays widened from bfloat16 XOR as their bfloat16 bits do)."""
+
+    def xor(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        bits = np.ascontiguousarray(a).view(np.uint32) ^ np.ascontiguousarray(b).view(np.uint32)
+        return (bits ^ np.ascontiguousarray(c).view(np.uint32)).view(np.float32)
+
+    out = copy.copy(target)
+    for name in ("embed", "final_norm", "lm_head"):
+        setattr(out, name, xor(getattr(base, name), getattr(parent, name), getattr(target, name)))
+    out.layers = []
+    for b, p, t in zip(base.layers, parent.layers, target.layers, strict=True):
+        names = [f.name for f in fields(t) if getattr(t, f.name) is not None]
+        out.layers.append(replace(t, **{n: xor(getattr(b, n), getattr(p, n), getattr(t, n)) for n in names}))
+    return out
 
 
 def _finding(clause: str, message: str):

@@ -80,6 +80,16 @@ FAULTS: dict[str, str] = {
     "INF-TOKENIDS-1": "token_ids leave out the last generated token",
     "INF-PERF-1": "perf_metrics carry no cached-prompt-tokens",
     "INF-ERR-1": "a body that is not JSON gets 500",
+    "NUM-LOGPROB-1": "logits are rounded to bfloat16 before the softmax, prefill and decode alike",
+    "NUM-ROUTE-1": "routing matrices list the MoE layers in reverse order",
+    "FID-SAME-1": "an ARC2 diff is applied onto the base snapshot, not the parent it names (checksums unchecked)",
+    "FID-SAME-1:experts": "from the second incremental load in a row on, the first MoE layer's experts keep the "
+    "parent's weights",
+    "FID-SWAP-1": "a load changes the served label but not the weights, on every replica",
+    "FID-SWAP-1:one": "a load changes the served label but not the weights, on the last replica",
+    "FID-CACHE-1": "'all' keeps the pre-swap prompt cache and reuses its KV, reporting 0 cached tokens",
+    "FID-DECODE-1": "logprobs of generated tokens are reported in bfloat16 precision (prefill logprobs in float32)",
+    "FID-BATCH-1": "logits depend on the batch: scaled by 1 + 0.01 per other request in the decode step",
 }
 
 

@@ -23,6 +23,7 @@ class Entry:
     session: str | None
     restricted: bool = False  # after a 'new_session' swap: only `session` may reuse it
     shunned: bool = False  # fault switches only: every session but `session` may reuse it
+    unreported: bool = False  # the FID-CACHE-1 fault only: kept across an 'all' swap, reused unannounced
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,15 @@ class PromptCache:
         for (p, fault), act in broken.items():
             if p == policy and fault in self.faults:
                 action = act
+        if policy == "all" and "FID-CACHE-1" in self.faults:
+            action = "hide"
         with self._lock:
             if action == "clear":
                 self._entries.clear()
             for e in self._entries.values():
                 e.restricted |= action == "restrict"
                 e.shunned |= action == "shun"
+                e.unreported |= action == "hide"
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -18,6 +18,7 @@ from pytest_rlrollout.reference.model import Lora, Model, Sequence_, StepOutput,
 from pytest_rlrollout.reference.prompt_cache import Entry, PromptCache
 from pytest_rlrollout.reference.sampling import SamplingParams, sample
 from pytest_rlrollout.reference.settings import Settings
+from pytest_rlrollout.snapshot import safetensors_io as st
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,8 @@ class Replica:
         job.tokens = [int(t) for t in job.prompt]
         job.served_by = self.identity
         job.seq = seq
-        events.append((job, ("start", {"cached_tokens": cached, "replica": self.name})))
+        reported = 0 if hit and hit.entry.unreported else cached  # the FID-CACHE-1 fault's stale entries
+        events.append((job, ("start", {"cached_tokens": reported, "replica": self.name})))
 
     def _forward(
         self, group: list[tuple[Job, list[int]]], events: list[tuple[Job, tuple[str, Any]]], failed: set[Job]
@@ -325,7 +327,7 @@ class Replica:
         jobs = [j for j, _ in group]
         lengths = [j.seq.length for j in jobs]
         try:
-            return jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora)
+            return self._distorted(jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora))
         except Exception:
             # Find the request that broke the batch by stepping each alone. A failed step leaves
             # no trace: positions past a sequence's length are rewritten by the next step.
@@ -334,11 +336,21 @@ class Replica:
         outs: list[StepOutput | None] = []
         for (job, fed), n in zip(group, lengths, strict=True):
             try:
-                outs.append(job.model.step([job.seq], [fed], job.lora)[0])
+                outs.append(self._distorted(job.model.step([job.seq], [fed], job.lora))[0])
             except Exception as e:
                 job.seq.length = n
                 _fail(job, e, events, failed)
                 outs.append(None)
+        return outs
+
+    def _distorted(self, outs: list[StepOutput]) -> list[StepOutput]:
+        """The step's outputs as the numerics fault switches change them (as computed otherwise)."""
+        f = self.settings.fault
+        if f("NUM-LOGPROB-1"):
+            outs = [StepOutput(_bf16(o.logits), o.routing) for o in outs]
+        if f("FID-BATCH-1") and len(outs) > 1:
+            scale = np.float32(1 + 0.01 * (len(outs) - 1))
+            outs = [StepOutput(o.logits * scale, o.routing) for o in outs]
         return outs
 
     def _advance(
@@ -383,7 +395,8 @@ class Replica:
         version = job.version if job.stale else self.version
         if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
             version = job.served_by
-        events.append((job, ("token", Token(token, logprob, sampling_logprob, out.routing[-1], version))))
+        reported = _bf16(np.float32(logprob)).item() if f("FID-DECODE-1") else logprob
+        events.append((job, ("token", Token(token, reported, sampling_logprob, out.routing[-1], version))))
         if token in job.stop_ids:
             events.append((job, ("end", "stop")))
             return True
@@ -424,6 +437,11 @@ def _fail(job: Job, e: Exception, events: list[tuple[Job, tuple[str, Any]]], fai
     log.exception("a request failed in a decode step")
     failed.add(job)
     events.append((job, ("error", (500, f"{type(e).__name__}: {e}"))))
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """`x` rounded to bfloat16 precision (fault switches that lose precision)."""
+    return st.Tensor.bf16(np.asarray(x, np.float32)).float32()
 
 
 def _put_all(items: list) -> None:

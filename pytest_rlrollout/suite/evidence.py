@@ -78,6 +78,8 @@ class Observed:
 
     facts: list[tuple[int, str]] = field(default_factory=list)
     timeline: Timeline | None = None
+    uploads: list[dict[str, Any]] = field(default_factory=list)  # snapshots built: bytes uploaded and copied
+    figures: dict[str, Any] | None = None  # numbers a clause reports (NUM figures, FID's max |Δ|)
 
     def __call__(self, n: int, what: str) -> int:
         self.facts.append((int(n), what))
@@ -121,6 +123,8 @@ def attach(report: pytest.TestReport, item: pytest.Item, exchanges: list[Any], a
         "assertion": assertion,
         "exchanges": [e.text() for e in exchanges],
         "timeline": o.timeline.as_dict() if o.timeline is not None else None,
+        "uploads": o.uploads,
+        "figures": o.figures,
     }
     report.user_properties.append((EVIDENCE, json.dumps(doc)))
 

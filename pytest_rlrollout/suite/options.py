@@ -56,6 +56,18 @@ LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0
 
 
 @dataclass(frozen=True)
+class Numerics:
+    """How the FID and NUM clauses compare numbers (`--rl-fingerprint-tolerance` and the rest)."""
+
+    fingerprint_tolerance: float = 1e-3  # |Δlogprob| two fingerprints of the same weights may differ by
+    logprob_tolerance: float = 1e-3  # NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer
+    min_route_agreement: float = 0.99  # NUM-ROUTE-1: (layer, token) agreement with the local router
+    tokens: int = 64  # NUM: generated tokens compared (over several prompts)
+    scorer: str = "auto"  # numpy | transformers | auto
+    scorer_device: str = "cpu"
+
+
+@dataclass(frozen=True)
 class RLOptions:
     """What the user asked for, checked: the run's one source of configuration."""
 
@@ -78,6 +90,7 @@ class RLOptions:
     replay_meta: dict[str, Any] | None = None  # the recording's _session.json meta
     local_faults: frozenset[str] = frozenset()
     timeouts: Timeouts = LOCAL
+    numerics: Numerics = Numerics()
     # the exporter gate (--rl-snapshot)
     snapshot: Path | None = None
     parent: Path | None = None
@@ -138,6 +151,16 @@ def add_options(parser: pytest.Parser) -> None:
         "reference-sync) instead of talking to a deployment")  # fmt: skip
     add("--rl-local-fault", metavar="CLAUSE-ID", action="append", default=[],
         help="start the local reference deployment with this fault switch on (mutation testing)")  # fmt: skip
+    add("--rl-fingerprint-tolerance", type=float, metavar="DELTA",
+        help="FID: the largest |Δlogprob| between two fingerprints of the same weights (default 1e-3)")  # fmt: skip
+    add("--rl-logprob-tolerance", type=float, metavar="DELTA",
+        help="NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer (default 1e-3)")  # fmt: skip
+    add("--rl-min-route-agreement", type=float, metavar="FRACTION",
+        help="NUM-ROUTE-1: the least (layer, token) routing agreement with the local router (default 0.99)")  # fmt: skip
+    add("--rl-numerics-tokens", type=int, metavar="N", help="NUM: generated tokens to compare (default 64)")
+    add("--rl-scorer", choices=["auto", "numpy", "transformers"],
+        help="NUM: the local scorer (default auto: the numpy engine for small models on the CPU, else transformers)")  # fmt: skip
+    add("--rl-scorer-device", metavar="DEVICE", help="NUM: where the transformers scorer runs (default cpu; cuda)")
     add("--rl-snapshot", metavar="DIR", help="validate this snapshot directory (the exporter gate)")
     add("--rl-parent", metavar="DIR", help="the parent snapshot: --rl-snapshot is an ARC2 diff of it")
     add("--rl-signal", metavar="FILE", help="the hot-load request body (JSON) announcing the snapshot")
@@ -170,6 +193,7 @@ def read_options(config: pytest.Config) -> RLOptions:
         record=Path(record) if record else None,
         record_mode=get("rl_record_mode"),
         transition=(get("rl_transition") or "").upper() or None,
+        numerics=_numerics(config),
         **_gate_options(config),
     )
     deployment = get("rl_deployment") or config.getini("rl_deployment") or None
@@ -271,6 +295,21 @@ def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
     get = config.getoption
     return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"),
                          exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"))  # fmt: skip
+
+
+def _numerics(config: pytest.Config) -> Numerics:
+    get = config.getoption
+    given = {"fingerprint_tolerance": get("rl_fingerprint_tolerance"), "logprob_tolerance": get("rl_logprob_tolerance"),
+             "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
+             "scorer": get("rl_scorer"), "scorer_device": get("rl_scorer_device")}  # fmt: skip
+    for name, flag in (("fingerprint_tolerance", "rl_fingerprint_tolerance"),
+                       ("logprob_tolerance", "rl_logprob_tolerance"), ("tokens", "rl_numerics_tokens")):  # fmt: skip
+        if given[name] is not None and not given[name] > 0:
+            _usage(f"{_flag(flag)} must be positive, not {given[name]}")
+    agreement = given["min_route_agreement"]
+    if agreement is not None and not 0 <= agreement <= 1:
+        _usage(f"--rl-min-route-agreement is a fraction in [0, 1], not {agreement}")
+    return replace(Numerics(), **{k: v for k, v in given.items() if v is not None})
 
 
 def _gate_options(config: pytest.Config) -> dict[str, Any]:

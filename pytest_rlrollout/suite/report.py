@@ -33,6 +33,8 @@ class TestResult:
     observed: str = ""  # what the test observed (what a pass rests on)
     exchanges: list[str] = field(default_factory=list)  # requests and answers behind a failure
     timeline: dict[str, Any] | None = None  # a swap test's observations over time
+    uploads: list[dict[str, Any]] = field(default_factory=list)  # snapshots the test built and what they cost
+    figures: dict[str, Any] | None = None  # numbers the test reports (NUM figures, FID's max |Δ|)
     duration: float = 0.0
 
     @property
@@ -77,6 +79,7 @@ class Collector:
         evidence = evidence_of(report)
         if evidence:
             t.observed, t.exchanges, t.timeline = evidence["observed"], evidence["exchanges"], evidence["timeline"]
+            t.uploads, t.figures = evidence.get("uploads") or [], evidence.get("figures")
             if outcome in (Outcome.FAIL, Outcome.ERROR) and evidence.get("assertion"):
                 reason = evidence["assertion"]
         if outcome.severity < t.outcome.severity:

@@ -37,6 +37,9 @@ Overlay = dict[str, Op]  # tensor name -> op; tensors not listed equal the base
 
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # what the suite names its snapshots
 ROUTER = re.compile(r"\.(mlp|block_sparse_moe)\.gate\.weight$")
+EXPERT = re.compile(r"layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.\d+\.")
+LAYER_NORM = re.compile(r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight$")
+FINAL_NORM = re.compile(r"^(model\.)?norm\.weight$")
 FLOATS = ("BF16", "F16", "F32")
 
 
@@ -50,6 +53,12 @@ class Built:
     local: Path
     uploaded_bytes: int
     overlay: Overlay | None = None  # None for LoRA
+    copied_bytes: int = 0  # copied inside the bucket (bucket-side, nothing uploaded)
+
+    def note(self, full_bytes: int) -> dict[str, Any]:
+        """What building it cost, for the report."""
+        return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded_bytes,
+                "copied": self.copied_bytes, "of_full": round(self.uploaded_bytes / max(full_bytes, 1), 6)}  # fmt: skip
 
 
 @dataclass
@@ -91,6 +100,9 @@ class SnapshotFactory:
         self.index = json.loads((self.base / INDEX).read_text())
         self._headers = {f: st.read_header(self.base / f) for f in sorted(set(self.index["weight_map"].values()))}
         self._checksums: dict[str, str] = {}
+        self.notes: list[dict[str, Any]] = []  # what the current test built (the report states it)
+        self.adapters: dict[str, Path] = {}  # LoRA identity -> its local directory (built by this process)
+        self.full_bytes = sum((self.base / f).stat().st_size for f in self._headers)
 
     # ----------------------------------------------------------------------- what tensors to change
 
@@ -107,6 +119,34 @@ class SnapshotFactory:
     @property
     def router_tensors(self) -> list[str]:
         return sorted(n for n in self.index["weight_map"] if ROUTER.search(n))
+
+    @property
+    def expert_tensors(self) -> list[str]:
+        """The smallest floating expert tensor of every MoE layer (changing one per layer costs
+        a small fraction of a snapshot and reaches every layer's experts)."""
+        by_layer: dict[int, list[str]] = {}
+        for n in self.index["weight_map"]:
+            m = EXPERT.search(n)
+            if m and self._info(n).dtype in FLOATS:
+                by_layer.setdefault(int(m.group(1)), []).append(n)
+        return [min(names, key=lambda n: (self._info(n).nbytes, n)) for _, names in sorted(by_layer.items())]
+
+    def visible_change(self, serving: str | None, *, kv: bool = False) -> dict[str, Op]:
+        """A change no fingerprint can miss: a norm vector doubled (the final norm doubles every
+        logit; `kv`: a layer's input norm, which changes the KV of every later position). The
+        tensor is one that `serving` holds at its base value, so a diff of it XORs base bytes."""
+        overlay = self.record.overlays.get(serving or "", {})
+        names = list(self.index["weight_map"])
+        layers = sorted((n for n in names if LAYER_NORM.search(n) and "input" in n),
+                        key=lambda n: int(LAYER_NORM.search(n).group(1)))  # fmt: skip
+        finals = [] if kv else [n for n in names if FINAL_NORM.search(n)]
+        candidates = [n for n in [*finals, *layers] if n != self.sentinel_tensor]
+        if not candidates:
+            raise LookupError("no norm vector (model.norm.weight, layers.N.input_layernorm.weight) to change")
+        for name in candidates:
+            if overlay.get(name, ["scale", 1.0]) == ["scale", 1.0]:
+                return {name: ["scale", 2.0]}
+        return {candidates[0]: ["scale", 1.0]}  # every one is changed: undo the first
 
     # ----------------------------------------------------------------------- bytes of a snapshot
 
@@ -137,9 +177,11 @@ class SnapshotFactory:
     def knows(self, identity: str | None) -> bool:
         return identity is not None and identity in self.record.overlays
 
-    def for_test(self, nodeid: str) -> None:
-        """Name what follows after this test (identities are then the same in every replay)."""
+    def for_test(self, nodeid: str, notes: list[dict[str, Any]] | None = None) -> None:
+        """Name what follows after this test (identities are then the same in every replay);
+        what it builds is noted in `notes`."""
         self.test_key = hashlib.sha1(nodeid.encode()).hexdigest()[:6]
+        self.notes = notes if notes is not None else []
 
     def new_identity(self, label: str) -> str:
         self._serial[self.test_key] = n = self._serial.get(self.test_key, 0) + 1
@@ -174,7 +216,21 @@ class SnapshotFactory:
     def _upload(self, local: Path, identity: str, kind: str, signal: dict, overlay: Overlay | None) -> Built:
         sent = self.bucket.upload(local, identity)
         self._remember(identity, overlay)
-        return Built(identity, kind, signal, local, sent, overlay)
+        return self._noted(Built(identity, kind, signal, local, sent, overlay))
+
+    def _noted(self, built: Built) -> Built:
+        self.notes.append(built.note(self.full_bytes))
+        return built
+
+    def base_copy(self, label: str = "full") -> Built:
+        """A full snapshot of the base weights under a new identity: copied inside the bucket when
+        it holds the base under its name (nothing uploaded), else uploaded whole."""
+        if not self.bucket.exists(self.base.name):
+            return self.full(label)
+        identity = self.new_identity(label)
+        copied = self.bucket.copy(self.base.name, identity)
+        self._remember(identity, {})
+        return self._noted(Built(identity, "full", {"identity": identity}, self.base, 0, {}, copied))
 
     def _config(self, edit: Callable[[dict], object] | None) -> dict | None:
         if edit is None:
@@ -225,7 +281,23 @@ class SnapshotFactory:
     def lora(self, label: str = "lora", seed: int = 0) -> Built:
         identity = self.new_identity(label)
         local = build.make_lora(self.base, self.workdir / identity, base_model=self.model, seed=seed)
+        self.adapters[identity] = local
         return self._upload(local, identity, "lora", {"identity": identity}, None)
+
+    def local_copy(self, identity: str) -> Path:
+        """The weights of a snapshot this run knows, on this machine (built once, from the base
+        and the snapshot's overlay): what a local scorer loads. LookupError for others."""
+        self.record.load()
+        if identity not in self.record.overlays:
+            raise LookupError(f"{identity} is not a snapshot this run built or was given a local copy of")
+        overlay = self.record.overlays[identity]
+        if not overlay:
+            return self.base
+        local = self.workdir / "local" / identity
+        if not local.is_dir():
+            change = {n: _apply(self._base_tensor(n), op) for n, op in overlay.items()}
+            build.derive(self.base, local, change)
+        return local
 
     def step(
         self, serving: str | None, label: str = "step", change: Mapping[str, Op] | None = None, config_edit=None

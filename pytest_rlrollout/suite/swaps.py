@@ -38,7 +38,11 @@ class Swapper:
     def __call__(self, label: str = "step", change: dict[str, Op] | None = None, **signal: Any) -> SwapResult:
         """Swap to a new snapshot (a sentinel delta when possible) and wait. A swap that fails
         here is a precondition of the calling test, so the test is inconclusive, not failed."""
-        result = self.signal(self.build(label, change), **signal)
+        return self.to(self.build(label, change), **signal)
+
+    def to(self, built: Built, **signal: Any) -> SwapResult:
+        """Swap to a snapshot already built, and wait; inconclusive when the swap fails."""
+        result = self.signal(built, **signal)
         if result.waited is None or not result.waited.ok:
             why = result.response.text[:300] if result.waited is None else result.waited.error
             inconclusive(f"the swap to {result.built.identity} did not complete ({why}); see HL-POST-1/HL-GET-2")
@@ -118,8 +122,10 @@ def rl_snapshot_factory(
         missing = [o for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot",
                                   rl_deployment.base_snapshot)) if v is None]  # fmt: skip
         inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
+    from pytest_rlrollout.suite.evidence import observed
+
     factory = _rl_snapshots
-    factory.for_test(portable_id(request.node.nodeid))
+    factory.for_test(portable_id(request.node.nodeid), observed(request.node).uploads)
     if _rl_cassette is not None:  # what the factory knew travels with the test's cassette
         if rl_deployment.mode == "replay":
             if "factory" in _rl_cassette.meta:

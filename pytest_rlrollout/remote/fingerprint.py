@@ -1,0 +1,186 @@
+"""Fingerprints: which weights a deployment serves, told by their numbers rather than its labels.
+
+A fingerprint is the prompt logprobs of a fixed canary set of token sequences, scored by the
+deployment itself (`echo`, `max_tokens` 1: one prefill per sequence, nothing decoded worth
+mentioning). Every probe carries a prompt-cache isolation key no request used before, so no KV
+computed under other weights can take part. Two fingerprints are the same weights when no
+logprob differs by more than a tolerance: real kernels are not bitwise stable.
+
+Replicas are told apart by the `fireworks-backend-host` header; each is reached through a
+session key that routes to it (found with one-token probes, which cost far less than a
+fingerprint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.remote.client import DeploymentClient
+
+SEQUENCES, TOKENS = 4, 32  # the canary set: 4 sequences of 32 tokens (124 scored logprobs)
+FIRST_ID, TOP_ID = 10, 500  # token ids drawn from [10, min(vocab, 500)): no special tokens
+HOST = "fireworks-backend-host"
+ISOLATION = "x-prompt-cache-isolation-key"
+MAX_SESSIONS_PER_REPLICA = 8  # session keys tried to reach each replica before giving up
+
+
+class FingerprintError(ValueError):
+    """The deployment's answer cannot be read as a fingerprint (what is wrong, and which request)."""
+
+
+def canary(vocab: int | None = None, sequences: int = SEQUENCES, tokens: int = TOKENS) -> list[list[int]]:
+    """The fixed canary set: the same token ids in every run, so fingerprints of one model compare
+    across runs and tools."""
+    top = min(vocab or TOP_ID, TOP_ID)
+    out = []
+    for s in range(sequences):
+        ids: list[int] = []
+        block = 0
+        while len(ids) < tokens:
+            digest = hashlib.sha256(f"rlrollout-canary/{s}/{block}".encode()).digest()
+            ids += [FIRST_ID + int.from_bytes(digest[i : i + 2], "little") % (top - FIRST_ID) for i in range(0, 32, 2)]
+            block += 1
+        out.append(ids[:tokens])
+    return out
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Per canary sequence, the logprob of each token after the first, as the deployment scored it."""
+
+    logprobs: tuple[tuple[float, ...], ...]
+    host: str | None = None  # the replica that answered (fireworks-backend-host), when it says
+    requests: int = 0
+    tokens: int = 0  # prompt tokens sent
+
+    def distance(self, other: Fingerprint) -> float:
+        """The largest |Δlogprob| between the two; inf when they do not line up or hold a NaN."""
+        return self.farthest(other)[0]
+
+    def farthest(self, other: Fingerprint) -> tuple[float, int, int]:
+        """(the largest |Δlogprob|, the canary sequence and the token position where it is)."""
+        if [len(s) for s in self.logprobs] != [len(s) for s in other.logprobs]:
+            return math.inf, 0, 0
+        worst = (0.0, 0, 0)
+        for s, (a, b) in enumerate(zip(self.logprobs, other.logprobs, strict=True)):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                d = abs(x - y)
+                if math.isnan(d):
+                    return math.inf, s, i + 1
+                if d > worst[0]:
+                    worst = (d, s, i + 1)
+        return worst
+
+    def describe(self, other: Fingerprint) -> str:
+        d, s, i = self.farthest(other)
+        return f"max |Δlogprob| {d:.3g} (canary {s}, token {i})"
+
+    def same(self, other: Fingerprint, tolerance: float) -> bool:
+        return self.distance(other) <= tolerance
+
+
+def fingerprint(
+    client: DeploymentClient,
+    isolation: str,
+    *,
+    headers: dict[str, str] | None = None,
+    sequences: Iterable[list[int]] | None = None,
+    vocab: int | None = None,
+) -> Fingerprint:
+    """Score the canary set on the deployment (one request per sequence, on whatever replica the
+    headers route to); `isolation` must be a key no request used before."""
+    rows, hosts, sent = [], set(), 0
+    sequences = list(sequences) if sequences is not None else canary(vocab)
+    for i, ids in enumerate(sequences):
+        h = {**(headers or {}), ISOLATION: f"{isolation}-{i}"}
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": True}
+        s = client.complete(body, headers=h)
+        if not s.ok:
+            raise FingerprintError(f"canary {i}: HTTP {s.status}: {s.body[:200]}")
+        entries = s.entries
+        if len(entries) < len(ids):
+            raise FingerprintError(f"canary {i}: echo returned {len(entries)} entries for {len(ids)} prompt tokens")
+        echoed = [e.get("token_id") for e in entries[: len(ids)]]
+        if any(t is not None for t in echoed) and echoed != ids:
+            raise FingerprintError(f"canary {i}: the echoed tokens {echoed[:8]}… are not the prompt {ids[:8]}…")
+        row = []
+        for e in entries[1 : len(ids)]:
+            lp = e.get("logprob")
+            if not isinstance(lp, int | float) or isinstance(lp, bool):
+                raise FingerprintError(f"canary {i}: an echoed entry carries logprob {lp!r}")
+            row.append(float(lp))
+        rows.append(tuple(row))
+        hosts.add(s.headers.get(HOST))
+        sent += len(ids)
+    host = hosts.pop() if len(hosts) == 1 else None
+    return Fingerprint(tuple(rows), host, len(rows), sent)
+
+
+@dataclass
+class Sweep:
+    """One fingerprint per replica reached, keyed by the replica's name (or by the session key
+    when the deployment does not name its replicas)."""
+
+    prints: dict[str, Fingerprint] = field(default_factory=dict)
+    sessions: dict[str, str] = field(default_factory=dict)  # replica -> the session key that reached it
+    named: bool = True  # replicas named by fireworks-backend-host
+    probes: int = 0  # one-token requests spent finding the replicas
+
+    @property
+    def requests(self) -> int:
+        return self.probes + sum(f.requests for f in self.prints.values())
+
+    @property
+    def tokens(self) -> int:
+        return self.probes + sum(f.tokens for f in self.prints.values())
+
+    def worst(self, reference: Fingerprint) -> tuple[str, float]:
+        """The replica farthest from `reference`, and how far."""
+        return max(((r, f.distance(reference)) for r, f in self.prints.items()), key=lambda x: x[1])
+
+
+def sessions_by_replica(
+    client: DeploymentClient, replicas: int, key: Callable[[int], str], *, known: dict[str, str] | None = None
+) -> tuple[dict[str, str], bool, int]:
+    """A session key reaching each replica (`key(n)` makes the n-th candidate): one-token probes
+    until `replicas` hosts answered or the candidates run out. Returns (replica -> session key,
+    whether replicas are named, probes sent). Without the host header, `replicas` session keys
+    stand for the replicas: affinity spreads them, nothing proves it."""
+    found = dict(known or {})
+    probes = 0
+    for n in range(replicas * MAX_SESSIONS_PER_REPLICA):
+        if len(found) >= replicas:
+            break
+        session = key(n)
+        s = client.complete({"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0},
+                            headers={"x-multi-turn-session-id": session})  # fmt: skip
+        probes += 1
+        host = s.headers.get(HOST)
+        if host is None:
+            return {f"session {key(i)}": key(i) for i in range(replicas)}, False, probes
+        found.setdefault(host, session)
+    return found, True, probes
+
+
+def sweep(
+    client: DeploymentClient,
+    replicas: int,
+    isolation: str,
+    *,
+    key: Callable[[int], str],
+    sessions: dict[str, str] | None = None,
+    vocab: int | None = None,
+) -> Sweep:
+    """Fingerprint every replica: `sessions` (from an earlier sweep) are reused, so a replica is
+    compared with itself across a swap."""
+    reached, named, probes = sessions_by_replica(client, replicas, key, known=sessions)
+    out = Sweep(sessions=reached, named=named, probes=probes)
+    for n, (replica, session) in enumerate(sorted(reached.items())):
+        out.prints[replica] = fingerprint(client, f"{isolation}-r{n}", vocab=vocab,
+                                          headers={"x-multi-turn-session-id": session})  # fmt: skip
+    return out

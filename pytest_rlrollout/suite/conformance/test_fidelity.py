@@ -1,0 +1,253 @@
+"""FID — weight fidelity: the weights doing the sampling are the snapshot the deployment names.
+
+Every other clause checks what a deployment *says*; these check its numbers. A fingerprint is
+the prompt logprobs of a fixed canary set (echo, `max_tokens` 1, a prompt-cache isolation key no
+request used before), taken on every replica; see remote/fingerprint.py. The swaps go along
+sentinel deltas (a few tensors per diff) and bucket-side copies of the base, so a live run
+uploads a small fraction of a snapshot; each test's report states what it uploaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from pytest_rlrollout.remote.fingerprint import ISOLATION, FingerprintError, Sweep, sweep
+from pytest_rlrollout.suite.outcomes import inconclusive
+
+clause = pytest.mark.rl_clause
+swaps = pytest.mark.rl_swaps
+scored = pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+LOAD_STREAMS = 3  # FID-BATCH-1: requests decoding beside the one judged
+
+
+@dataclass
+class Fingerprints:
+    """Takes fingerprints of the deployment, each replica reached by the same session key every time."""
+
+    deployment: object
+    tolerance: float
+    name: str
+    sessions: dict[str, str] | None = None
+    taken: int = 0
+
+    def sweep(self) -> Sweep:
+        dep = self.deployment
+        self.taken += 1
+        try:
+            s = sweep(dep.client, max(1, dep.capabilities.replicas), dep.salted(f"{self.name}-iso-{self.taken}"),
+                      key=lambda n: dep.salted(f"{self.name}-replica-{n}"), sessions=self.sessions,
+                      vocab=(dep.base_config or {}).get("vocab_size"))  # fmt: skip
+        except FingerprintError as e:
+            inconclusive(f"the canary set cannot be scored ({e}; see INF-LOGPROBS-1 and R3-ECHO-1)")
+        if self.sessions is None:
+            self.sessions = s.sessions
+        return s
+
+
+@pytest.fixture
+def fid(rl_deployment, rl_observe) -> Fingerprints:
+    return Fingerprints(rl_deployment, rl_deployment.options.numerics.fingerprint_tolerance, "fid")
+
+
+def spread(s: Sweep) -> tuple[str, str, float] | None:
+    """The two replicas of a sweep farthest apart, and how far (None with one replica)."""
+    pairs = [(a, b, s.prints[a].distance(s.prints[b])) for a, b in itertools.combinations(sorted(s.prints), 2)]
+    return max(pairs, key=lambda x: x[2]) if pairs else None
+
+
+def replicas_agree(s: Sweep, what: str, tolerance: float) -> None:
+    worst = spread(s)
+    if worst is not None:
+        a, b, _ = worst
+        assert worst[2] <= tolerance, (
+            f"{what}: replicas {a} and {b} serve different weights: {s.prints[a].describe(s.prints[b])} > "
+            f"tolerance {tolerance:g}"
+        )
+
+
+@swaps
+@clause("FID-SAME-1")
+@scored
+def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_swap, fid, rl_observe):
+    factory, tol = rl_swap.factory, fid.tolerance
+    experts = factory.expert_tensors
+    visible = factory.visible_change(None)  # relative to the base, which the first load serves
+    paths: dict[str, Sweep] = {}
+    rl_swap.to(factory.base_copy("fid-full"))
+    paths["a full snapshot of the base"] = fid.sweep()
+    away = rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-away",
+                                       {**visible, **{n: ["scale", 1.5] for n in experts}}))  # fmt: skip
+    changed = fid.sweep()
+    back = {n: ["scale", 1.0] for n in [*visible, *experts]}
+    rl_swap.to(factory.sentinel(away.built.identity, "fid-back", back))
+    paths["the base reached through two ARC2 diffs (away and back)"] = fid.sweep()
+    rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-same", {}))
+    paths["the base under another identity (an ARC2 diff changing nothing)"] = fid.sweep()
+    if not 200 <= rl_deployment.reset_ledger().status_code < 300:
+        inconclusive("the ledger could not be reset (see HL-LEDGER-1)")
+    factory.ledger_reset()
+    rl_swap.to(factory.base_copy("fid-reset"))
+    paths["a full snapshot of the base after a ledger reset"] = fid.sweep()
+
+    first, reference = next(iter(paths.items()))
+    ref_replica, ref = sorted(reference.prints.items())[0]
+    replicas_agree(changed, f"the changed weights ({away.built.identity})", tol)
+    worst = 0.0
+    for path, s in paths.items():
+        replicas_agree(s, path, tol)
+        for replica, fp in sorted(s.prints.items()):
+            d = fp.distance(ref)
+            assert d <= tol, (
+                f"the same weights differ: {path} on {replica} against {first} on {ref_replica}: "
+                f"{fp.describe(ref)} > tolerance {tol:g}"
+            )
+            worst = max(worst, d)
+    moved = changed.prints[ref_replica].distance(ref) if ref_replica in changed.prints else 0.0
+    rl_observe.figures = {"max_abs_delta": worst, "tolerance": tol, "changed_weights_delta": moved}
+    rl_observe(sum(len(s.prints) for s in paths.values()),
+               f"fingerprints of the same weights by {len(paths)} load paths on {len(ref.logprobs)} canaries, "
+               f"max |Δ| {worst:.2g} (changing the experts of {len(experts)} layers moved them by {moved:.2g})")  # fmt: skip
+
+
+@swaps
+@clause("FID-SWAP-1")
+@scored
+def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_swap, fid, rl_observe):
+    before = fid.sweep()
+    try:
+        change = rl_swap.factory.visible_change(rl_deployment.serving())
+    except LookupError as e:
+        inconclusive(f"no tensor to change visibly: {e}")
+    result = rl_swap("fid-swap", change=change)
+    after = fid.sweep()
+    tol = fid.tolerance
+    unchanged = {r: before.prints[r].distance(after.prints[r]) for r in before.prints if r in after.prints}
+    if not unchanged:
+        inconclusive("no replica was reached both before and after the swap")
+    stale = {r: d for r, d in unchanged.items() if d <= tol}
+    assert not stale, (
+        f"the swap to {result.built.identity} (a norm vector doubled) was reported done, yet "
+        f"{', '.join(f'{r} (max |Δ| {d:.2g})' for r, d in sorted(stale.items()))} still score the canaries as "
+        f"before, within tolerance {tol:g}: the label changed, the weights did not"
+    )
+    rl_observe.figures = {"min_abs_delta": min(unchanged.values()), "tolerance": tol}
+    rl_observe(len(unchanged), f"replicas whose fingerprint moved after the swap (min max-|Δ| "
+                               f"{min(unchanged.values()):.2g} > {tol:g})")  # fmt: skip
+
+
+def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tuple[list[float], int]:
+    """The prompt's echoed logprobs (after the first token) and the cached tokens reported."""
+    s = rl_deployment.complete({"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": True},
+                               headers=headers).expect_ok()  # fmt: skip
+    lps = [e.get("logprob") for e in s.entries[1 : len(ids)]]
+    if len(lps) != len(ids) - 1 or not all(isinstance(x, int | float) for x in lps):
+        inconclusive("echo did not return a numeric logprob for every prompt token (see R3-ECHO-1)")
+    return [float(x) for x in lps], s.cached or 0
+
+
+def max_delta(a: list[float], b: list[float]) -> tuple[float, int]:
+    d = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    i = max(range(len(d)), key=d.__getitem__)
+    return d[i], i
+
+
+@swaps
+@clause("FID-CACHE-1")
+@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts", "cached_tokens")
+def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_observe):
+    prompt = rl_deployment.prompt("fid-cache", 80).ids
+    session = rl_deployment.session("fid-cache")
+    echo_logprobs(rl_deployment, prompt, session)
+    old, cached = echo_logprobs(rl_deployment, prompt, session)
+    if cached == 0:
+        inconclusive("the prompt was not served from the prompt cache before the swap (see CACHE-HIT-1)")
+    try:
+        change = rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
+    except LookupError as e:
+        inconclusive(f"no tensor to change visibly: {e}")
+    result = rl_swap("fid-cache", change=change, reset_prompt_cache="all")
+    repeated, counted = echo_logprobs(rl_deployment, prompt, session)
+    fresh, _ = echo_logprobs(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted("fid-cache-fresh")})
+    moved, _ = max_delta(old, fresh)
+    if moved <= fid.tolerance:
+        inconclusive(f"the swap to {result.built.identity} did not change the prompt's logprobs (max |Δ| "
+                     f"{moved:.2g}): stale KV would not show (see FID-SWAP-1)")  # fmt: skip
+    d, i = max_delta(repeated, fresh)
+    assert d <= fid.tolerance, (
+        f"after the swap to {result.built.identity} with reset_prompt_cache 'all', the pre-swap prompt repeated in "
+        f"its session scores unlike the same prompt under an unused isolation key: max |Δlogprob| {d:.3g} at token "
+        f"{i + 1} > tolerance {fid.tolerance:g} (it is {max_delta(repeated, old)[0]:.2g} from the pre-swap scores); "
+        f"the deployment reported {counted} cached tokens"
+    )
+    rl_observe.figures = {"max_abs_delta": d, "swap_moved": moved, "tolerance": fid.tolerance}
+    rl_observe(len(prompt) - 1, f"prompt tokens repeated after an 'all' swap scored as uncached (max |Δ| {d:.2g}; "
+                                f"the swap moved them {moved:.2g})")  # fmt: skip
+
+
+@clause("FID-DECODE-1")
+@scored
+def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
+    prompt = rl_deployment.prompt("fid-decode", 24).ids
+    session = rl_deployment.session("fid-decode")  # one replica decodes and echoes
+    s = rl_deployment.complete({"prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": True,
+                                "stream": True}, headers=session).expect_ok()  # fmt: skip
+    generated = [(e.get("token_id"), e.get("logprob")) for e in s.entries]
+    if not generated or not all(isinstance(t, int) and isinstance(x, int | float) for t, x in generated):
+        inconclusive("the generated tokens carry no token_id and logprob (see INF-LOGPROBS-1)")
+    ids = prompt + [t for t, _ in generated]
+    prefill, _ = echo_logprobs(rl_deployment, ids, session | {ISOLATION: rl_deployment.salted("fid-decode")})
+    echoed = prefill[len(prompt) - 1 :]
+    d, i = max_delta([float(x) for _, x in generated], echoed)
+    assert d <= fid.tolerance, (
+        f"generated token {i} (id {generated[i][0]}) was reported with logprob {generated[i][1]!r} while decoding, "
+        f"and scores {echoed[i]!r} when the same tokens are echoed: |Δ| {d:.3g} > tolerance {fid.tolerance:g}"
+    )
+    rl_observe.figures = {"max_abs_delta": d, "tolerance": fid.tolerance}
+    rl_observe(len(generated), f"generated tokens whose decode logprob equals their echoed logprob (max |Δ| {d:.2g})")
+
+
+@clause("FID-BATCH-1")
+@scored
+def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
+    prompt = rl_deployment.prompt("fid-batch", 48).ids
+    session = rl_deployment.session("fid-batch")  # one replica: the load shares its batches
+
+    def judged(name: str) -> list[float]:
+        return echo_logprobs(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted(name)})[0]
+
+    alone = judged("fid-batch-alone")
+    started = [threading.Event() for _ in range(LOAD_STREAMS)]
+    ended = [threading.Event() for _ in range(LOAD_STREAMS)]
+
+    def load(i: int) -> None:
+        body = {"prompt": rl_deployment.prompt(f"fid-batch-load-{i}", 24).body, "stream": True, "temperature": 0,
+                "max_tokens": rl_deployment.long_stream_tokens, "ignore_eos": True}  # fmt: skip
+        try:
+            rl_deployment.complete(body, headers=session, on_chunk=lambda _: started[i].set())
+        finally:
+            started[i].set()
+            ended[i].set()
+
+    with rl_deployment.observable_swaps():  # the reference deployment decodes at a pace the load outlasts
+        threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(LOAD_STREAMS)]
+        for t in threads:
+            t.start()
+        for e in started:
+            e.wait(rl_deployment.timeouts.exchange)
+        crowded = judged("fid-batch-crowded")
+        overlapped = sum(not e.is_set() for e in ended)
+        for t in threads:
+            t.join(rl_deployment.timeouts.exchange)
+    if overlapped == 0:
+        inconclusive("every load stream had ended before the request judged was answered")
+    d, i = max_delta(alone, crowded)
+    rl_observe.figures = {"max_abs_delta": d, "tolerance": fid.tolerance, "concurrent_streams": overlapped}
+    assert d <= fid.tolerance, (
+        f"the same prompt scores differently beside {overlapped} streams than alone: max |Δlogprob| {d:.3g} at "
+        f"token {i + 1} > tolerance {fid.tolerance:g}"
+    )
+    rl_observe(len(alone), f"prompt logprobs alone and beside {overlapped} decoding streams, max |Δ| {d:.2g}")

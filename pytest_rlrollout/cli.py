@@ -1,4 +1,4 @@
-"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, conformance, clauses."""
+"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, conformance, clauses, numerics."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pytest_rlrollout.contract.moe import MoeShape
+    from pytest_rlrollout.numerics.figures import Figures
+    from pytest_rlrollout.numerics.rollouts import Rollout
+    from pytest_rlrollout.remote.client import Target
     from pytest_rlrollout.snapshot.validate import Report
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -294,6 +298,194 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+NUMERICS_PROMPT_TOKENS = 16  # token ids per prompt: a context to condition on, short beside the completions
+
+
+def _cmd_numerics(args: argparse.Namespace) -> int:
+    """Sample rollouts from a deployment, score the same tokens with a local forward pass of the
+    weights it serves, print the figures (and write them with --out). Exit 0 when every threshold
+    holds, 1 naming each one crossed, 2 for a usage or connection error (one line, never the key)."""
+    from pytest_rlrollout.contract.moe import moe_shape
+    from pytest_rlrollout.numerics.rollouts import compare
+    from pytest_rlrollout.numerics.scorer import local_scorer
+    from pytest_rlrollout.remote.fingerprint import canary
+
+    if not 0.0 <= args.min_route_agreement <= 1.0:
+        raise UsageError(f"--min-route-agreement {args.min_route_agreement:g}: a fraction in [0, 1] (0.9 is 90%)")
+    target = _numerics_target(args)
+    config = _snapshot_config(args.snapshot)
+    try:  # before sampling: a scorer that cannot load is known without asking the deployment anything
+        scorer = local_scorer(args.snapshot, args.scorer, args.device)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise UsageError(f"--scorer {args.scorer}: {_one_line(e)}") from None
+    shape = None if args.no_routing else moe_shape(config)  # routing is asked of MoE models only
+    prompts = canary(config.get("vocab_size"), args.prompts, NUMERICS_PROMPT_TOKENS)
+    rollouts = _numerics_sample(args, target, shape, prompts)
+    policies = sorted({v for r in rollouts for v in r.versions})
+    if len(policies) > 1:
+        print(f"rlrollout numerics: note: the rollouts name {len(policies)} policy versions "
+              f"({', '.join(policies)}): the deployment swapped while sampling, and --snapshot holds one of them at "
+              "most", file=sys.stderr)  # fmt: skip
+    try:
+        figures, alignment = compare(rollouts, scorer, progress=_progress("scoring"))
+    except (ValueError, IndexError) as e:  # token ids or routing the local weights do not have
+        raise UsageError(f"--snapshot {args.snapshot}: the rollouts do not score with it ({_one_line(e)})") from None
+    crossed = _crossed(figures, args)
+    _print("\n".join(_numerics_lines(args, target, scorer.name, policies, figures, alignment)), sys.stdout)
+    if args.out is not None:
+        _write_numerics(args, target, scorer.name, policies, figures, alignment, crossed)
+    if figures.route_agreement is None and shape is not None:
+        print(f"rlrollout numerics: note: routing not compared: the {scorer.name} scorer reports none", file=sys.stderr)
+    for c in crossed:
+        _print(f"threshold crossed: {c}", sys.stdout)
+    if not crossed:
+        print("every threshold holds")
+    return EXIT_FINDINGS if crossed else EXIT_OK
+
+
+def _numerics_target(args: argparse.Namespace) -> Target:
+    """The deployment as the suite's preflight names it: a Fireworks deployment when --deployment
+    is given, else the OpenAI-compatible server at --base-url."""
+    from pytest_rlrollout.remote.client import Target
+    from pytest_rlrollout.suite.options import DEFAULT_BASE_URL
+
+    if args.deployment is None and args.base_url is None:
+        raise UsageError("pass --deployment accounts/<a>/deployments/<d> and/or --base-url URL")
+    if not args.model:
+        raise UsageError("pass --model (the model the deployment serves)")
+    key = args.api_key or os.environ.get("FIREWORKS_API_KEY") or ""
+    if args.deployment is not None and not key:
+        raise UsageError(f"--deployment {args.deployment}: pass --api-key or set FIREWORKS_API_KEY")
+    try:
+        return Target(args.deployment, (args.base_url or DEFAULT_BASE_URL).rstrip("/"), args.model, key,
+                      inference_url=args.inference_url or "",
+                      profile="fireworks" if args.deployment is not None else "openai")  # fmt: skip
+    except ValueError as e:
+        raise UsageError(f"--deployment: {e}") from None
+
+
+def _snapshot_config(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's config.json: the vocabulary the prompts are drawn from, and the MoE shape."""
+    if not snapshot.is_dir():
+        raise UsageError(f"--snapshot {snapshot}: not a directory")
+    try:
+        config = json.loads((snapshot / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--snapshot {snapshot}: no readable config.json ({_one_line(e)})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--snapshot {snapshot}: config.json is not a JSON object")
+    return config
+
+
+def _numerics_sample(
+    args: argparse.Namespace, target: Target, shape: MoeShape | None, prompts: list[list[int]]
+) -> list[Rollout]:
+    """One sampled completion per prompt, with logprobs, and routing matrices when `shape` is given."""
+    import httpx
+
+    from pytest_rlrollout.numerics.rollouts import RolloutError, sample
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded
+
+    with DeploymentClient(target, timeout=args.timeout, limits=LIVE_LIMITS) as client:
+        try:
+            return sample(client, prompts, args.tokens, shape=(shape.layers, shape.k) if shape else None,
+                          seed=args.seed, progress=_progress("sampling"))  # fmt: skip
+        except (httpx.HTTPError, LimitExceeded, RolloutError) as e:
+            # the client's messages never hold the key (an echo of it is redacted)
+            hint = " (--no-routing compares logprobs only)" if shape and "routing_matrix" in str(e) else ""
+            raise UsageError(f"{target.name}: {_one_line(e)}{hint}") from None
+
+
+def _progress(what: str) -> Callable[[int, int], None]:
+    """`what i/n` on stderr: rewritten in place on a terminal, a line each otherwise (a log)."""
+    tty = sys.stderr.isatty()
+
+    def show(i: int, n: int) -> None:
+        if tty:
+            print(f"\r{what} {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
+        else:
+            print(f"{what} {i}/{n}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _one_line(e: BaseException, limit: int = 500) -> str:
+    """An error's message as one printable line: it may quote the deployment's answer."""
+    from pytest_rlrollout.contract.untrusted import printable
+
+    text = " ".join(printable(_text_of(e)).split())
+    return text[: limit - 1] + "…" if len(text) > limit else text
+
+
+def _crossed(figures: Figures, args: argparse.Namespace) -> list[str]:
+    """Each threshold the figures cross, as `figure value > --option limit` (a NaN crosses)."""
+    out = []
+    if not figures.k3_kl <= args.max_kl:
+        out.append(f"k3 KL {figures.k3_kl:.3g} > --max-kl {args.max_kl:g}")
+    if args.max_logprob_delta is not None and not figures.max_abs <= args.max_logprob_delta:
+        out.append(f"max |Δlogprob| {figures.max_abs:.3g} > --max-logprob-delta {args.max_logprob_delta:g}")
+    if figures.route_agreement is not None and not figures.route_agreement >= args.min_route_agreement:
+        out.append(f"routing agreement {figures.route_agreement:.3%} < --min-route-agreement "
+                   f"{args.min_route_agreement:g}")  # fmt: skip
+    return out
+
+
+def _numerics_lines(args: argparse.Namespace, target: Target, scorer: str, policies: list[str], figures: Figures,
+                    alignment: str | None) -> list[str]:  # fmt: skip
+    out = [f"deployment               {target.name}",
+           f"local weights            {args.snapshot} ({scorer} scorer on {args.device})",
+           f"rollouts                 {args.prompts} prompts x {args.tokens} tokens, seed {args.seed}"
+           + (f", policy {', '.join(policies)}" if policies else ""),
+           *figures.lines()]  # fmt: skip
+    if alignment is not None:
+        out.append(f"routing alignment        {alignment}")
+    return out
+
+
+def _write_numerics(args: argparse.Namespace, target: Target, scorer: str, policies: list[str], figures: Figures,
+                    alignment: str | None, crossed: list[str]) -> None:  # fmt: skip
+    """numerics.json and the pictures (numerics-<name>.png) into --out."""
+    from pytest_rlrollout.numerics.pictures import pictures, unavailable
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, png in pictures(figures).items():
+        (out / f"numerics-{name}.png").write_bytes(png)
+        written.append(f"numerics-{name}.png")
+    why = unavailable()
+    if why is not None:
+        print(f"rlrollout numerics: note: no pictures: {why}", file=sys.stderr)
+    thresholds = {k: getattr(args, k) for k in ("max_kl", "max_logprob_delta", "min_route_agreement")}
+    doc = {
+        "deployment": target.name,
+        "snapshot": str(args.snapshot),
+        "scorer": scorer,
+        "device": args.device,
+        "prompts": args.prompts,
+        "tokens": args.tokens,
+        "seed": args.seed,
+        "policies": policies,
+        "thresholds": thresholds,
+        "crossed": crossed,
+        "figures": {**figures.as_dict(), "alignment": alignment},
+        "pictures": written,
+    }
+    (out / "numerics.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out / 'numerics.json'}" + (f" and {len(written)} pictures" if written else ""))
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return n
+
+
 def _cmd_clauses(args: argparse.Namespace) -> int:
     from pytest_rlrollout.contract import catalogue
 
@@ -401,6 +593,39 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--swap-delay", type=float, help="seconds a replica pauses at the swap")
     sv.add_argument("--token-delay", type=float, help="seconds per decode step (0: full speed)")
     sv.set_defaults(run=_cmd_serve)
+
+    nm = sub.add_parser(
+        "numerics",
+        help="compare a deployment's logprobs and routing with a local forward pass of the weights it serves",
+        description="Samples one completion per prompt (token-id prompts, temperature 1) with logprobs and, for an "
+        "MoE model, routing matrices; scores the same tokens with a local forward pass of --snapshot; prints the "
+        "figures (mean and max |logprob delta|, k3 KL, ratios outside [0.5, 2], routing agreement overall and per MoE "
+        "layer). Exit status: 0 every threshold holds, 1 a threshold is crossed (each one named), 2 usage or "
+        "connection error.",
+    )
+    nm.add_argument("--deployment", metavar="NAME", help="accounts/<a>/deployments/<d> (a Fireworks deployment)")
+    nm.add_argument("--base-url", metavar="URL", help="the API base (default https://api.fireworks.ai with "
+                    "--deployment; without it, an OpenAI-compatible server)")  # fmt: skip
+    nm.add_argument("--model", help="the model the deployment serves")
+    nm.add_argument("--api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
+    nm.add_argument("--inference-url", metavar="URL", help="where /v1/completions is (default: from --base-url)")
+    nm.add_argument("--snapshot", type=Path, required=True, metavar="DIR",
+                    help="a local copy of the weights the deployment serves (config.json and safetensors)")  # fmt: skip
+    nm.add_argument("--prompts", type=_count, default=8, metavar="N", help="prompts, one completion each (default 8)")
+    nm.add_argument("--tokens", type=_count, default=32, metavar="N", help="tokens generated per prompt (default 32)")
+    nm.add_argument("--scorer", choices=["auto", "numpy", "transformers"], default="auto",
+                    help="the local forward pass (default auto: the numpy engine for small models on the CPU, else "
+                         "transformers)")  # fmt: skip
+    nm.add_argument("--device", default="cpu", help="where the transformers scorer runs (default cpu; cuda, cuda:1)")
+    nm.add_argument("--seed", type=int, default=0, help="the sampling seed of the first prompt (prompt i: seed + i)")
+    nm.add_argument("--no-routing", action="store_true", help="compare logprobs only (no routing matrices asked)")
+    nm.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each read (default 120)")
+    nm.add_argument("--out", type=Path, metavar="DIR", help="write numerics.json and the pictures (PNG) here")
+    nm.add_argument("--max-kl", type=float, default=1e-3, metavar="X", help="largest k3 KL (default 1e-3)")
+    nm.add_argument("--max-logprob-delta", type=float, metavar="X", help="largest |logprob delta| (default: none)")
+    nm.add_argument("--min-route-agreement", type=float, default=0.9, metavar="F",
+                    help="least routing agreement over (layer, token), a fraction (default 0.9)")  # fmt: skip
+    nm.set_defaults(run=_cmd_numerics)
 
     cf = sub.add_parser(
         "conformance",

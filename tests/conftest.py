@@ -5,6 +5,13 @@ from pathlib import Path
 
 import pytest
 
+# Imported once here: an in-process pytester run restores sys.meta_path when it ends, which drops
+# the import hook `six` installs, so matplotlib first imported inside such a run (a report with
+# NUM pictures) could not be imported again afterwards.
+with contextlib.suppress(ImportError):
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure  # noqa: F401
+
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.snapshot.cases import ReferenceCases

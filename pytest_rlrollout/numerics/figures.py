@@ -72,7 +72,7 @@ def logprob_figures(served: np.ndarray, local: np.ndarray, positions: np.ndarray
         tokens=int(served.size),
         mean_abs=float(np.abs(delta).mean()),
         max_abs=float(np.abs(delta).max()),
-        k3_kl=float(np.mean(r - 1.0 - log_r)),
+        k3_kl=float(np.mean(np.expm1(log_r) - log_r)),  # expm1: no rounding below zero for tiny log r
         ratio_outside=float(np.mean((r < lo) | (r > hi))),
         deltas=[float(x) for x in delta[:KEPT]],
         positions=[int(x) for x in pos[:KEPT]],

@@ -1,16 +1,28 @@
-"""The HTML report: one self-contained page (inline CSS and SVG, no script, nothing fetched) that a
-person reads instead of the JSON. Everything shown comes from the deployment under test, so every
-text goes through `escape`.
+"""The HTML report: one self-contained page (inline CSS and SVG, PNG pictures as data: URIs, no
+script, nothing fetched) that a person reads instead of the JSON. Everything shown comes from the
+deployment under test, so every text goes through `escape`.
 """
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from collections.abc import Callable
 from html import escape
 from typing import Any
 
 from pytest_rlrollout.contract import SEVERITY
+from pytest_rlrollout.numerics.pictures import TITLES
+from pytest_rlrollout.suite.report import (
+    NUMERICS_INTRO,
+    deciding,
+    figures_note,
+    is_numerics,
+    numerics_pictures,
+    numerics_rows,
+    numerics_tests,
+    upload_cells,
+)
 
 OUTCOMES = tuple(str(o) for o in reversed(SEVERITY))  # most telling last, as the Markdown report
 OUTCOME_COLOURS = {"pass": "#2e7d32", "not-applicable": "#b0bec5", "unsupported": "#78909c",
@@ -60,6 +72,9 @@ pre{background:#f6f8fa;border:1px solid #e1e4e8;border-radius:3px;padding:6px 8p
   white-space:pre-wrap;word-break:break-word;max-height:30em;overflow:auto}
 figure.timeline{margin:8px 0} figcaption{color:#4a545e;font-size:12px}
 figure.timeline svg{display:block;width:100%;max-width:900px;height:auto}
+.pictures{display:flex;flex-wrap:wrap;gap:8px 16px} figure.numerics{margin:8px 0;flex:1 1 420px;max-width:540px}
+figure.numerics img{display:block;width:100%;height:auto;border:1px solid #e4e6ea}
+table.uploads{font-size:12px;margin:4px 0} .figures{color:#1d2327;font-variant-numeric:tabular-nums}
 #only-problems:checked~#clauses .clause.pass,#only-problems:checked~#clauses .clause.not-applicable{display:none}
 """
 
@@ -161,9 +176,53 @@ def _test(t: dict[str, Any]) -> str:
         opened = " open" if t["outcome"] in ("fail", "error") else ""
         pres = "".join(f"<pre>{escape(e)}</pre>" for e in t["exchanges"])
         out += f"<details{opened}><summary>{len(t['exchanges'])} exchanges</summary>{pres}</details>"
+    if t.get("uploads"):
+        out += _uploads(t["uploads"])
     if t.get("timeline"):
         out += _timeline(t["timeline"])
     return out + "</div>"
+
+
+def _uploads(uploads: list[dict[str, Any]]) -> str:
+    """What a swap test uploaded, one row per snapshot it built."""
+    cells = ("snapshot", "kind", "uploaded", "copied in the bucket", "of a full snapshot")
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>"
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td{' class=n' if i > 1 else ''}>{escape(x)}</td>" for i, x in enumerate(upload_cells(u)))
+        + "</tr>"
+        for u in uploads
+    )
+    return f'<table class="uploads">{head}{rows}</table>'
+
+
+def _numerics(doc: dict[str, Any], pictures: dict[str, dict[str, bytes]], why: str | None) -> str:
+    """The NUM figures side by side (one column per test) and their pictures, embedded."""
+    tests = numerics_tests(doc)
+    if not tests:
+        return ""
+    head = "".join(f'<th><a href="#{escape(cid)}">{escape(cid)}</a> {_badge(t["outcome"])}</th>' for _, cid, t in tests)
+    columns = [dict(numerics_rows(t["figures"])) for _, _, t in tests]
+    labels = list(dict.fromkeys(label for c in columns for label in c))
+    rows = "".join(
+        f"<tr><th>{escape(label)}</th>"
+        + "".join(f'<td class="n">{escape(c.get(label, ""))}</td>' for c in columns)
+        + "</tr>"
+        for label in labels
+    )
+    figures = ""
+    for key, cid, _ in tests:
+        for name, png in pictures.get(key, {}).items():
+            what = f"{cid}: {TITLES.get(name, name)}"
+            data = base64.b64encode(png).decode("ascii")
+            figures += (f'<figure class="numerics"><img alt="{escape(what)}" src="data:image/png;base64,{data}">'
+                        f"<figcaption>{escape(what)}</figcaption></figure>")  # fmt: skip
+    note = f'<p class="muted">No pictures: {escape(why)}</p>' if why else ""
+    return (
+        f'<h2 id="numerics">Numerics</h2><p>{escape(NUMERICS_INTRO)}</p>'
+        f'<table class="numerics"><tr><th>figure</th>{head}</tr>{rows}</table>'
+        f'{note}<div class="pictures">{figures}</div>'
+    )
 
 
 def _clauses(doc: dict[str, Any]) -> str:
@@ -173,7 +232,8 @@ def _clauses(doc: dict[str, Any]) -> str:
         areas.setdefault(c["area"], []).append(
             f'<article class="clause {escape(c["outcome"])}" id="{escape(cid)}"><h4><a href="#{escape(cid)}">'
             f'{escape(cid)}</a><span class="level">{escape(c["level"])}</span>{_badge(c["outcome"])}</h4>'
-            f'<p class="rule">{escape(c["rule"])}</p><p class="evidence">{escape(c["evidence"])}</p>{tests}</article>'
+            f'<p class="rule">{escape(c["rule"])}</p><p class="evidence">{escape(c["evidence"])}{_figures(c)}</p>'
+            f"{tests}</article>"
         )
     body = "".join(f'<section class="area"><h3>{escape(a)}</h3>{"".join(cs)}</section>' for a, cs in areas.items())
     # A checkbox and a CSS sibling rule, so the filter works with scripts disabled.
@@ -181,6 +241,16 @@ def _clauses(doc: dict[str, Any]) -> str:
         '<h2>Clauses</h2><input type="checkbox" id="only-problems"><label for="only-problems"> hide passing and '
         f'not-applicable clauses</label><section id="clauses">{body}</section>'
     )
+
+
+def _figures(clause: dict[str, Any]) -> str:
+    """The deciding test's few figures (FID's max |Δ|), after the evidence; for the NUM figures, a
+    link to the section that shows them."""
+    figures = deciding(clause).get("figures")
+    if is_numerics(figures):
+        return ' <a class="figures" href="#numerics">(figures and pictures)</a>'
+    note = figures_note(figures)
+    return f' <span class="figures">({escape(note)})</span>' if note else ""
 
 
 def _version_colours(tl: dict[str, Any]) -> dict[str | None, str]:
@@ -370,10 +440,16 @@ def _legend_items(tl: dict[str, Any], colours: dict[str | None, str]) -> list[tu
     return items + [(c, text, False) for c, text, used in keys if c in used]
 
 
-def html(doc: dict[str, Any]) -> str:
-    """The report as one HTML page that needs nothing but itself."""
+def html(doc: dict[str, Any], pictures: dict[str, dict[str, bytes]] | None = None) -> str:
+    """The report as one HTML page that needs nothing but itself (the NUM pictures are embedded as
+    data: URIs). `pictures` are the NUM tests' pictures as `report.numerics_pictures` draws them;
+    None draws them here."""
+    why = (doc.get("numerics") or {}).get("no_pictures")
+    if pictures is None:
+        pictures, why = numerics_pictures(doc)
     title = escape(f"RL-rollout conformance: {(doc.get('provenance') or {}).get('deployment', '')}")
-    body = _header(doc) + _failures(doc) + _summary(doc) + _capabilities(doc) + _clauses(doc)
+    body = _header(doc) + _failures(doc) + _summary(doc) + _capabilities(doc) + _numerics(doc, pictures, why)
+    body += _clauses(doc)
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
         f'content="width=device-width,initial-scale=1"><title>{title}</title><style>{CSS}{_outcome_css()}</style>'

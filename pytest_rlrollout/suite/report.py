@@ -7,11 +7,14 @@ wins (`SEVERITY`), and its test's evidence is the row's.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -161,13 +164,170 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{_cell(c['seen'])} |")  # fmt: skip
     lines += ["", "## Clauses", "", "| clause | level | outcome | rule | evidence |", "|---|---|---|---|---|"]
     for cid, r in doc["clauses"].items():
-        lines.append(f"| {cid} | {r['level']} | {r['outcome']} | {_cell(r['rule'])} | {_cell(r['evidence'])} |")
+        note = figures_note(deciding(r).get("figures"))
+        evidence = f"{r['evidence']} ({note})" if note else r["evidence"]
+        lines.append(f"| {cid} | {r['level']} | {r['outcome']} | {_cell(r['rule'])} | {_cell(evidence)} |")
+    lines += _numerics_markdown(doc) + _uploads_markdown(doc)
     failed = [(cid, t) for cid, r in doc["clauses"].items() for t in r["tests"] if t["outcome"] in ("fail", "error")]
     if failed:
         lines += ["", "## Failures", ""]
         for cid, t in failed:
             lines += [f"### {cid}: `{t['test']}`", "", "```", t["reason"].strip(), *t["exchanges"], "```", ""]
     return "\n".join(lines) + "\n"
+
+
+def deciding(clause: dict[str, Any]) -> dict[str, Any]:
+    """The test whose outcome is the clause's (its evidence is the clause's)."""
+    return next((t for t in clause["tests"] if t["outcome"] == clause["outcome"]), {})
+
+
+# --------------------------------------------------------------------------- figures and uploads
+
+# FID's small dicts of figures, as the report names them (other keys are shown as spelt)
+FIGURE_LABELS = {"max_abs_delta": "max |Δ|", "min_abs_delta": "min |Δ|", "tolerance": "tolerance",
+                 "changed_weights_delta": "changed weights moved", "swap_moved": "the swap moved",
+                 "concurrent_streams": "concurrent streams"}  # fmt: skip
+
+
+def _number(value: Any, spec: str = ".3g") -> str:
+    """A figure as text; what is not a number of the kind `spec` formats (a report edited by
+    hand) as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
+            return format(value, spec)
+    return str(value)
+
+
+def is_numerics(figures: dict[str, Any] | None) -> bool:
+    """Whether a test's figures are the NUM figures (numerics.figures.Figures), not a few numbers."""
+    return isinstance(figures, dict) and "tokens" in figures
+
+
+def figures_note(figures: dict[str, Any] | None) -> str:
+    """A test's few figures on one line (FID's max |Δ| and tolerance); empty for none and for the
+    NUM figures, which have a section of their own."""
+    if not isinstance(figures, dict) or is_numerics(figures):
+        return ""
+    shown = [(k, v) for k, v in figures.items() if isinstance(v, int | float | str | type(None))]
+    return ", ".join(f"{FIGURE_LABELS.get(k, k.replace('_', ' '))} {_number(v)}" for k, v in shown)
+
+
+def numerics_tests(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(key, clause, test) of every test that reports the NUM figures; the key (the clause, with
+    a number when a clause has several such tests) names its pictures."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for cid, c in doc["clauses"].items():
+        mine = [t for t in c["tests"] if is_numerics(t.get("figures"))]
+        out += [(cid.lower() + (f"-{i + 1}" if i else ""), cid, t) for i, t in enumerate(mine)]
+    return out
+
+
+def numerics_rows(figures: dict[str, Any]) -> list[tuple[str, str]]:
+    """The NUM figures of one test as (figure, value) rows: the R3 paper's mismatch figures."""
+    f = figures.get
+    rows = [("tokens compared", _number(f("tokens"), "d")), ("mean |Δlogprob|", _number(f("mean_abs"))),
+            ("max |Δlogprob|", _number(f("max_abs"))), ("k3 KL(served‖local)", _number(f("k3_kl"))),
+            ("ratio outside [0.5, 2]", _number(f("ratio_outside"), ".3%"))]  # fmt: skip
+    if f("route_agreement") is not None:
+        rows += [("routing agreement", f"{_number(f('route_agreement'), '.3%')} of (layer, token) over "
+                                       f"{_number(f('route_tokens'), 'd')} tokens"),
+                 ("tokens with any layer disagreeing", _number(f("any_disagreement"), ".3%")),
+                 ("agreement per MoE layer", " ".join(_number(a, ".1%") for a in f("layer_agreement") or [])),
+                 ]  # fmt: skip
+        if f("alignment"):
+            rows.append(("routing alignment", str(f("alignment"))))
+    return rows
+
+
+def numerics_pictures(doc: dict[str, Any]) -> tuple[dict[str, dict[str, bytes]], str | None]:
+    """The pictures of every NUM test, key -> picture name -> PNG, and why there are none when
+    they cannot be drawn (matplotlib missing)."""
+    from pytest_rlrollout.numerics.figures import Figures
+    from pytest_rlrollout.numerics.pictures import pictures, unavailable
+
+    tests = numerics_tests(doc)
+    if not tests:
+        return {}, None
+    why = unavailable()
+    if why is not None:
+        return {}, why
+    out: dict[str, dict[str, bytes]] = {}
+    drawn: set[str] = set()  # the per-token deltas whose pictures are drawn already
+    for key, _, t in tests:
+        try:
+            figures = Figures.from_dict(t["figures"])
+            seen = json.dumps([figures.deltas, figures.positions])
+            if seen in drawn:  # NUM tests may share their rollouts: the same Δlogprob pictures once
+                figures.deltas, figures.positions = [], []
+            drawn.add(seen)
+            out[key] = pictures(figures)
+        except (TypeError, ValueError, KeyError) as e:
+            # figures that do not draw (a report edited by hand) cost their pictures, not the report
+            out[key], why = {}, f"{key}: the figures do not draw ({type(e).__name__}: {e})"
+    return out, why
+
+
+NUMERICS_INTRO = ("The deployment's logprobs and routing for tokens it sampled, against a local forward pass of the "
+                  "same weights (Δlogprob = local − served).")  # fmt: skip
+
+
+def picture_file(stem: str, key: str, name: str) -> str:
+    """The file a NUM picture is written to, beside the report: `<stem>.numerics-<key>-<name>.png`."""
+    return f"{stem}.numerics-{key}-{name}.png"
+
+
+def _numerics_markdown(doc: dict[str, Any]) -> list[str]:
+    tests = numerics_tests(doc)
+    if not tests:
+        return []
+    lines = ["", "## Numerics", "", NUMERICS_INTRO, ""]
+    lines += ["| figure | " + " | ".join(cid for _, cid, _ in tests) + " |", "|---" * (len(tests) + 1) + "|"]
+    columns = [dict(numerics_rows(t["figures"])) for _, _, t in tests]
+    labels = list(dict.fromkeys(label for c in columns for label in c))
+    lines += [f"| {_cell(label)} | " + " | ".join(_cell(c.get(label, "")) for c in columns) + " |" for label in labels]
+    numerics = doc.get("numerics") or {}
+    if numerics.get("pictures"):
+        from pytest_rlrollout.numerics.pictures import TITLES
+
+        lines.append("")
+        lines += [f"![{p['clause']}: {TITLES.get(p['picture'], p['picture'])}]({quote(p['file'])})"
+                  for p in numerics["pictures"]]  # fmt: skip
+    if numerics.get("no_pictures"):
+        lines += ["", f"No pictures: {numerics['no_pictures']}"]
+    return lines
+
+
+def size(n: Any) -> str:
+    """Bytes in binary units (1.5 MiB)."""
+    if not isinstance(n, int | float) or isinstance(n, bool):
+        return str(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def upload_cells(u: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """What building one snapshot cost: identity, kind, bytes uploaded, bytes copied inside the
+    bucket, and the upload as a fraction of a full snapshot."""
+    return (str(u.get("identity", "")), str(u.get("kind", "")), size(u.get("uploaded", 0)),
+            size(u.get("copied", 0)), _number(u.get("of_full", 0), ".2%"))  # fmt: skip
+
+
+def _uploads_markdown(doc: dict[str, Any]) -> list[str]:
+    rows = [(cid, t, u) for cid, c in doc["clauses"].items() for t in c["tests"] for u in t.get("uploads") or []]
+    if not rows:
+        return []
+    lines = ["", "## Uploads", "", "What the tests that swap snapshots uploaded to the bucket, and copied inside it.",
+             "", "| clause | test | snapshot | kind | uploaded | copied | of a full snapshot |",
+             "|---" * 7 + "|"]  # fmt: skip
+    seen = set()
+    for cid, t, u in rows:
+        test = "" if (cid, t["test"]) in seen else f"`{_cell(t['test'].rpartition('::')[2])}`"
+        seen.add((cid, t["test"]))
+        lines.append(f"| {cid} | {test} | " + " | ".join(_cell(x) for x in upload_cells(u)) + " |")
+    return lines
 
 
 def paths(path: str | Path) -> tuple[Path, Path, Path]:
@@ -178,12 +338,27 @@ def paths(path: str | Path) -> tuple[Path, Path, Path]:
 
 
 def write(path: str | Path, doc: dict[str, Any]) -> tuple[Path, Path, Path]:
-    """The JSON report at `path`, with the Markdown and HTML reports beside it."""
+    """The JSON report at `path`, with the Markdown and HTML reports beside it, and the NUM
+    pictures beside them as PNG files (`picture_file`), which the JSON and Markdown name and the
+    HTML embeds."""
     from pytest_rlrollout.suite.html import html
 
     out = paths(path)
     out[0].parent.mkdir(parents=True, exist_ok=True)
+    stem, where = out[0].stem, out[0].parent
+    for stale in where.glob(f"{glob.escape(stem)}.numerics-*.png"):  # an earlier run's, under this name
+        stale.unlink()
+    drawn, why = numerics_pictures(doc)
+    if numerics_tests(doc):
+        clause = {key: cid for key, cid, _ in numerics_tests(doc)}
+        listed = []
+        for key, pictures in drawn.items():
+            for name, png in pictures.items():
+                file = picture_file(stem, key, name)
+                (where / file).write_bytes(png)
+                listed.append({"clause": clause[key], "key": key, "picture": name, "file": file})
+        doc = {**doc, "numerics": {"pictures": listed, "no_pictures": why}}
     out[0].write_text(json.dumps(doc, indent=2) + "\n")
     out[1].write_text(markdown(doc))
-    out[2].write_text(html(doc))
+    out[2].write_text(html(doc, drawn))
     return out

@@ -150,3 +150,37 @@ def test_openai_sdk_sync_async_and_streaming(dep):
 
     unary, streamed = asyncio.run(go())
     assert unary == streamed
+
+
+def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr, dep, bucket, tmp_path):
+    """The SDK's full -> delta -> delta chain leaves every replica serving the weights the trainer
+    holds: the same numbers as those weights hot-loaded whole under another identity."""
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.fingerprint import sweep
+
+    d, m, replicas = dep.settings.deployment_id, dep.model, dep.settings.replicas
+    policy = PolicyClient(bucket, tmp_path)
+    syncer = sdk.WeightSyncer(policy_client=policy, deploy_mgr=mgr, deployment_id=d, base_model=m,
+                              warmup_max_retries=1)  # fmt: skip
+    with DeploymentClient(Target(dep.name, dep.base_url, m, dep.api_key)) as c:
+
+        def prints(name, sessions=None):  # every replica, each reached by the session key that reached it first
+            return sweep(c, replicas, f"parity-{name}", key=lambda n: f"parity-replica-{n}", sessions=sessions)
+
+        base = prints("base")
+        assert base.named and len(base.prints) == replicas
+        for step in range(3):
+            syncer.save_and_hotload(f"step-{step}")
+        assert [kind for _, kind in policy.saved] == ["base", "delta", "delta"]
+        assert c.served_identities() == [policy.saved[-1][0]] * replicas
+        chained = prints("chained", base.sessions)
+        whole = f"whole-{policy.session}"
+        shutil.copytree(policy.current, bucket / whole)  # the trainer's final weights, as a full snapshot
+        mgr.hotload(d, m, whole)
+        assert mgr.wait_for_hotload(d, m, whole)
+        assert c.served_identities() == [whole] * replicas
+        full = prints("full", base.sessions)
+    assert set(base.prints) == set(chained.prints) == set(full.prints)
+    for replica, fp in sorted(full.prints.items()):
+        assert fp.distance(chained.prints[replica]) <= 1e-3, f"{replica}: {fp.describe(chained.prints[replica])}"
+        assert fp.distance(base.prints[replica]) > 1e-3, f"{replica}: the fingerprint did not see the new weights"

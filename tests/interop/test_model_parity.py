@@ -103,3 +103,49 @@ def test_long_prompts_take_the_gathered_expert_path_and_match(base_snapshot):
     routing = np.stack([torch.topk(torch.softmax(r, -1), 2).indices.numpy() for r in o.router_logits], axis=1)
     assert np.abs(out.logits - o.logits[0].numpy()).max() <= 1e-4
     assert np.array_equal(out.routing, routing)
+
+
+# --------------------------------------------------------------- through the scorer API (numerics/)
+
+
+@pytest.fixture(scope="module")
+def scorers(base_snapshot):
+    """Both local scorers of the base, loaded once for the module (loading costs more than scoring)."""
+    from pytest_rlrollout.numerics.scorer import NumpyScorer, TransformersScorer
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    return NumpyScorer(base_snapshot), TransformersScorer(base_snapshot)
+
+
+def as_sets(routing):
+    """Routing as expert sets: the order within a top-k row is each engine's own."""
+    return np.sort(np.asarray(routing, np.int64), axis=-1)
+
+
+def test_the_scorers_agree_on_canary_sequences(scorers):
+    from pytest_rlrollout.remote.fingerprint import canary
+
+    numpy_scorer, hf_scorer = scorers
+    # 96 tokens: past DENSE_MOE_ROWS, so the numpy engine's gathered expert path is scored too
+    for ids in canary(sequences=3, tokens=96):
+        a, b = numpy_scorer.score(ids), hf_scorer.score(ids)
+        assert np.isnan(a.logprobs[0]) and np.isnan(b.logprobs[0])
+        assert np.abs(a.logprobs[1:] - b.logprobs[1:]).max() <= 1e-4
+        assert a.routing.shape == b.routing.shape == (len(ids), 3, 2)
+        assert np.array_equal(as_sets(a.routing), as_sets(b.routing))
+
+
+def test_rollouts_from_the_reference_deployment_match_the_transformers_scorer(scorers, dep):
+    from pytest_rlrollout.numerics.rollouts import compare, sample
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+
+    prompts = [[(11 * i + 7 * j) % 480 + 10 for j in range(16 + 8 * i)] for i in range(3)]
+    with DeploymentClient(Target(dep.name, dep.base_url, dep.model, dep.api_key)) as c:
+        rollouts = sample(c, prompts, 40, shape=(3, 2))
+    assert all(len(r.completion) == 40 for r in rollouts)
+    figures, alignment = compare(rollouts, scorers[1])
+    assert figures.tokens == 120 and figures.route_tokens == 120
+    assert alignment == "producing position"  # how the reference deployment reports a token's routing
+    assert figures.route_agreement == 1.0, figures.layer_agreement
+    assert figures.max_abs <= 1e-4 and figures.k3_kl < 1e-9, figures.lines()

@@ -9,6 +9,8 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
@@ -94,7 +96,7 @@ def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     # the suite's checks of its own bundled snapshots say nothing about a deployment: left out
-    tested = {c.id for c in catalogue() if c.area != "NUM" and not (c.area == "SNAP" and c.level != "MUST")}
+    tested = {c.id for c in catalogue() if not (c.area == "SNAP" and c.level != "MUST")}
     kept = []
     for doc in reports:
         got = {k: v["outcome"] for k, v in doc["clauses"].items()}
@@ -109,6 +111,29 @@ def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path):
     assert reports[0]["provenance"]["served_at_start"] == [tiny_moe.BASE_IDENTITY]
     assert reports[1]["provenance"]["served_at_start"] == reports[0]["provenance"]["served_at_end"]
     assert sorted(p.name for p in bucket.iterdir()) == sorted([tiny_moe.BASE_IDENTITY, *kept])
+
+
+@pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
+def test_weight_fidelity_and_numerics_against_rlrollout_serve(pytester, tmp_path, transition):
+    """FID and NUM against the reference deployment in another process, named by its URL, with
+    --rl-base-snapshot giving the local weights: every clause passes, on numbers."""
+    proc, printed = serve(tmp_path / "bucket", "--transition", transition)
+    try:
+        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
+        modules = [str(CONFORMANCE / m) for m in ("test_fidelity.py", "test_numerics.py")]
+        result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly", *command, "--rl-report=r.json")
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    got = {k: v["outcome"] for k, v in doc["clauses"].items()}
+    assert got == dict.fromkeys([c.id for c in catalogue() if c.area in ("FID", "NUM")], "pass"), got
+    figures = doc["clauses"]["NUM-ROUTE-1"]["tests"][0]["figures"]
+    assert figures["route_agreement"] == 1.0 and figures["k3_kl"] < 1e-9, figures
+    uploads = [u for t in doc["clauses"]["FID-SAME-1"]["tests"] for u in t["uploads"]]
+    assert {u["kind"] for u in uploads} == {"full", "incremental"}
+    assert all(u["uploaded"] == 0 < u["copied"] for u in uploads if u["kind"] == "full"), uploads
 
 
 def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):

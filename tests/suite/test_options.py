@@ -51,6 +51,10 @@ CASES = {
     "snapshot that is not a directory": (["--rl-snapshot=nowhere"], "--rl-snapshot nowhere: not a directory"),
     "signal that is not JSON": (["--rl-snapshot=base", "--rl-signal=signal.json"], "cannot read a JSON body"),
     "negative swap timeout": (["--rl-swap-timeout=-1"], "--rl-swap-timeout must be positive"),
+    "zero fingerprint tolerance": (["--rl-fingerprint-tolerance=0"], "--rl-fingerprint-tolerance must be positive"),
+    "NaN logprob tolerance": (["--rl-logprob-tolerance=nan"], "--rl-logprob-tolerance must be positive"),
+    "no numerics tokens": (["--rl-numerics-tokens=0"], "--rl-numerics-tokens must be positive"),
+    "route agreement above 1": (["--rl-min-route-agreement=99"], "--rl-min-route-agreement is a fraction in [0, 1]"),
 }
 
 

@@ -221,7 +221,7 @@ def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
 
     alone = judged("fid-batch-alone")
     started = [threading.Event() for _ in range(LOAD_STREAMS)]
-    ended = [threading.Event() for _ in range(LOAD_STREAMS)]
+    ended: dict[int, float] = {}  # on the run's clock (the cassette's in replay), as judged overlap
 
     def load(i: int) -> None:
         body = {"prompt": rl_deployment.prompt(f"fid-batch-load-{i}", 24).body, "stream": True, "temperature": 0,
@@ -230,7 +230,7 @@ def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
             rl_deployment.complete(body, headers=session, on_chunk=lambda _: started[i].set())
         finally:
             started[i].set()
-            ended[i].set()
+            ended[i] = rl_deployment.mark(f"fid-batch-load-{i}-ended")
 
     with rl_deployment.observable_swaps():  # the reference deployment decodes at a pace the load outlasts
         threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(LOAD_STREAMS)]
@@ -239,9 +239,10 @@ def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
         for e in started:
             e.wait(rl_deployment.timeouts.exchange)
         crowded = judged("fid-batch-crowded")
-        overlapped = sum(not e.is_set() for e in ended)
+        answered = rl_deployment.mark("fid-batch-answered")
         for t in threads:
             t.join(rl_deployment.timeouts.exchange)
+    overlapped = sum(ended.get(i, 0.0) > answered for i in range(LOAD_STREAMS))
     if overlapped == 0:
         inconclusive("every load stream had ended before the request judged was answered")
     d, i = max_delta(alone, crowded)

@@ -57,6 +57,13 @@ def routed(rl_deployment, prompt, *, chat=False, headers=None, **body):
     return rl_deployment.complete(base, chat=chat, headers=headers).expect_ok()
 
 
+def completion_tokens(stream) -> int:
+    """What the completion made: an end-of-sequence may stop it before max_tokens."""
+    usage = stream.usage if isinstance(stream.usage, dict) else {}
+    made = usage.get("completion_tokens")
+    return made if isinstance(made, int) else TOKENS
+
+
 def present(entries):
     return [e for e in entries if "routing_matrix" in e]
 
@@ -134,9 +141,11 @@ def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
     prompt = rl_deployment.prompt("r3-echo")
-    entries = routed(rl_deployment, prompt, stream=True, echo=True).entries
-    assert len(entries) == len(prompt.ids) + TOKENS, (
-        f"{len(entries)} entries for {len(prompt.ids)} prompt + {TOKENS} completion tokens"
+    stream = routed(rl_deployment, prompt, stream=True, echo=True)
+    entries = stream.entries
+    made = completion_tokens(stream)
+    assert len(entries) == len(prompt.ids) + made, (
+        f"{len(entries)} entries for {len(prompt.ids)} prompt + {made} completion tokens"
     )
     echoed = [e.get("token_id") for e in entries[: len(prompt.ids)]]
     assert echoed == prompt.ids, f"the echoed entries name tokens {echoed}, the prompt is {prompt.ids}"
@@ -150,9 +159,7 @@ def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_obser
     prompt = rl_deployment.prompt("r3-echolast")
     stream = routed(rl_deployment, prompt, stream=True, echo_last=5)
     entries = stream.entries
-    # a sampled end-of-sequence may stop the completion before max_tokens: count what it made
-    usage = stream.usage if isinstance(stream.usage, dict) else {}
-    made = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else TOKENS
+    made = completion_tokens(stream)
     assert len(entries) == 5 + made, f"{len(entries)} entries for echo_last=5 and {made} completion tokens"
     echoed = [e.get("token_id") for e in entries[:5]]
     assert echoed == prompt.ids[-5:], f"echo_last=5 returned tokens {echoed}, the prompt ends {prompt.ids[-5:]}"

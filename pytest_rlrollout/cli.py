@@ -412,10 +412,9 @@ def _progress(what: str) -> Callable[[int, int], None]:
 
 def _one_line(e: BaseException, limit: int = 500) -> str:
     """An error's message as one printable line: it may quote the deployment's answer."""
-    from pytest_rlrollout.contract.untrusted import printable
+    from pytest_rlrollout.snapshot import untrusted
 
-    text = " ".join(printable(_text_of(e)).split())
-    return text[: limit - 1] + "…" if len(text) > limit else text
+    return untrusted.brief_text(" ".join(untrusted.printable(_text_of(e)).split()), limit)
 
 
 def _crossed(figures: Figures, args: argparse.Namespace) -> list[str]:

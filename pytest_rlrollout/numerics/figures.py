@@ -36,7 +36,7 @@ class Figures:
     positions: list[int] = field(default_factory=list, repr=False)  # each token's index in its completion
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Figures:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -107,7 +107,7 @@ def compare(
         return figures, None
     best = None
     for name, (s, loc) in routed.items():
-        candidate = routing_figures(Figures(**{**figures.__dict__}), np.stack(s), np.stack(loc).astype(np.uint8))
+        candidate = routing_figures(replace(figures), np.stack(s), np.stack(loc).astype(np.uint8))
         if best is None or candidate.route_agreement > best[0].route_agreement:
             best = (candidate, name)
     return best

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.stream import Stream
 
 SEQUENCES, TOKENS = 4, 32  # the canary set: 4 sequences of 32 tokens (124 scored logprobs)
 FIRST_ID, TOP_ID = 10, 500  # token ids drawn from [10, min(vocab, 500)): no special tokens
@@ -31,6 +32,36 @@ MAX_SESSIONS_PER_REPLICA = 8  # session keys tried to reach each replica before 
 
 class FingerprintError(ValueError):
     """The deployment's answer cannot be read as a fingerprint (what is wrong, and which request)."""
+
+
+ECHO = {"max_tokens": 1, "temperature": 0, "echo": True, "logprobs": True}  # a prompt scored by the deployment
+
+
+def prompt_logprobs(stream: Stream, n: int) -> list[float]:
+    """The logprob of each of the `n` prompt tokens after the first, from an answer to a request
+    with ECHO; FingerprintError saying what the answer lacks."""
+    entries = stream.entries
+    if len(entries) < n:
+        raise FingerprintError(f"echo returned {len(entries)} entries for {n} prompt tokens")
+    out = []
+    for e in entries[1:n]:
+        lp = e.get("logprob")
+        if not isinstance(lp, int | float) or isinstance(lp, bool):
+            raise FingerprintError(f"an echoed entry carries logprob {lp!r}")
+        out.append(float(lp))
+    return out
+
+
+def largest_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, int]:
+    """The largest |a[i] − b[i]| and its index (the first of equals); inf at the first NaN."""
+    worst = (0.0, 0)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        d = abs(x - y)
+        if math.isnan(d):
+            return math.inf, i
+        if d > worst[0]:
+            worst = (d, i)
+    return worst
 
 
 def canary(vocab: int | None = None, sequences: int = SEQUENCES, tokens: int = TOKENS) -> list[list[int]]:
@@ -68,12 +99,11 @@ class Fingerprint:
             return math.inf, 0, 0
         worst = (0.0, 0, 0)
         for s, (a, b) in enumerate(zip(self.logprobs, other.logprobs, strict=True)):
-            for i, (x, y) in enumerate(zip(a, b, strict=True)):
-                d = abs(x - y)
-                if math.isnan(d):
-                    return math.inf, s, i + 1
-                if d > worst[0]:
-                    worst = (d, s, i + 1)
+            d, i = largest_difference(a, b)
+            if d > worst[0]:
+                worst = (d, s, i + 1)
+            if d == math.inf:
+                break
         return worst
 
     def describe(self, other: Fingerprint) -> str:
@@ -97,23 +127,16 @@ def fingerprint(
     rows, hosts, sent = [], set(), 0
     sequences = list(sequences) if sequences is not None else canary(vocab)
     for i, ids in enumerate(sequences):
-        h = {**(headers or {}), ISOLATION: f"{isolation}-{i}"}
-        body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": True}
-        s = client.complete(body, headers=h)
+        s = client.complete({"prompt": ids, **ECHO}, headers={**(headers or {}), ISOLATION: f"{isolation}-{i}"})
         if not s.ok:
             raise FingerprintError(f"canary {i}: HTTP {s.status}: {s.body[:200]}")
-        entries = s.entries
-        if len(entries) < len(ids):
-            raise FingerprintError(f"canary {i}: echo returned {len(entries)} entries for {len(ids)} prompt tokens")
-        echoed = [e.get("token_id") for e in entries[: len(ids)]]
+        try:
+            row = prompt_logprobs(s, len(ids))
+        except FingerprintError as e:
+            raise FingerprintError(f"canary {i}: {e}") from None
+        echoed = [e.get("token_id") for e in s.entries[: len(ids)]]
         if any(t is not None for t in echoed) and echoed != ids:
             raise FingerprintError(f"canary {i}: the echoed tokens {echoed[:8]}… are not the prompt {ids[:8]}…")
-        row = []
-        for e in entries[1 : len(ids)]:
-            lp = e.get("logprob")
-            if not isinstance(lp, int | float) or isinstance(lp, bool):
-                raise FingerprintError(f"canary {i}: an echoed entry carries logprob {lp!r}")
-            row.append(float(lp))
         rows.append(tuple(row))
         hosts.add(s.headers.get(HOST))
         sent += len(ids)

@@ -18,8 +18,8 @@ from pytest_rlrollout.suite.report import (
     deciding,
     figures_note,
     is_numerics,
+    numerics_grid,
     numerics_pictures,
-    numerics_rows,
     numerics_tests,
     upload_cells,
 )
@@ -202,13 +202,9 @@ def _numerics(doc: dict[str, Any], pictures: dict[str, dict[str, bytes]], why: s
     if not tests:
         return ""
     head = "".join(f'<th><a href="#{escape(cid)}">{escape(cid)}</a> {_badge(t["outcome"])}</th>' for _, cid, t in tests)
-    columns = [dict(numerics_rows(t["figures"])) for _, _, t in tests]
-    labels = list(dict.fromkeys(label for c in columns for label in c))
     rows = "".join(
-        f"<tr><th>{escape(label)}</th>"
-        + "".join(f'<td class="n">{escape(c.get(label, ""))}</td>' for c in columns)
-        + "</tr>"
-        for label in labels
+        f"<tr><th>{escape(label)}</th>" + "".join(f'<td class="n">{escape(v)}</td>' for v in values) + "</tr>"
+        for label, values in numerics_grid(tests)
     )
     figures = ""
     for key, cid, _ in tests:

@@ -239,6 +239,13 @@ def numerics_rows(figures: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def numerics_grid(tests: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[str, list[str]]]:
+    """The NUM figures of several tests side by side: (figure, its value in each test) rows."""
+    columns = [dict(numerics_rows(t["figures"])) for _, _, t in tests]
+    labels = dict.fromkeys(label for c in columns for label in c)
+    return [(label, [c.get(label, "") for c in columns]) for label in labels]
+
+
 def numerics_pictures(doc: dict[str, Any]) -> tuple[dict[str, dict[str, bytes]], str | None]:
     """The pictures of every NUM test, key -> picture name -> PNG, and why there are none when
     they cannot be drawn (matplotlib missing)."""
@@ -282,9 +289,7 @@ def _numerics_markdown(doc: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## Numerics", "", NUMERICS_INTRO, ""]
     lines += ["| figure | " + " | ".join(cid for _, cid, _ in tests) + " |", "|---" * (len(tests) + 1) + "|"]
-    columns = [dict(numerics_rows(t["figures"])) for _, _, t in tests]
-    labels = list(dict.fromkeys(label for c in columns for label in c))
-    lines += [f"| {_cell(label)} | " + " | ".join(_cell(c.get(label, "")) for c in columns) + " |" for label in labels]
+    lines += [f"| {_cell(label)} | " + " | ".join(map(_cell, values)) + " |" for label, values in numerics_grid(tests)]
     numerics = doc.get("numerics") or {}
     if numerics.get("pictures"):
         from pytest_rlrollout.numerics.pictures import TITLES

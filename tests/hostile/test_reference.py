@@ -447,6 +447,16 @@ def test_bad_parameters_are_refused_while_a_victim_in_the_same_batch_streams_on(
     victim.whole()
 
 
+def ends_alone(doomed: Victim, victim: Victim, failure: str) -> None:
+    """`doomed` ends with `failure` after its first tokens; `victim`, in the same batch, goes on whole."""
+    assert doomed.ended.wait(30)
+    assert doomed.tokens == 4 and not doomed.done, doomed.report()
+    assert failure in doomed.error["message"], doomed.report()
+    assert (victim.error, victim.failure) == (None, None), victim.report()
+    assert not victim.ended.is_set(), "the victim ended before the failure: the test proved nothing"
+    victim.whole()
+
+
 def test_a_sequence_whose_sampling_fails_ends_alone(dep, monkeypatch):
     """A failure while sampling one request's token (forced here) ends that request with an error
     event; the victim sampled in the same step streams on."""
@@ -465,12 +475,7 @@ def test_a_sequence_whose_sampling_fails_ends_alone(dep, monkeypatch):
     victim = Victim(dep, session=session, temperature=1.0, top_p=0.9, seed=3)
     victim.wait_streaming()
     doomed = Victim(dep, max_tokens=50, session=session, temperature=1.0, top_p=0.123, seed=4)
-    assert doomed.ended.wait(30)
-    assert doomed.tokens == 4 and not doomed.done, doomed.report()
-    assert "injected sampling failure" in doomed.error["message"], doomed.report()
-    assert (victim.error, victim.failure) == (None, None), victim.report()
-    assert not victim.ended.is_set(), "the victim ended before the failure: the test proved nothing"
-    victim.whole()
+    ends_alone(doomed, victim, "injected sampling failure")
 
 
 def test_a_sequence_whose_forward_pass_fails_ends_alone(dep, monkeypatch):
@@ -493,12 +498,7 @@ def test_a_sequence_whose_forward_pass_fails_ends_alone(dep, monkeypatch):
     victim = Victim(dep, session=session)
     victim.wait_streaming()
     doomed = Victim(dep, max_tokens=50, session=session, prompt=doomed_prompt)
-    assert doomed.ended.wait(30)
-    assert doomed.tokens == 4 and not doomed.done, doomed.report()
-    assert "injected forward failure" in doomed.error["message"], doomed.report()
-    assert (victim.error, victim.failure) == (None, None), victim.report()
-    assert not victim.ended.is_set(), "the victim ended before the failure: the test proved nothing"
-    victim.whole()
+    ends_alone(doomed, victim, "injected forward failure")
 
 
 def test_eight_victims_get_every_chunk_under_hostile_load(dep):

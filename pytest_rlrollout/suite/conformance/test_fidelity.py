@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_rlrollout.remote.fingerprint import ISOLATION, FingerprintError, Sweep, sweep
+from pytest_rlrollout.remote.fingerprint import (
+    ECHO,
+    ISOLATION,
+    FingerprintError,
+    Sweep,
+    largest_difference,
+    prompt_logprobs,
+    sweep,
+)
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 clause = pytest.mark.rl_clause
@@ -141,18 +149,11 @@ def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_swa
 
 def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tuple[list[float], int]:
     """The prompt's echoed logprobs (after the first token) and the cached tokens reported."""
-    s = rl_deployment.complete({"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": True},
-                               headers=headers).expect_ok()  # fmt: skip
-    lps = [e.get("logprob") for e in s.entries[1 : len(ids)]]
-    if len(lps) != len(ids) - 1 or not all(isinstance(x, int | float) for x in lps):
-        inconclusive("echo did not return a numeric logprob for every prompt token (see R3-ECHO-1)")
-    return [float(x) for x in lps], s.cached or 0
-
-
-def max_delta(a: list[float], b: list[float]) -> tuple[float, int]:
-    d = [abs(x - y) for x, y in zip(a, b, strict=True)]
-    i = max(range(len(d)), key=d.__getitem__)
-    return d[i], i
+    s = rl_deployment.complete({"prompt": ids, **ECHO}, headers=headers).expect_ok()
+    try:
+        return prompt_logprobs(s, len(ids)), s.cached or 0
+    except FingerprintError as e:
+        inconclusive(f"the prompt's logprobs cannot be read: {e} (see R3-ECHO-1)")
 
 
 @swaps
@@ -172,15 +173,16 @@ def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_obs
     result = rl_swap("fid-cache", change=change, reset_prompt_cache="all")
     repeated, counted = echo_logprobs(rl_deployment, prompt, session)
     fresh, _ = echo_logprobs(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted("fid-cache-fresh")})
-    moved, _ = max_delta(old, fresh)
+    moved, _ = largest_difference(old, fresh)
     if moved <= fid.tolerance:
         inconclusive(f"the swap to {result.built.identity} did not change the prompt's logprobs (max |Δ| "
                      f"{moved:.2g}): stale KV would not show (see FID-SWAP-1)")  # fmt: skip
-    d, i = max_delta(repeated, fresh)
+    d, i = largest_difference(repeated, fresh)
+    drift, _ = largest_difference(repeated, old)
     assert d <= fid.tolerance, (
         f"after the swap to {result.built.identity} with reset_prompt_cache 'all', the pre-swap prompt repeated in "
         f"its session scores unlike the same prompt under an unused isolation key: max |Δlogprob| {d:.3g} at token "
-        f"{i + 1} > tolerance {fid.tolerance:g} (it is {max_delta(repeated, old)[0]:.2g} from the pre-swap scores); "
+        f"{i + 1} > tolerance {fid.tolerance:g} (it is {drift:.2g} from the pre-swap scores); "
         f"the deployment reported {counted} cached tokens"
     )
     rl_observe.figures = {"max_abs_delta": d, "swap_moved": moved, "tolerance": fid.tolerance}
@@ -201,7 +203,7 @@ def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
     ids = prompt + [t for t, _ in generated]
     prefill, _ = echo_logprobs(rl_deployment, ids, session | {ISOLATION: rl_deployment.salted("fid-decode")})
     echoed = prefill[len(prompt) - 1 :]
-    d, i = max_delta([float(x) for _, x in generated], echoed)
+    d, i = largest_difference([float(x) for _, x in generated], echoed)
     assert d <= fid.tolerance, (
         f"generated token {i} (id {generated[i][0]}) was reported with logprob {generated[i][1]!r} while decoding, "
         f"and scores {echoed[i]!r} when the same tokens are echoed: |Δ| {d:.3g} > tolerance {fid.tolerance:g}"
@@ -245,7 +247,7 @@ def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
     overlapped = sum(ended.get(i, 0.0) > answered for i in range(LOAD_STREAMS))
     if overlapped == 0:
         inconclusive("every load stream had ended before the request judged was answered")
-    d, i = max_delta(alone, crowded)
+    d, i = largest_difference(alone, crowded)
     rl_observe.figures = {"max_abs_delta": d, "tolerance": fid.tolerance, "concurrent_streams": overlapped}
     assert d <= fid.tolerance, (
         f"the same prompt scores differently beside {overlapped} streams than alone: max |Δlogprob| {d:.3g} at "

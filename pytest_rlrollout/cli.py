@@ -359,7 +359,7 @@ def _numerics_target(args: argparse.Namespace) -> Target:
     try:
         return Target(args.deployment, (args.base_url or DEFAULT_BASE_URL).rstrip("/"), args.model, key,
                       inference_url=args.inference_url or "",
-                      profile="fireworks" if args.deployment is not None else "openai")  # fmt: skip
+                      engine="fireworks" if args.deployment is not None else "openai")  # fmt: skip
     except ValueError as e:
         raise UsageError(f"--deployment: {e}") from None
 

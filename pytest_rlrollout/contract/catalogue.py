@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
-Profile = Literal["fireworks", "openai"]
+Engine = Literal["fireworks", "vllm", "openai"]
+ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "openai")
 DATA = Path(__file__).parent / "data"
 
 
@@ -26,9 +27,19 @@ class Clause:
     area: str
     rule: str
     source: tuple[str, ...]
-    profiles: tuple[Profile, ...] = ("fireworks",)  # the kinds of deployment the clause applies to
+    # engine -> how that engine expresses the clause (its binding); an engine without one is
+    # not judged on the clause: the intent has no form on its wire
+    bindings: dict[Engine, str] = field(default_factory=lambda: {"fireworks": "as the rule states"}, hash=False)
     refines: str | None = None
     decision: str | None = None
+
+    @property
+    def engines(self) -> tuple[Engine, ...]:
+        """The engines the clause binds to, in catalogue order."""
+        return tuple(e for e in ENGINES if e in self.bindings)
+
+    def binds(self, engine: Engine) -> bool:
+        return engine in self.bindings
 
 
 class Catalogue:
@@ -41,12 +52,12 @@ class Catalogue:
         sources: dict[str, str],
         levels: dict[str, str],
         areas: dict[str, dict[str, str]],
-        profiles: dict[str, str],
+        engines: dict[str, str],
     ):
         self._by_id = {c.id: c for c in clauses}
         if len(self._by_id) != len(clauses):
             raise ValueError("clause catalogue has duplicate IDs")
-        self.sources, self.levels, self.areas, self.profiles = sources, levels, areas, profiles
+        self.sources, self.levels, self.areas, self.engines = sources, levels, areas, engines
 
     def __getitem__(self, clause_id: str) -> Clause:
         try:
@@ -82,12 +93,10 @@ def catalogue() -> Catalogue:
             area=c["area"],
             rule=c["rule"],
             source=tuple(c["source"]),
-            profiles=tuple(c["profiles"]),
+            bindings=dict(c["bindings"]),
             refines=c.get("refines"),
             decision=c.get("decision"),
         )
         for c in doc["clauses"]
     ]
-    return Catalogue(
-        clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], profiles=doc["profiles"]
-    )
+    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], engines=doc["engines"])

@@ -14,7 +14,7 @@ from pytest_rlrollout.numerics.figures import Figures, logprob_figures, routing_
 from pytest_rlrollout.numerics.scorer import Scorer
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.drivers import Driver
 
 # the served routing of a generated token is the router's choice at the position that produced
 # it (the reference deployment's reading) or at the token's own position: both are tried
@@ -39,7 +39,7 @@ class Rollout:
 
 
 def sample(
-    client: DeploymentClient,
+    driver: Driver,
     prompts: list[list[int]],
     tokens: int,
     *,
@@ -56,7 +56,7 @@ def sample(
                                 "logprobs": True, "stream": True}  # fmt: skip
         if shape is not None:
             body["include_routing_matrix"] = True
-        s = client.complete(body, headers=headers)
+        s = driver.complete(body, headers=headers)
         if not s.ok:
             raise RolloutError(f"rollout {i}: HTTP {s.status}: {s.body[:200]}")
         entries = s.entries

@@ -24,12 +24,21 @@ from typing import Any
 import httpcore
 import httpx
 
-from pytest_rlrollout.contract.catalogue import Profile
+from pytest_rlrollout.contract.catalogue import Engine
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
-from pytest_rlrollout.remote.stream import EXCERPT, Exchange, Stream, as_object, json_object, parsed_size
+from pytest_rlrollout.remote.stream import (
+    CONTRACT_READING,
+    EXCERPT,
+    Exchange,
+    Reading,
+    Stream,
+    as_object,
+    json_object,
+    parsed_size,
+)
 
 BUSY_STAGES = ("pending", "downloading", "loading", "swapping", "draining")
 FIRST_POLL = 0.01  # waits poll at once, then back off to their interval
@@ -57,10 +66,10 @@ class Target:
     model: str  # the model the deployment serves, for fireworks-model
     api_key: Secret = field(repr=False)
     inference_url: str = ""  # as given; empty: see `inference_base`
-    profile: Profile = "fireworks"
+    engine: Engine = "fireworks"
 
     def __post_init__(self) -> None:
-        if self.profile == "fireworks" and not _is_deployment_name(self.deployment):
+        if self.engine == "fireworks" and not _is_deployment_name(self.deployment):
             raise ValueError(f"{self.deployment!r} is not accounts/<account>/deployments/<deployment>")
         if not isinstance(self.api_key, Secret):
             object.__setattr__(self, "api_key", Secret(self.api_key))
@@ -70,7 +79,7 @@ class Target:
         """Where /v1/completions lives: as given, else base URL + /inference (Fireworks) or the
         base URL itself (an OpenAI-compatible server)."""
         base = self.base_url.rstrip("/")
-        return (self.inference_url or (base + "/inference" if self.profile == "fireworks" else base)).rstrip("/")
+        return (self.inference_url or (base + "/inference" if self.engine == "fireworks" else base)).rstrip("/")
 
     @property
     def name(self) -> str:
@@ -81,7 +90,7 @@ class Target:
     def body_model(self) -> str:
         """The `model` of an inference request: the deployment's name on Fireworks (what the
         official SDK sends), the served model's name on an OpenAI-compatible server."""
-        return self.deployment if self.profile == "fireworks" and self.deployment else self.model
+        return self.deployment if self.engine == "fireworks" and self.deployment else self.model
 
     @property
     def account(self) -> str:
@@ -94,7 +103,7 @@ class Target:
     @property
     def _parts(self) -> list[str]:
         if self.deployment is None:
-            raise ValueError(f"{self.name} has no deployment name (an {self.profile} server)")
+            raise ValueError(f"{self.name} has no deployment name (an {self.engine} server)")
         return self.deployment.split("/")
 
 
@@ -567,16 +576,19 @@ class DeploymentClient:
         chat: bool = False,
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        url: str | None = None,
+        reading: Reading = CONTRACT_READING,
     ) -> Stream:
         """Send a completion (streaming when body['stream']) and parse what comes back;
         `on_chunk` sees every streamed chunk as it arrives. What does not parse is kept in
         `Stream.problems`, never raised; a bound passed raises `LimitExceeded`, a failed
-        transport `ExchangeFailed`."""
+        transport `ExchangeFailed`. `url` (default: the completions endpoint) and `reading`
+        are a driver's: its engine's endpoint, and where its answers say what."""
         payload = {"model": self.target.body_model, **body}
-        url, sending = self.inference_url(chat), self.auth_headers() | (headers or {})
+        url, sending = url or self.inference_url(chat), self.auth_headers() | (headers or {})
         if not payload.get("stream"):
             r = self.request("POST", url, json=payload, headers=sending)
-            out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text)
+            out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text, reading=reading)
             if r.status_code == 200:
                 doc = json_object(r)
                 if doc is None:
@@ -584,7 +596,7 @@ class DeploymentClient:
                 else:
                     out.chunks.append(doc)
             return out
-        out = Stream(0, {})
+        out = Stream(0, {}, reading=reading)
         with self._exchange("POST", url) as clock:
             try:
                 with self.http.stream("POST", url, json=payload, headers=sending,

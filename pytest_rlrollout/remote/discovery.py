@@ -6,15 +6,18 @@ Nothing here changes a deployment: status, ledger and resource reads, and one-to
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
-from pytest_rlrollout.contract.catalogue import Profile
+from pytest_rlrollout.contract.catalogue import Engine
 from pytest_rlrollout.remote.client import DeploymentClient, Target
 from pytest_rlrollout.remote.limits import LimitExceeded
-from pytest_rlrollout.remote.stream import EXCERPT, Stream, json_object, logprob_entries
+from pytest_rlrollout.remote.stream import EXCERPT, Stream, json_object
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.remote.drivers.base import Driver
 
 PROBE_TEXT = "Hello"
 PROBE_IDS = [1, 2, 3]
@@ -26,10 +29,10 @@ class PreflightError(Exception):
 
 @dataclass
 class Discovery:
-    """The deployment's profile and capabilities, each with how the probe saw it."""
+    """The deployment's engine and capabilities, each with how the probe saw it."""
 
-    profile: Profile
-    decided: str  # how the profile was chosen
+    engine: Engine
+    decided: str  # how the engine was chosen
     capabilities: dict[str, bool] = field(default_factory=dict)
     seen: dict[str, str] = field(default_factory=dict)  # capability -> what the probe observed
     replicas: int = 0
@@ -49,7 +52,7 @@ class Discovery:
         return rows
 
     def as_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "decided": self.decided, "capabilities": self.capabilities,
+        return {"engine": self.engine, "decided": self.decided, "capabilities": self.capabilities,
                 "seen": self.seen, "replicas": self.replicas, "transition": self.transition}  # fmt: skip
 
     @classmethod
@@ -60,9 +63,9 @@ class Discovery:
 # --------------------------------------------------------------------------- preflight
 
 
-def preflight(client: DeploymentClient, requested: Profile | None) -> Profile:
-    """Reach the deployment the options name, with their key and names; the profile it has
-    (`requested`, or decided from what answers). Raises PreflightError saying what to fix."""
+def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engine, str]:
+    """Reach the deployment the options name, with their key and names: the engine it has
+    (`requested`, or decided from what answers) and why. Raises PreflightError saying what to fix."""
     t = client.target
     status = _get(client, client._hot_load_url(), client.hot_load_headers(), "--rl-base-url")
     _authorized(status, "GET the hot-load status")
@@ -70,12 +73,26 @@ def preflight(client: DeploymentClient, requested: Profile | None) -> Profile:
     _authorized(accounts, "GET /v1/accounts")
     hot_load_api = status.status_code == 200 and json_object(status) is not None
     control_plane = accounts.status_code == 200 and isinstance((json_object(accounts) or {}).get("accounts"), list)
-    profile = requested or ("fireworks" if hot_load_api or control_plane else "openai")
-    if profile == "fireworks":
+    if requested is not None:
+        engine, decided = requested, f"--rl-engine={requested}"
+    elif hot_load_api or control_plane:
+        engine, decided = "fireworks", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"
+    elif (version := _vllm_version(client)) is not None:
+        engine, decided = "vllm", f"auto: GET /version answers vLLM {version}"
+    else:
+        engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
+    if engine == "fireworks":
         _fireworks_names(t, status, hot_load_api, control_plane)
-    client.target = _with_profile(t, profile)
+    client.target = _with_engine(t, engine)
     _inference_answers(client)
-    return profile
+    return engine, decided
+
+
+def _vllm_version(client: DeploymentClient) -> str | None:
+    """vLLM's version, when a vLLM server answers `GET /version` (every vLLM OpenAI server routes it)."""
+    r = _get(client, client.target.base_url.rstrip("/") + "/version", client.auth_headers(), "--rl-base-url")
+    version = (json_object(r) or {}).get("version") if r.status_code == 200 else None
+    return version[:40] if isinstance(version, str) else None
 
 
 def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, control_plane: bool) -> None:
@@ -84,7 +101,7 @@ def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, cont
     said = f"GET status: HTTP {status.status_code} {_excerpt(status)}"
     if not (hot_load_api or control_plane):
         raise PreflightError(f"no hot-load API at {t.base_url} ({said}): check --rl-base-url, or pass "
-                             "--rl-profile=openai for a plain OpenAI-compatible server")  # fmt: skip
+                             "--rl-engine=openai for a plain OpenAI-compatible server")  # fmt: skip
     if status.status_code == 404:
         raise PreflightError(
             f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
@@ -124,7 +141,7 @@ def _inference_answers(client: DeploymentClient) -> None:
         return
     said = s.body[:EXCERPT]
     if s.status in (400, 404) and "model" in said.lower():
-        names = "--rl-deployment" if t.profile == "fireworks" else "--rl-model"
+        names = "--rl-deployment" if t.engine == "fireworks" else "--rl-model"
         raise PreflightError(
             f"the deployment does not serve model {t.body_model!r} (HTTP {s.status} {said}): check {names}"
         )
@@ -133,8 +150,8 @@ def _inference_answers(client: DeploymentClient) -> None:
     raise PreflightError(f"a one-token completion at {url} was not answered (HTTP {s.status} {said})")
 
 
-def _with_profile(t: Target, profile: Profile) -> Target:
-    return t if t.profile == profile else replace(t, profile=profile)
+def _with_engine(t: Target, engine: Engine) -> Target:
+    return t if t.engine == engine else replace(t, engine=engine)
 
 
 def _excerpt(r: httpx.Response) -> str:
@@ -144,66 +161,26 @@ def _excerpt(r: httpx.Response) -> str:
 # --------------------------------------------------------------------------- capabilities
 
 
-def discover(
-    client: DeploymentClient, profile: Profile, *, transition: str | None = None, decided: str = ""
-) -> Discovery:
-    """Probe every capability of the vocabulary that the profile's clauses can use; `decided`
-    says how the profile was chosen."""
-    d = Discovery(profile, decided)
-    text = client.complete({"prompt": PROBE_TEXT, "max_tokens": 1})
-    _set(d, "text_prompts", text.ok and bool(text.chunks), _said(text))
+def inference_probes(driver: Driver, d: Discovery) -> Stream:
+    """What every engine is asked first: a one-token completion of a text prompt, and what its
+    answer shows (cached-token channels, the serving replica's header). Returns that answer."""
+    text = driver.complete({"prompt": PROBE_TEXT, "max_tokens": 1})
+    mark(d, "text_prompts", text.ok and bool(text.chunks), said(text))
     channels = _cached_channels(text)
-    _set(d, "cached_tokens", bool(channels), ", ".join(channels) or "no cached-token channel in the answer")
+    mark(d, "cached_tokens", bool(channels), ", ".join(channels) or "no cached-token channel in the answer")
     host = text.headers.get("fireworks-backend-host")
-    _set(d, "backend_host", host is not None, f"fireworks-backend-host: {host}" if host else "no such header")
-    if profile == "openai":
-        return d
-    replicas = client.replicas()
-    d.replicas = len(replicas)
-    _set(d, "hot_load_api", bool(replicas), f"{len(replicas)} replica(s) in the status")
-    _set(d, "lora", any("loaded_adapters" in r for r in replicas), "replicas list loaded_adapters")
-    ledger = client.ledger()
-    _set(d, "ledger", ledger.status_code == 200, f"GET ledger: HTTP {ledger.status_code}")
-    hint = client.request("GET", client._hot_load_url("/hint"), headers=client.hot_load_headers())
-    _set(d, "hint", hint.status_code != 404, f"GET hint: HTTP {hint.status_code}")
-    d.transition = transition or (client.resource().get("hotLoadTransitionType") or "").upper() or None
-    _set(d, "transition", d.transition is not None, d.transition or "neither the resource nor --rl-transition says")
-    ids = client.complete({"prompt": PROBE_IDS, "max_tokens": 1})
-    _set(d, "token_id_prompts", ids.ok and bool(ids.chunks), _said(ids))
-    prompt: Any = PROBE_IDS if d.has("token_id_prompts") else PROBE_TEXT
-    logprobs = client.complete({"prompt": prompt, "max_tokens": 1, "logprobs": True})
-    _set(d, "logprobs", bool(logprobs.entries), f"{len(logprobs.entries)} logprobs entries")
-    routed = client.complete({"prompt": prompt, "max_tokens": 2, "stream": True, "logprobs": True,
-                              "include_routing_matrix": True})  # fmt: skip
-    routes = [e for e in logprob_entries(routed.chunks) if "routing_matrix" in e]
-    _set(d, "routing_matrix", bool(routes), f"{len(routes)} of {len(routed.entries)} streamed entries carry one")
-    served = {r.get("current_snapshot_identity") for r in replicas} | {
-        a.get("identity") for r in replicas for a in r.get("loaded_adapters") or [] if isinstance(a, dict)
-    }
-    versions = routed.versions
-    _set(d, "policy_version", bool(versions) and None not in versions,
-         f"{sum(v is not None for v in versions)} of {len(versions)} chunks name <model>@<identity>")  # fmt: skip
-    plain = client.complete({"prompt": prompt, "max_tokens": 1})
-    model = plain.final.get("model") if plain.ok else None
-    model = model if isinstance(model, str) else ""
-    _set(d, "nonstream_version", "@" in model and model.rpartition("@")[2] in served, f"model {model!r}")
-    echoed = client.complete({"prompt": prompt, "max_tokens": 1, "logprobs": True, "echo": True})
-    _set(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token")
-    raw = client.complete({"prompt": prompt, "max_tokens": 1, "raw_output": True})
-    _set(d, "raw_output", isinstance(raw.choice_field("raw_output"), dict), "choices[].raw_output")
-    ids_back = client.complete({"prompt": prompt, "max_tokens": 1, "return_token_ids": True})
-    _set(d, "token_ids", isinstance(ids_back.choice_field("token_ids"), list), "choices[].token_ids")
-    perf = client.complete({"prompt": prompt, "max_tokens": 1, "perf_metrics_in_response": True})
-    _set(d, "perf_metrics", isinstance(perf.final.get("perf_metrics"), dict), "perf_metrics on the answer")
-    return d
+    mark(d, "backend_host", host is not None, f"fireworks-backend-host: {host}" if host else "no such header")
+    return text
 
 
-def _set(d: Discovery, name: str, value: bool, seen: str) -> None:
+def mark(d: Discovery, name: str, value: bool, seen: str) -> None:
+    """Record what the probe of capability `name` saw."""
     d.capabilities[name] = bool(value)
     d.seen[name] = seen
 
 
-def _said(s: Stream) -> str:
+def said(s: Stream) -> str:
+    """A probe's answer in a few words, for the capability table."""
     return "HTTP 200" if s.ok else f"HTTP {s.status} {(s.body or '; '.join(s.problems))[:120]}"
 
 

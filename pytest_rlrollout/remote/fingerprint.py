@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.drivers import Driver
     from pytest_rlrollout.remote.stream import Stream
 
 SEQUENCES, TOKENS = 4, 32  # the canary set: 4 sequences of 32 tokens (124 scored logprobs)
@@ -115,7 +115,7 @@ class Fingerprint:
 
 
 def fingerprint(
-    client: DeploymentClient,
+    driver: Driver,
     isolation: str,
     *,
     headers: dict[str, str] | None = None,
@@ -127,7 +127,7 @@ def fingerprint(
     rows, hosts, sent = [], set(), 0
     sequences = list(sequences) if sequences is not None else canary(vocab)
     for i, ids in enumerate(sequences):
-        s = client.complete({"prompt": ids, **ECHO}, headers={**(headers or {}), ISOLATION: f"{isolation}-{i}"})
+        s = driver.complete({"prompt": ids, **ECHO}, headers={**(headers or {}), ISOLATION: f"{isolation}-{i}"})
         if not s.ok:
             raise FingerprintError(f"canary {i}: HTTP {s.status}: {s.body[:200]}")
         try:
@@ -168,7 +168,7 @@ class Sweep:
 
 
 def sessions_by_replica(
-    client: DeploymentClient, replicas: int, key: Callable[[int], str], *, known: dict[str, str] | None = None
+    driver: Driver, replicas: int, key: Callable[[int], str], *, known: dict[str, str] | None = None
 ) -> tuple[dict[str, str], bool, int]:
     """A session key reaching each replica (`key(n)` makes the n-th candidate): one-token probes
     until `replicas` hosts answered or the candidates run out. Returns (replica -> session key,
@@ -180,7 +180,7 @@ def sessions_by_replica(
         if len(found) >= replicas:
             break
         session = key(n)
-        s = client.complete({"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0},
+        s = driver.complete({"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0},
                             headers={"x-multi-turn-session-id": session})  # fmt: skip
         probes += 1
         host = s.headers.get(HOST)
@@ -191,7 +191,7 @@ def sessions_by_replica(
 
 
 def sweep(
-    client: DeploymentClient,
+    driver: Driver,
     replicas: int,
     isolation: str,
     *,
@@ -201,9 +201,9 @@ def sweep(
 ) -> Sweep:
     """Fingerprint every replica: `sessions` (from an earlier sweep) are reused, so a replica is
     compared with itself across a swap."""
-    reached, named, probes = sessions_by_replica(client, replicas, key, known=sessions)
+    reached, named, probes = sessions_by_replica(driver, replicas, key, known=sessions)
     out = Sweep(sessions=reached, named=named, probes=probes)
     for n, (replica, session) in enumerate(sorted(reached.items())):
-        out.prints[replica] = fingerprint(client, f"{isolation}-r{n}", vocab=vocab,
+        out.prints[replica] = fingerprint(driver, f"{isolation}-r{n}", vocab=vocab,
                                           headers={"x-multi-turn-session-id": session})  # fmt: skip
     return out

@@ -75,6 +75,28 @@ def json_object(response: Any) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+class Reading:
+    """Where an engine's answers carry what the contract talks about: the policy version of each
+    chunk and the logprobs entries (`token`, `logprob`, `token_id`, ...). This one reads the
+    contract's own wire (Fireworks: `model@identity` per chunk, `logprobs.content[]`); a driver
+    whose engine says the same things elsewhere hands its streams a reading of its own. A
+    reading only re-shapes what the answer holds: it never fills in what is missing."""
+
+    def versions(self, chunks: list[dict[str, Any]]) -> list[str | None]:
+        return policy_versions(chunks)
+
+    def entries(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return logprob_entries(chunks)
+
+    def spans(self, chunks: list[dict[str, Any]]) -> list[Any] | None:
+        """The policy versions as spans over the output tokens, as the engine sent them (VER-SPAN-1);
+        None when the engine says versions otherwise (per chunk), or not at all."""
+        return None
+
+
+CONTRACT_READING = Reading()
+
+
 @dataclass
 class Stream:
     """A parsed completion stream (a non-streaming body is one chunk)."""
@@ -87,6 +109,7 @@ class Stream:
     unterminated: bool = False  # the last event was not ended by a blank line
     body: str = ""  # the response text (non-streaming answers and refusals)
     problems: list[str] = field(default_factory=list)  # what did not parse
+    reading: Reading = field(default=CONTRACT_READING, repr=False, compare=False)
 
     def __repr__(self) -> str:  # what an assertion about a stream shows: not every chunk
         return f"Stream(HTTP {self.status}, {len(self.chunks)} chunks, done={self.done}, {len(self.problems)} problems)"
@@ -114,13 +137,19 @@ class Stream:
 
     @property
     def versions(self) -> list[str | None]:
-        """The policy version (`@identity` suffix) of every chunk; None where a chunk has none."""
-        return policy_versions(self.chunks)
+        """The policy version of every chunk (the `@identity` suffix on the contract's wire);
+        None where a chunk has none."""
+        return self.reading.versions(self.chunks)
+
+    @property
+    def spans(self) -> list[Any] | None:
+        """The policy-version spans the engine sent, as it sent them; None where it sends none."""
+        return self.reading.spans(self.chunks)
 
     @property
     def entries(self) -> list[dict[str, Any]]:
-        """Every logprobs.content entry, in order."""
-        return logprob_entries(self.chunks)
+        """Every logprobs entry (`logprobs.content[]` on the contract's wire), in order."""
+        return self.reading.entries(self.chunks)
 
     @property
     def final(self) -> dict[str, Any]:

@@ -40,7 +40,9 @@ _WORDS = (
 
 
 def config(vocab_size: int, *, bos: int, eos: int, pad: int) -> dict[str, Any]:
-    """The config.json transformers 5 writes for this architecture (same keys, same order)."""
+    """The config.json of this architecture as published configs (and vLLM) have it: transformers 5
+    writes the expert count as `num_local_experts`, Qwen3-30B-A3B's published config and vLLM's
+    loader say `num_experts`. head_dim 32: vLLM's CPU attention takes 32, 64, 80, ..., not 16."""
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "attention_bias": False,
@@ -49,7 +51,7 @@ def config(vocab_size: int, *, bos: int, eos: int, pad: int) -> dict[str, Any]:
         "decoder_sparse_step": 1,
         "dtype": "bfloat16",
         "eos_token_id": eos,
-        "head_dim": 16,
+        "head_dim": 32,
         "hidden_act": "silu",
         "hidden_size": 64,
         "initializer_range": 0.02,
@@ -63,7 +65,7 @@ def config(vocab_size: int, *, bos: int, eos: int, pad: int) -> dict[str, Any]:
         "num_experts_per_tok": 2,
         "num_hidden_layers": 4,
         "num_key_value_heads": 2,
-        "num_local_experts": 8,
+        "num_experts": 8,
         "output_router_logits": False,
         "pad_token_id": pad,
         "rms_norm_eps": 1e-06,

@@ -27,12 +27,13 @@ from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.contract.catalogue import Profile
+    from pytest_rlrollout.contract.catalogue import Engine
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
-    from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.remote.client import Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
+    from pytest_rlrollout.remote.drivers import Driver, Status
     from pytest_rlrollout.remote.stream import Stream
     from pytest_rlrollout.suite.prompts import Prompt
 
@@ -42,22 +43,25 @@ class HotLoadNotAllowed(Exception):
 
 
 class RLDeployment:
-    """The deployment under test, as the `rl_deployment` fixture hands it out.
+    """The deployment under test, as the `rl_deployment` fixture hands it out: the contract's
+    intents, on the wire of its engine's driver (`driver`; `client` is the bounded HTTP client
+    under it, whose exchanges are a test's evidence).
 
-    Reads never change state; `hot_load`, `hint` and `reset_ledger` raise `HotLoadNotAllowed`
-    on a live deployment unless the run passed `--rl-allow-hot-load`.
+    Reads never change state; `hot_load`, `hint`, `reset_ledger`, `pause`, `resume`,
+    `reset_cache` and `set_label` raise `HotLoadNotAllowed` on a live deployment unless the run
+    passed `--rl-allow-hot-load`.
     """
 
     def __init__(
         self,
-        client: DeploymentClient,
+        driver: Driver,
         opts: RLOptions,
         *,
         base_snapshot: Path | None,
         bucket: Bucket | None,
         local: Running | None = None,
     ):
-        self.client, self.options = client, opts
+        self.driver, self.client, self.options = driver, driver.client, opts
         self.base_snapshot, self.bucket = base_snapshot, bucket
         self.timeouts = opts.timeouts
         self._local = local  # the bundled reference deployment, when it runs in this process
@@ -92,17 +96,17 @@ class RLDeployment:
 
     # ----------------------------------------------------------------------- reading
 
-    def status(self, *, headers: dict[str, str] | None = None) -> httpx.Response:
-        """GET the hot-load status."""
-        return self.client.status(headers=headers)
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        """What the deployment says each replica serves (the engine's status read, its answer kept)."""
+        return self.driver.status(headers=headers)
 
     def replicas(self) -> list[dict[str, Any]]:
-        """The status's replicas; [] when the status cannot be read."""
-        return self.client.replicas()
+        """The replicas, in the hot-load status's shape; [] when the status cannot be read."""
+        return self.driver.replicas()
 
     def served_identities(self) -> list[str | None]:
         """`current_snapshot_identity` of every replica."""
-        return self.client.served_identities()
+        return [r.get("current_snapshot_identity") for r in self.replicas()]
 
     def serving(self) -> str | None:
         """The snapshot identity every replica serves, or None when they differ."""
@@ -110,7 +114,7 @@ class RLDeployment:
         return ids.pop() if len(ids) == 1 else None
 
     def ledger(self) -> httpx.Response:
-        return self.client.ledger()
+        return self.driver.ledger()
 
     def complete(
         self,
@@ -120,13 +124,14 @@ class RLDeployment:
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
     ) -> Stream:
-        """A completion (streamed when `body["stream"]`) parsed into a `Stream`: policy version
-        per chunk, logprobs entries, routing matrices, usage, cached tokens of every channel."""
-        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
+        """A completion in the contract's vocabulary (streamed when `body["stream"]`), sent on the
+        engine's wire and parsed into a `Stream`: policy version per chunk, logprobs entries,
+        routing matrices, usage, cached tokens of every channel."""
+        return self.driver.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """POST raw bytes to the completions endpoint (malformed requests on purpose)."""
-        return self.client.post_inference(content, chat=chat)
+        return self.driver.post_inference(content, chat=chat)
 
     def auth_headers(self) -> dict[str, str]:
         return self.client.auth_headers()
@@ -136,9 +141,9 @@ class RLDeployment:
         return self.client.mark(name)
 
     @property
-    def profile(self) -> Profile:
-        """`fireworks` (a hot-load deployment) or `openai` (a plain OpenAI-compatible server)."""
-        return self.target.profile
+    def engine(self) -> Engine:
+        """Whose wire the deployment speaks: `fireworks`, `vllm` or `openai`."""
+        return self.driver.engine
 
     @property
     def capabilities(self) -> Discovery:
@@ -204,7 +209,7 @@ class RLDeployment:
         """Wait until every replica serves `identity`, a replica reports its load failed, the
         rollout stalls part-way, or the swap timeout passes."""
         t = self.timeouts
-        return self.client.wait(identity, timeout=t.swap, poll=t.poll, lora=lora, progress=progress,
+        return self.driver.wait(identity, timeout=t.swap, poll=t.poll, lora=lora, progress=progress,
                                 stalled_after=t.stalled_after)  # fmt: skip
 
     def settle(self) -> bool:
@@ -224,24 +229,48 @@ class RLDeployment:
     # ----------------------------------------------------------------------- changing state (guarded)
 
     def hot_load(self, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
-        """POST a signal; a 409 while another load is in progress (one load at a time) is retried
-        until the swap timeout, as a trainer's client would."""
+        """Load the snapshot a signal names, through the engine's load API; a 409 while another
+        load is in progress (one load at a time) is retried until the swap timeout, as a
+        trainer's client would."""
         from pytest_rlrollout.remote.polling import ticks
 
         self._check_allowed("hot-load")
         for _ in ticks(self.timeouts.swap, self.timeouts.retry):
-            r = self.client.hot_load(body, headers=headers)
+            r = self.driver.load(body, headers=headers)
             if r.status_code != 409 or "ledger" in r.text:
                 return r
         return r
 
     def hint(self, identity: str, file: str) -> httpx.Response:
         self._check_allowed("hot-load hint")
-        return self.client.hint(identity, file)
+        return self.driver.hint(identity, file)
 
     def reset_ledger(self) -> httpx.Response:
         self._check_allowed("ledger reset")
-        return self.client.reset_ledger()
+        return self.driver.reset_ledger()
+
+    def pause(self, mode: str, *, clear_cache: bool = False) -> httpx.Response:
+        """Pause generation (`abort`, `wait` or `keep`: what in-flight requests do meanwhile)."""
+        self._check_allowed("pause")
+        return self.driver.pause(mode, clear_cache=clear_cache)
+
+    def resume(self) -> httpx.Response:
+        self._check_allowed("resume")
+        return self.driver.resume()
+
+    def paused(self) -> bool | None:
+        """Whether generation is paused, as the deployment says (None: its answer does not say)."""
+        return self.driver.paused()
+
+    def reset_cache(self) -> httpx.Response:
+        """Reset the prompt cache on request."""
+        self._check_allowed("prompt-cache reset")
+        return self.driver.reset_cache()
+
+    def set_label(self, label: str) -> httpx.Response:
+        """Publish `label` as the policy version, changing no weights."""
+        self._check_allowed("policy label change")
+        return self.driver.set_label(label)
 
     def _check_allowed(self, what: str) -> None:
         if not self.allow_hot_load:
@@ -264,6 +293,7 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
@@ -272,23 +302,25 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
         target = Target(dep.name, dep.base_url, dep.model, dep.api_key)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-            yield RLDeployment(client, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
-                               local=dep)  # fmt: skip
+            yield RLDeployment(driver_for("fireworks", client), opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY,
+                               bucket=Bucket(bucket), local=dep)  # fmt: skip
 
 
 @contextlib.contextmanager
-def _live(opts: RLOptions, profile: Profile) -> Iterator[RLDeployment]:
+def _live(opts: RLOptions, engine: Engine) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.drivers import driver_for
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
-                    profile=profile)  # fmt: skip
+                    engine=engine)  # fmt: skip
     bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
     with DeploymentClient(
         target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request, limits=opts.limits
     ) as client:
-        yield RLDeployment(client, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
+        driver = driver_for(engine, client, bucket=served_path(opts.bucket_url))
+        yield RLDeployment(driver, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
 
 
 @contextlib.contextmanager
@@ -296,6 +328,7 @@ def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployme
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
     from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.secret import Secret
     from pytest_rlrollout.snapshot import tiny_moe
 
@@ -306,10 +339,23 @@ def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployme
     # snapshots are still built (their signals must match the recording), into a bucket nobody reads
     bucket = tmp.mktemp("rl-replay-bucket")
     base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
+    engine = opts.engine or "fireworks"
     target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key,
-                    profile=opts.profile or "fireworks")  # fmt: skip
+                    engine=engine)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-        yield RLDeployment(client, opts, base_snapshot=base, bucket=Bucket(bucket))
+        # the path the engine was told to read snapshots from is part of the recorded requests
+        driver = driver_for(engine, client, bucket=opts.replay_meta.get("served_bucket"))
+        yield RLDeployment(driver, opts, base_snapshot=base, bucket=Bucket(bucket))
+
+
+def served_path(bucket_url: str | None) -> str | None:
+    """Where an engine that loads from a path reads the bucket: a directory as an absolute
+    path (`file://` URLs too); any other URL as it is, for the engine to resolve."""
+    if bucket_url is None:
+        return None
+    if bucket_url.startswith("file://"):
+        return str(Path(bucket_url.removeprefix("file://")).resolve())
+    return bucket_url.rstrip("/") if "://" in bucket_url else str(Path(bucket_url).resolve())
 
 
 def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
@@ -329,7 +375,7 @@ def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     config = request.config
     opts = options(config)
     opened = {"local": lambda: _local(opts, tmp_path_factory),
-              "live": lambda: _live(opts, preflighted(config).profile),
+              "live": lambda: _live(opts, preflighted(config).engine),
               "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
     with opened() as dep:
         dep.discovery = config.stash[DISCOVERED] = discovered(config, dep)
@@ -339,9 +385,11 @@ def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         _record_state(config, f"end-{os.getpid()}", dep)
         cassettes = dep.cassettes
         if cassettes is not None and cassettes.mode == "record":
+            if getattr(dep.driver, "bucket", None) is not None:  # part of the recorded load requests
+                cassettes.session.meta["served_bucket"] = dep.driver.bucket
             cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
                                           recorded_mode=dep.mode, transition=dep.discovery.transition,
-                                          profile=dep.profile, discovery=dep.discovery.as_dict(),
+                                          engine=dep.engine, discovery=dep.discovery.as_dict(),
                                           run_id=dep.run_id)  # fmt: skip
             cassettes.session.write(dep.target.api_key)
 
@@ -358,15 +406,16 @@ def preflighted(config: pytest.Config) -> Discovery:
 def discovered(config: pytest.Config, dep: RLDeployment) -> Discovery:
     """The deployment's capabilities: from the controller's preflight (live), the recording
     (replay), or probed here (the local reference deployment, one per worker)."""
-    from pytest_rlrollout.remote.discovery import Discovery, discover
+    from pytest_rlrollout.remote.discovery import Discovery
 
     if dep.mode == "live":
-        return preflighted(config)
-    if dep.mode == "replay" and "discovery" in (dep.options.replay_meta or {}):
-        return Discovery.from_dict(dep.options.replay_meta["discovery"])
-    return discover(
-        dep.client, dep.profile, transition=dep.options.transition, decided="the bundled reference deployment"
-    )
+        found = preflighted(config)
+    elif dep.mode == "replay" and "discovery" in (dep.options.replay_meta or {}):
+        found = Discovery.from_dict(dep.options.replay_meta["discovery"])
+    else:
+        return dep.driver.discover(transition=dep.options.transition, decided="the bundled reference deployment")
+    dep.driver.adopt(found)
+    return found
 
 
 def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
@@ -422,7 +471,7 @@ def _uses_deployment(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(autouse=True)
 def _rl_requirements(request: pytest.FixtureRequest) -> None:
-    """What the test needs of the deployment: a clause of its profile, state changes allowed
+    """What the test needs of the deployment: a clause of its engine, state changes allowed
     (`rl_swaps`), capabilities (`rl_requires`). The suite, not the test, decides the outcome of
     what is missing (see contract/capabilities.py)."""
     if not _uses_deployment(request):
@@ -431,9 +480,10 @@ def _rl_requirements(request: pytest.FixtureRequest) -> None:
 
     dep: RLDeployment = request.getfixturevalue("rl_deployment")
     clauses = [catalogue()[c] for mark in request.node.iter_markers("rl_clause") for c in mark.args]
-    if clauses and not any(dep.profile in c.profiles for c in clauses):
-        not_applicable(f"{', '.join(c.id for c in clauses)} apply to Fireworks hot-load deployments; this is an "
-                       f"{dep.profile} deployment ({dep.capabilities.decided})")  # fmt: skip
+    if clauses and not any(c.binds(dep.engine) for c in clauses):
+        bound = sorted({e for c in clauses for e in c.engines})
+        not_applicable(f"{', '.join(c.id for c in clauses)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
+                       f"this is a {dep.engine} deployment ({dep.capabilities.decided})")  # fmt: skip
     if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
         inconclusive("read-only: pass --rl-allow-hot-load to let this test hot-load snapshots")
     must = any(c.level == "MUST" for c in clauses)
@@ -468,9 +518,12 @@ def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: boo
     seen = found.seen.get(capability, cap.probe)
     if cap.observable:
         inconclusive(f"cannot observe this: the deployment does not offer {capability}, {cap.about} ({seen})")
-    if must and cap.required(dep.profile):
-        fail_in_call(item, f"the deployment lacks {capability} ({cap.about}; probe: {seen}), which a {dep.profile} "
+    if must and cap.required(dep.engine):
+        fail_in_call(item, f"the deployment lacks {capability} ({cap.about}; probe: {seen}), which a {dep.engine} "
                            "deployment must offer")  # fmt: skip
+    elif (flag := cap.flag(dep.engine)) is not None:
+        unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen}); {dep.engine} "
+                    f"offers it with {flag}")  # fmt: skip
     else:
         unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen})")
 

@@ -51,7 +51,10 @@ def _clauses_of(marks: list) -> Iterator[tuple[str, str | None]]:
 
 def _capability_row(c: Capability) -> str:
     required = ", ".join(sorted(c.required_by)) or "-"
-    return f"| `{c.name}` | {c.about} | {c.probe} | {required}{' (observation only)' if c.observable else ''} |"
+    flags = "; ".join(f"{engine}: {flag}" for engine, flag in c.flags.items()) or "-"
+    return (
+        f"| `{c.name}` | {c.about} | {c.probe} | {required}{' (observation only)' if c.observable else ''} | {flags} |"
+    )
 
 
 def contract_markdown() -> str:
@@ -78,21 +81,24 @@ def contract_markdown() -> str:
         "",
         *(f"- `{o}`: {OUTCOMES[o]}" for o in SEVERITY),
         "",
-        "## Profiles",
+        "## Engines",
         "",
-        "A deployment is judged as one profile (`--rl-profile`, or decided by the preflight); a clause",
-        "outside its profile is `not-applicable`.",
+        "A clause states an intent; each engine expresses it on its own wire, its *binding*. A",
+        "deployment is judged as one engine (`--rl-engine`, or decided by the preflight's probes); a",
+        'clause without a binding on that engine is `not-applicable` ("no vllm binding"), one whose',
+        "binding needs a server flag that is off is `unsupported` naming the flag.",
         "",
-        *(f"- **{name}**: {text}" for name, text in cat.profiles.items()),
+        *(f"- **{name}**: {text}" for name, text in cat.engines.items()),
         "",
         "## Capabilities",
         "",
         "Discovered before any test by probes that change nothing. A test needing one the deployment",
-        "lacks is `fail` when its profile requires it and the clause is MUST, `unsupported` otherwise,",
-        "and `inconclusive` when the capability only lets the suite observe the clause.",
+        "lacks is `fail` when its engine requires it and the clause is MUST, `unsupported` otherwise",
+        "(naming the server flag that turns it on, where the engine has one), and `inconclusive` when",
+        "the capability only lets the suite observe the clause.",
         "",
-        "| capability | what it is | probe | required by |",
-        "|---|---|---|---|",
+        "| capability | what it is | probe | required by | turned on by |",
+        "|---|---|---|---|---|",
         *map(_capability_row, CAPABILITIES.values()),
         "",
         "## Sources",
@@ -105,7 +111,8 @@ def contract_markdown() -> str:
     for area, about in cat.areas.items():
         lines += ["", f"## {area}: {about['title']}", "", about["about"]]
         for c in by_area[area]:
-            lines += ["", f"### {c.id} ({c.level})", "", c.rule, "", f"Profiles: {', '.join(c.profiles)}."]
+            lines += ["", f"### {c.id} ({c.level})", "", c.rule, "", "Bindings:", ""]
+            lines += [f"- {engine}: {c.bindings[engine]}" for engine in c.engines]
             if c.refines:
                 lines += ["", f"Refines {c.refines}."]
             if c.decision:

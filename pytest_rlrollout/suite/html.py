@@ -102,8 +102,8 @@ def _header(doc: dict[str, Any]) -> str:
     order = sorted(counts, key=lambda o: OUTCOMES.index(o) if o in OUTCOMES else len(OUTCOMES))
     headline = " ".join(f'<span class="badge o-{escape(o)}">{counts[o]} {escape(o)}</span>' for o in order)
     rows = "".join(f"<dt>{escape(str(k))}</dt><dd>{escape(str(v))}</dd>" for k, v in prov.items())
-    profile = doc.get("profile")
-    rows += f"<dt>profile</dt><dd>{escape(profile['name'])} ({escape(profile['decided'])})</dd>" if profile else ""
+    engine = doc.get("engine")
+    rows += f"<dt>engine</dt><dd>{escape(engine['name'])} ({escape(engine['decided'])})</dd>" if engine else ""
     rows += f"<dt>contract</dt><dd>{escape(str(doc.get('contract', '')))}</dd>"
     return (
         f"<header><h1>RL-rollout conformance: {escape(str(prov.get('deployment', '')))}</h1>"
@@ -151,7 +151,7 @@ def _capabilities(doc: dict[str, Any]) -> str:
     caps = doc.get("capabilities") or []
     if not caps:
         return ""
-    profile = escape((doc.get("profile") or {}).get("name", "profile"))
+    engine = escape((doc.get("engine") or {}).get("name", "engine"))
     rows = ""
     for c in caps:
         missing = c["required"] and not c["has"]
@@ -161,7 +161,7 @@ def _capabilities(doc: dict[str, Any]) -> str:
             f"<td>{'yes' if c['required'] else ''}</td><td>{escape(str(c['seen']))}</td>"
             f'<td class="muted">{escape(str(c.get("about", "")))}</td></tr>'
         )
-    head = f"<tr><th>capability</th><th>offered</th><th>required by {profile}</th><th>seen</th><th>about</th></tr>"
+    head = f"<tr><th>capability</th><th>offered</th><th>required by {engine}</th><th>seen</th><th>about</th></tr>"
     return f'<h2>Capabilities</h2><table class="capabilities">{head}{rows}</table>'
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_rlrollout.remote.client import loading_state
 from pytest_rlrollout.remote.polling import ticks
-from pytest_rlrollout.remote.stream import Stream, policy_versions
+from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 if TYPE_CHECKING:
@@ -55,10 +55,18 @@ class Crossing:
     new: str = ""
     response: httpx.Response | None = None
     result: SwapResult | None = None
+    reading: Reading = CONTRACT_READING  # the engine's: where its chunks say their version
 
     @property
     def versions(self) -> list[str | None]:
-        return policy_versions(self.chunks)
+        """The policy version of each chunk that arrived (an engine that says them once, at the
+        end of the stream, has them only once it ended)."""
+        return self.reading.versions(self.chunks)
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """The logprobs entries of the chunks that arrived."""
+        return self.reading.entries(self.chunks)
 
     @property
     def served(self) -> bool:
@@ -128,7 +136,7 @@ def across_swap(
 ) -> Crossing:
     """Stream `body`; once its first chunk arrives, signal a new snapshot and wait for it."""
     timeline = rl_observe.swap("a stream across a swap")
-    c = Crossing(old=rl_deployment.serving())
+    c = Crossing(old=rl_deployment.serving(), reading=rl_deployment.driver.reading)
     built = rl_swap.build("cross")
     c.new = timeline.new = built.identity
     timeline.old = c.old
@@ -137,7 +145,7 @@ def across_swap(
     def seen(chunk: dict[str, Any]) -> None:
         c.chunks.append(chunk)
         c.arrivals.append(t := rl_deployment.mark("chunk"))
-        timeline.chunks.append((t, policy_versions([chunk])[0]))
+        timeline.chunks.append((t, c.reading.versions([chunk])[0]))
         first.set()
 
     def run() -> None:
@@ -162,6 +170,7 @@ def across_swap(
     timeline.mark(c.t_served, "served" if c.served else "gave up")
     thread.join(timeout=rl_deployment.swap_timeout + 60)
     timeline.mark(c.done_at, "stream ended")
+    timeline.chunks[:] = list(zip(c.arrivals, c.versions, strict=False))  # versions said at the end, too
     return c
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_rlrollout.contract.catalogue import Profile
+from pytest_rlrollout.contract.catalogue import ENGINES, Engine
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
 
@@ -77,7 +77,7 @@ class RLOptions:
     inference_url: str | None  # as given
     model: str | None
     api_key: Secret | None = None
-    profile: Profile | None = "fireworks"  # None: decided by the preflight (--rl-profile=auto)
+    engine: Engine | None = "fireworks"  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
     bucket_url: str | None = None
     base_snapshot: Path | None = None
@@ -117,9 +117,10 @@ def add_options(parser: pytest.Parser) -> None:
     add = group.addoption
     add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d> (default: start the bundled "
         "reference deployment)")  # fmt: skip
-    add("--rl-profile", choices=["auto", "fireworks", "openai"],
-        help="what kind of deployment: a Fireworks hot-load deployment, a plain OpenAI-compatible server, or "
-             "auto (the default: decided from what answers, and said)")  # fmt: skip
+    add("--rl-engine", choices=["auto", *ENGINES],
+        help="whose wire the deployment speaks: a Fireworks hot-load deployment, a vLLM server through its RL API "
+             "(VLLM_SERVER_DEV_MODE=1), a plain OpenAI-compatible server, or auto (the default: decided from what "
+             "answers, and said)")  # fmt: skip
     add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
     add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
     add("--rl-model", metavar="NAME", help="the model the deployment serves (fireworks-model)")
@@ -200,15 +201,15 @@ def read_options(config: pytest.Config) -> RLOptions:
     if replay:
         return _replay_options(config, replay, common)
     if deployment == "local" or not (deployment or get("rl_base_url")):
-        if get("rl_profile") == "openai":
-            _usage("--rl-profile=openai: also pass --rl-base-url (the server) and --rl-model (what it serves)")
+        if get("rl_engine") == "openai":
+            _usage("--rl-engine=openai: also pass --rl-base-url (the server) and --rl-model (what it serves)")
         return _local_options(config, common)
     return _live_options(config, deployment, common)
 
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
     given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_bucket_url", "rl_local_fault",
-                   "rl_profile")  # fmt: skip
+                   "rl_engine")  # fmt: skip
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -219,7 +220,7 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     common["transition"] = common["transition"] or meta.get("transition")
     return RLOptions(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
-                     profile=meta.get("profile", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+                     engine=meta.get("engine", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
@@ -241,11 +242,11 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:
     get = config.getoption
-    profile: Profile | None = None if get("rl_profile") in (None, "auto") else get("rl_profile")
+    engine: Engine | None = None if get("rl_engine") in (None, "auto") else get("rl_engine")
     if deployment is not None and not _is_deployment_name(deployment):
         _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
-    if profile == "fireworks" and deployment is None:
-        _usage("--rl-profile=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
+    if engine == "fireworks" and deployment is None:
+        _usage("--rl-engine=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
     if get("rl_local_fault"):
         _usage(
             f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment or get('rl_base_url')}"
@@ -256,7 +257,7 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
             f"{_flag('rl_deployment') if deployment else _flag('rl_base_url')}: also pass --rl-model (the model it serves)"
         )
     key = get("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
-    if not key and (profile == "fireworks" or (profile is None and deployment is not None)):
+    if not key and (engine == "fireworks" or (engine is None and deployment is not None)):
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
     bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
     if allow and not bucket_url:
@@ -274,7 +275,7 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
                      inference_url=get("rl_inference_url"), allow_hot_load=allow, bucket_url=bucket_url,
-                     profile=profile, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
+                     engine=engine, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
 
 
 def _is_deployment_name(name: str) -> bool:
@@ -385,7 +386,9 @@ def meta_problems(meta: Any) -> list[str]:
         "run_id": lambda v: isinstance(v, str) and RUN_ID.fullmatch(v),
         "deployment": lambda v: v is None or (isinstance(v, str) and DEPLOYMENT.fullmatch(v)),
         "model": lambda v: isinstance(v, str) and 0 < len(v) <= 512 and v.isprintable(),
-        "profile": lambda v: v in (None, "fireworks", "openai"),
+        "engine": lambda v: v is None or v in ENGINES,
+        # the directory a path-loading engine was told to read snapshots from: printable, no NUL
+        "served_bucket": lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 4096 and v.isprintable()),
         "transition": lambda v: v in (None, "ASYNC", "SYNC"),
         "recorded_mode": lambda v: v in (None, "local", "live"),
         "discovery": lambda v: v is None or _discovery_ok(v),
@@ -394,7 +397,7 @@ def meta_problems(meta: Any) -> list[str]:
     problems = [f"meta.{k} is missing" for k in required if k not in meta]
     problems += [f"meta.{k} is not allowed: {str(meta[k])[:80]!r}" for k, ok in checks.items() if k in meta
                  and not ok(meta[k])]  # fmt: skip
-    if meta.get("profile") in (None, "fireworks") and meta.get("deployment") is None:
+    if meta.get("engine") in (None, "fireworks") and meta.get("deployment") is None:
         problems.append("meta.deployment is missing: a Fireworks recording names its deployment")
     return problems
 
@@ -404,8 +407,8 @@ def _discovery_ok(d: Any) -> bool:
 
     return (
         isinstance(d, dict)
-        and d.keys() == {"profile", "decided", "capabilities", "seen", "replicas", "transition"}
-        and d["profile"] in ("fireworks", "openai")
+        and d.keys() == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
+        and d["engine"] in ENGINES
         and isinstance(d["decided"], str)
         and isinstance(d["capabilities"], dict)
         and all(k in CAPABILITIES and isinstance(v, bool) for k, v in d["capabilities"].items())

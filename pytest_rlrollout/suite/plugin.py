@@ -57,24 +57,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _preflight(config: pytest.Config) -> Discovery:
-    """Reach the live deployment with the run's names and key, decide its profile and discover
+    """Reach the live deployment with the run's names and key, decide its engine and discover
     what it offers; a run that could only misjudge it ends here with what to fix."""
     import httpx
 
     from pytest_rlrollout.remote.client import DeploymentClient, Target
-    from pytest_rlrollout.remote.discovery import PreflightError, discover, preflight
+    from pytest_rlrollout.remote.discovery import PreflightError, preflight
+    from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
+    from pytest_rlrollout.suite.deployment import served_path
 
     o = options(config)
     assert o.base_url and o.model and o.api_key is not None
     target = Target(o.deployment, o.base_url, o.model, o.api_key, inference_url=o.inference_url or "",
-                    profile=o.profile or ("fireworks" if o.deployment else "openai"))  # fmt: skip
+                    engine=o.engine or ("fireworks" if o.deployment else "openai"))  # fmt: skip
     with DeploymentClient(target, timeout=o.timeouts.request, limits=o.limits) as client:
         try:
-            profile = preflight(client, o.profile)
-            decided = f"--rl-profile={profile}" if o.profile else (
-                "auto: " + ("a Fireworks API answers" if profile == "fireworks" else "no hot-load API answers"))  # fmt: skip
-            return discover(client, profile, transition=o.transition, decided=decided)
+            engine, decided = preflight(client, o.engine)
+            driver = driver_for(engine, client, bucket=served_path(o.bucket_url))
+            return driver.discover(transition=o.transition, decided=decided)
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
         except (httpx.HTTPError, LimitExceeded) as e:
@@ -122,7 +123,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
-    """A capability the deployment's profile requires is missing: the test fails, naming it."""
+    """A capability the deployment's engine requires is missing: the test fails, naming it."""
     missing = item.stash.get(MISSING, None)
     if missing is not None:
         pytest.fail(missing, pytrace=False)
@@ -200,6 +201,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
         found = Discovery.from_dict(o.replay_meta["discovery"])
     if found is not None:
-        lines.append(f"rlrollout: profile {found.profile} ({found.decided}); capabilities:")
+        lines.append(f"rlrollout: engine {found.engine} ({found.decided}); capabilities:")
         lines += [f"  {name:18} {has:3}  {seen}" for name, has, seen in found.table()]
     return lines

@@ -114,15 +114,15 @@ def rollup(results: dict[str, ClauseResult]) -> dict[str, dict[str, dict[str, in
 
 def capability_rows(discovery: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The capability table: name, whether the deployment has it, what the probe saw, and
-    whether its profile requires it."""
+    whether its engine requires it."""
     if not discovery:
         return []
     from pytest_rlrollout.contract.capabilities import CAPABILITIES
 
-    profile = discovery["profile"]
+    engine = discovery["engine"]
     has, seen = discovery["capabilities"], discovery["seen"]
     return [
-        {"name": n, "has": has[n], "seen": seen.get(n, c.probe), "about": c.about, "required": c.required(profile)}
+        {"name": n, "has": has[n], "seen": seen.get(n, c.probe), "about": c.about, "required": c.required(engine)}
         for n, c in CAPABILITIES.items()
         if n in has
     ]
@@ -134,7 +134,7 @@ def document(
     return {
         "provenance": provenance,
         "contract": CONTRACT_DOC,
-        "profile": {"name": discovery["profile"], "decided": discovery["decided"]} if discovery else None,
+        "engine": {"name": discovery["engine"], "decided": discovery["decided"]} if discovery else None,
         "capabilities": capability_rows(discovery),
         "summary": rollup(results),
         "clauses": {k: asdict(v) for k, v in results.items()},
@@ -150,8 +150,8 @@ def markdown(doc: dict[str, Any]) -> str:
     order = [str(o) for o in reversed(SEVERITY)]
     lines = ["# RL-rollout deployment conformance report", ""]
     lines += [f"- **{k}**: {v}" for k, v in doc["provenance"].items()]
-    if doc.get("profile"):
-        lines += [f"- **profile**: {doc['profile']['name']} ({doc['profile']['decided']})"]
+    if doc.get("engine"):
+        lines += [f"- **engine**: {doc['engine']['name']} ({doc['engine']['decided']})"]
     lines += [f"- **contract**: {doc['contract']}"]
     lines += ["", "## Summary", "", "| | " + " | ".join(order) + " |", "|---" * (len(order) + 1) + "|"]
     for group in ("levels", "areas"):

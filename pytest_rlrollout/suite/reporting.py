@@ -40,7 +40,7 @@ class Reporting:
             write(path, document(self.collector.clauses(), provenance(self.config), self._discovery()))
 
     def _discovery(self) -> dict[str, Any] | None:
-        """The profile and capabilities the run judged: found in this process, by a worker, or
+        """The engine and capabilities the run judged: found in this process, by a worker, or
         in the recording being replayed."""
         found = self.config.stash.get(DISCOVERED, None)
         if found is not None:

@@ -42,7 +42,7 @@ from .budget import Budget
 
 KEY = Secret("sk-cassette-test")
 SECRET = "CONTENT-THAT-MUST-NOT-SHOW-5d2f"
-TARGET = Target(None, "http://replay.invalid", "m", KEY, profile="openai")
+TARGET = Target(None, "http://replay.invalid", "m", KEY, engine="openai")
 MB = 2**20
 
 
@@ -471,7 +471,7 @@ def test_a_request_the_cassette_does_not_hold_is_a_miss_naming_the_file():
     """A request body that differs, a request asked once more than recorded, a wrong key, a mark
     never recorded: `CassetteMiss` naming the cassette, never an answer to another request."""
     transport = CassetteTransport("replay", KEY, Path("."), Cassette(Path("c.json"), valid()))
-    other = Target(None, "http://replay.invalid", "m", Secret("sk-another-key"), profile="openai")
+    other = Target(None, "http://replay.invalid", "m", Secret("sk-another-key"), engine="openai")
     with (
         Budget("cassettes", "replay: misses", seconds=3, rss_mb=50, inputs=4),
         DeploymentClient(TARGET, transport=transport) as c,

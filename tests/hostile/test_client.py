@@ -179,7 +179,7 @@ def body_of(size: int, *, framing: str, status: str = "200 OK") -> Behaviour:
 
 
 def client(url: str, limits: Limits) -> DeploymentClient:
-    return DeploymentClient(Target(None, url, "m", KEY, profile="openai"), limits=limits)
+    return DeploymentClient(Target(None, url, "m", KEY, engine="openai"), limits=limits)
 
 
 def stream(c: DeploymentClient) -> Stream:

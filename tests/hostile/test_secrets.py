@@ -201,7 +201,7 @@ def test_a_deployment_that_echoes_the_key_never_gets_it_shown():
     headers, events, chunks and problems, the exchanges) has the key replaced: a verdict that
     shows any of it shows no key."""
     key = fresh_key()
-    target = Target(None, "http://x", "m", key, profile="openai")
+    target = Target(None, "http://x", "m", key, engine="openai")
     with (
         Budget("secrets", "a deployment that echoes the key", seconds=5, rss_mb=50, inputs=4),
         DeploymentClient(target, transport=httpx.MockTransport(echoing)) as c,

@@ -1,9 +1,9 @@
 """The suite against a deployment it was not written with: `transformers serve` (transformers'
 own OpenAI-compatible server) serving the reference base from a local path on 127.0.0.1.
 
-With `--rl-profile` left to auto, the preflight finds no hot-load API and judges a plain
+With `--rl-engine` left to auto, the preflight finds no hot-load API and judges a plain
 OpenAI-compatible server. Every verdict is the server's: what it lacks is unsupported, what is
-outside its profile not-applicable, and the two fails are real properties of it, each shown
+outside its engine not-applicable, and the two fails are real properties of it, each shown
 with the exchange that proves it.
 """
 
@@ -68,9 +68,9 @@ def test_the_suite_judges_transformers_serve_as_an_openai_server(pytester, trans
                                           f"--rl-model={model}", "--rl-report=r.json")  # fmt: skip
     took = time.monotonic() - started
     assert took <= 60, f"{took:.0f} s"
-    result.stdout.fnmatch_lines(["rlrollout: profile openai (auto: no hot-load API answers); capabilities:"])
+    result.stdout.fnmatch_lines(["rlrollout: engine openai (auto: no hot-load API and no engine's own API answers); capabilities:"])
     doc = json.loads((pytester.path / "r.json").read_text())
-    assert doc["profile"]["name"] == "openai"
+    assert doc["engine"]["name"] == "openai"
     got = {k: v["outcome"] for k, v in doc["clauses"].items()}
     assert "error" not in got.values(), {k: v for k, v in got.items() if v == "error"}
     assert {k for k, v in got.items() if v == "fail"} == set(EXPECTED_FAILS), got

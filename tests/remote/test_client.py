@@ -28,10 +28,10 @@ def test_target_defaults():
     t = Target("accounts/a/deployments/d", "https://api.example/", "accounts/a/models/m", "k")
     assert t.inference_base == "https://api.example/inference" and t.account == "a" and t.deployment_id == "d"
     assert t.body_model == "accounts/a/deployments/d" and t.name == "accounts/a/deployments/d"
-    plain = Target(None, "http://127.0.0.1:8000/", "tiny", "", profile="openai")
+    plain = Target(None, "http://127.0.0.1:8000/", "tiny", "", engine="openai")
     assert plain.inference_base == "http://127.0.0.1:8000" and plain.body_model == "tiny"
     assert plain.name == "tiny at http://127.0.0.1:8000/"
-    given = Target(None, "http://x", "m", "", inference_url="http://y/api/", profile="openai")
+    given = Target(None, "http://x", "m", "", inference_url="http://y/api/", engine="openai")
     assert given.inference_base == "http://y/api"
 
 
@@ -53,7 +53,7 @@ def test_a_usage_only_chunk_and_junk_are_parsed_without_raising():
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [1, 2]\n\ndata: [DONE]"
     sse = {"content-type": "text/event-stream"}
     transport = httpx.MockTransport(lambda request: httpx.Response(200, headers=sse, text=body))
-    with DeploymentClient(Target(None, "http://x", "m", "", profile="openai"), transport=transport) as c:
+    with DeploymentClient(Target(None, "http://x", "m", "", engine="openai"), transport=transport) as c:
         s = c.complete({"prompt": "hi", "stream": True})
     assert s.finish_reason == "stop" and s.usage["total_tokens"] == 3 and s.choices()[0]["text"] == "a"
     assert s.problems == ["event 3 is not a JSON object: '[1, 2]'"]

@@ -9,7 +9,8 @@ import pytest
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.discovery import Discovery, PreflightError, discover, preflight
+from pytest_rlrollout.remote.discovery import Discovery, PreflightError, preflight
+from pytest_rlrollout.remote.drivers import driver_for
 
 
 def reference_client(dep, **changes):
@@ -19,10 +20,12 @@ def reference_client(dep, **changes):
 
 def test_the_reference_deployment_is_fireworks_and_offers_everything(dep):
     with reference_client(dep) as c:
-        assert preflight(c, None) == "fireworks"
-        found = discover(c, "fireworks", decided="auto")
+        engine, decided = preflight(c, None)
+        assert engine == "fireworks" and "a Fireworks API answers" in decided
+        found = driver_for(engine, c).discover(transition=None, decided=decided)
     assert found.replicas == 2 and found.transition == "ASYNC"
-    assert {name for name, has in found.capabilities.items() if not has} == set()
+    # pause and resume, and a cache reset on its own, are vLLM's intents: no Fireworks binding
+    assert {name for name, has in found.capabilities.items() if not has} == {"pause", "cache_reset"}
     assert set(found.capabilities) == set(CAPABILITIES)
     assert Discovery.from_dict(json.loads(json.dumps(found.as_dict()))) == found
     assert [row[0] for row in found.table()] == list(CAPABILITIES)
@@ -78,10 +81,11 @@ def plain_server(*, text_only: bool = True, models: tuple[str, ...] = ("tiny",))
 
 
 def test_auto_decides_openai_for_a_plain_server_and_probes_little():
-    target = Target(None, "http://plain", "tiny", "", profile="openai")
+    target = Target(None, "http://plain", "tiny", "", engine="openai")
     with DeploymentClient(target, transport=plain_server()) as c:
-        assert preflight(c, None) == "openai"
-        found = discover(c, "openai", decided="auto")
+        engine, decided = preflight(c, None)
+        assert engine == "openai" and decided == "auto: no hot-load API and no engine's own API answers"
+        found = driver_for(engine, c).discover(transition=None, decided=decided)
     assert found.capabilities == {"text_prompts": True, "cached_tokens": False, "backend_host": False}
     assert found.has("token_id_prompts") is False  # never probed: no openai clause needs it
     with pytest.raises(KeyError, match="unknown capability"):
@@ -89,7 +93,7 @@ def test_auto_decides_openai_for_a_plain_server_and_probes_little():
 
 
 def test_a_plain_server_that_does_not_serve_the_model():
-    target = Target(None, "http://plain", "other", "", profile="openai")
+    target = Target(None, "http://plain", "other", "", engine="openai")
     with DeploymentClient(target, transport=plain_server()) as c, pytest.raises(PreflightError, match="--rl-model"):
         preflight(c, None)
 

@@ -66,7 +66,7 @@ def _doc() -> dict[str, Any]:
                       figures={"max_abs_delta": 3.1e-05, "tolerance": 1e-06})),
     ]  # fmt: skip
     return {"provenance": {"deployment": "accounts/a/deployments/d"}, "contract": "docs/contract.md",
-            "profile": None, "capabilities": [],
+            "engine": None, "capabilities": [],
             "summary": {"levels": {"SHOULD": {"pass": 2, "fail": 1}},
                         "areas": {"NUM": {"pass": 2}, "FID": {"fail": 1}}},
             "clauses": {c["clause"]: c for c in clauses}}  # fmt: skip

@@ -51,12 +51,12 @@ def test_misconfigured_run_ends_before_any_test(pytester, dep, case):
     assert all(method == "GET" or "/completions" in path for method, path in dep.deployment.requests)
 
 
-def test_preflight_prints_the_profile_and_capabilities(pytester, dep):
+def test_preflight_prints_the_engine_and_capabilities(pytester, dep):
     result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_session.py"), *options(dep), "-p", "no:randomly")
     assert result.ret == 0, result.outlines[-20:]
     result.stdout.fnmatch_lines([
         f"rlrollout: live deployment {dep.name}",
-        "rlrollout: profile fireworks (auto: a Fireworks API answers); capabilities:",
+        "rlrollout: engine fireworks (auto: a Fireworks API answers (the hot-load status or /v1/accounts)); capabilities:",
         "  hot_load_api*yes*replica(s) in the status",
         "  backend_host*yes*fireworks-backend-host: *",
     ])  # fmt: skip

@@ -46,7 +46,7 @@ class Fingerprints:
         dep = self.deployment
         self.taken += 1
         try:
-            s = sweep(dep.client, max(1, dep.capabilities.replicas), dep.salted(f"{self.name}-iso-{self.taken}"),
+            s = sweep(dep.driver, max(1, dep.capabilities.replicas), dep.salted(f"{self.name}-iso-{self.taken}"),
                       key=lambda n: dep.salted(f"{self.name}-replica-{n}"), sessions=self.sessions,
                       vocab=(dep.base_config or {}).get("vocab_size"))  # fmt: skip
         except FingerprintError as e:

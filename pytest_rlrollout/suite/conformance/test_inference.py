@@ -158,7 +158,7 @@ def _body(rl_deployment, **fields) -> bytes:
     return json.dumps({"model": rl_deployment.target.body_model, "prompt": "Hello", **fields}).encode()
 
 
-# case -> (request body, the profiles that must refuse it)
+# case -> (request body, the engines that must refuse it)
 MALFORMED = {
     "bad-json": (lambda d: b"{not json", ("fireworks", "openai")),
     "not-an-object": (lambda d: b"[1, 2]", ("fireworks", "openai")),
@@ -174,9 +174,9 @@ MALFORMED = {
 @clause("INF-ERR-1")
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_requests_get_4xx_json(rl_deployment, rl_observe, case):
-    make, profiles = MALFORMED[case]
-    if rl_deployment.profile not in profiles:
-        not_applicable(f"only a {' or '.join(profiles)} deployment must refuse {case}")
+    make, engines = MALFORMED[case]
+    if rl_deployment.engine not in engines:
+        not_applicable(f"only a {' or '.join(engines)} deployment must refuse {case}")
     try:
         r = rl_deployment.post_inference(make(rl_deployment))
     except httpx.HTTPError as e:

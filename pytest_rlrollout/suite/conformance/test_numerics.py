@@ -62,7 +62,7 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
     per_prompt = -(-opts.tokens // PROMPTS)
     prompts = [rl_deployment.prompt(f"num-{i}", 16).ids for i in range(PROMPTS)]
     try:
-        rollouts = sample(rl_deployment.client, prompts, per_prompt, headers=rl_deployment.session("num"),
+        rollouts = sample(rl_deployment.driver, prompts, per_prompt, headers=rl_deployment.session("num"),
                           shape=(shape.layers, shape.k) if routing and shape else None)  # fmt: skip
     except RolloutError as e:
         inconclusive(f"the rollouts cannot be compared: {e} (see INF-LOGPROBS-1, R3-STREAM-1)")

@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 
-from pytest_rlrollout.remote.stream import logprob_entries
 from pytest_rlrollout.suite.observe import WHITELIST, across_swap, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
@@ -35,7 +34,7 @@ def judge_completion(c, rl_observe) -> None:
     assert s.done, f"no data: [DONE] (finish_reason {s.finish_reason!r})"
     assert s.finish_reason in WHITELIST, f"finish_reason {s.finish_reason!r}"
     usage = s.usage or {}
-    streamed = len(logprob_entries(c.chunks))
+    streamed = len(c.entries)
     assert streamed == usage.get("completion_tokens"), (
         f"{streamed} tokens streamed, usage says {usage.get('completion_tokens')} (restarted?)"
     )

@@ -1,0 +1,28 @@
+"""One driver per engine: the contract's intents on that engine's wire (see `base`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_rlrollout.remote.drivers.base import PAUSE_MODES, Driver, Status, Unbound
+from pytest_rlrollout.remote.drivers.fireworks import FireworksDriver
+from pytest_rlrollout.remote.drivers.openai import OpenAIDriver
+from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.contract.catalogue import Engine
+    from pytest_rlrollout.remote.client import DeploymentClient
+
+DRIVERS: dict[str, type[Driver]] = {d.engine: d for d in (FireworksDriver, VLLMDriver, OpenAIDriver)}
+
+
+def driver_for(engine: Engine, client: DeploymentClient, *, bucket: str | None = None) -> Driver:
+    """The driver of `engine` over `client`; `bucket` is where the engine reads snapshots from
+    (a directory the server sees), for engines whose load API takes a path."""
+    if engine == "vllm":
+        return VLLMDriver(client, bucket=bucket)
+    return DRIVERS[engine](client)
+
+
+__all__ = ["DRIVERS", "PAUSE_MODES", "Driver", "FireworksDriver", "OpenAIDriver", "Status", "Unbound", "VLLMDriver",
+           "driver_for"]  # fmt: skip

@@ -1,0 +1,165 @@
+"""The driver seam: everything the suite does to, and reads from, a deployment, in the contract's
+terms. A clause states an intent; a driver is one engine's binding of the intents it has. The
+conformance tests speak this protocol only: what differs between engines lives in the drivers.
+
+What a test sends is the contract's request vocabulary (a completion body with `prompt`,
+`max_tokens`, `logprobs`, `echo`, `prompt_cache_isolation_key`, ...; the headers
+`x-multi-turn-session-id` and `x-prompt-cache-isolation-key`), and a snapshot signal as the
+snapshot factory builds it. A driver sends them on its engine's wire and hands back what the
+engine answered, parsed into a `Stream` whose `Reading` knows where that engine puts versions
+and logprobs, and replicas in the hot-load status's shape (`readiness`,
+`current_snapshot_identity`, `loading_state`). A driver re-shapes; it never fills in what an
+engine did not say, and it never retries a refusal into a success.
+
+An intent an engine has no binding for raises `Unbound`; the catalogue already keeps the tests
+of such clauses from running (`not-applicable`), so reaching one is a suite error.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.contract.catalogue import Engine
+    from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.remote.discovery import Discovery
+
+PAUSE_MODES = ("abort", "wait", "keep")  # what in-flight requests do while generation is paused
+
+
+class Unbound(NotImplementedError):
+    """The engine has no binding for this intent."""
+
+    def __init__(self, engine: str, intent: str):
+        super().__init__(f"no {engine} binding for {intent}")
+        self.engine, self.intent = engine, intent
+
+
+@dataclass
+class Status:
+    """What the deployment says it serves: the raw answer (evidence), the replicas in the
+    hot-load status's shape, and what the engine's binding of HL-GET-1 finds wrong in it."""
+
+    response: httpx.Response
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class Driver(ABC):
+    """One engine's binding of the contract's intents, over a bounded `DeploymentClient` (its
+    exchanges are the tests' evidence; its transport records and replays)."""
+
+    engine: ClassVar[Engine]
+    reading: ClassVar[Reading] = CONTRACT_READING
+    # how a swap treats requests in flight: ASYNC (they continue on the new weights) or SYNC (they
+    # finish on the old ones first); None: the deployment says, or the options do
+    transition: ClassVar[str | None] = None
+
+    def __init__(self, client: DeploymentClient):
+        self.client = client
+
+    @property
+    def target(self) -> Target:
+        return self.client.target
+
+    def unbound(self, intent: str) -> Unbound:
+        return Unbound(self.engine, intent)
+
+    # ----------------------------------------------------------------------- inference
+
+    @abstractmethod
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Stream:
+        """A completion in the contract's vocabulary, sent on the engine's wire (streamed when
+        `body["stream"]`; `on_chunk` sees every chunk as it arrives)."""
+
+    def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
+        """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
+        return self.client.post_inference(content, chat=chat)
+
+    # ----------------------------------------------------------------------- what is served
+
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        raise self.unbound("reading what each replica serves")
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Every replica in the hot-load status's shape; [] when that cannot be read."""
+        try:
+            return self.status().replicas
+        except Unbound:
+            return []
+
+    def wait(
+        self,
+        identity: str,
+        *,
+        timeout: float,
+        poll: float,
+        lora: bool = False,
+        progress: Callable[[list[dict[str, Any]]], None] | None = None,
+        stalled_after: float | None = None,
+    ) -> Waited:
+        """Until every replica serves `identity`, a replica reports its load failed, or the time is up."""
+        raise self.unbound("waiting for a snapshot to serve")
+
+    # ----------------------------------------------------------------------- changing what is served
+
+    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """Load the snapshot `signal` names (the factory's signal body: `identity`, and
+        `incremental_snapshot_metadata` / `reset_prompt_cache` where given); the answer of the
+        engine's load request, or of the step that refused it."""
+        raise self.unbound("loading a snapshot")
+
+    def reset_ledger(self) -> httpx.Response:
+        raise self.unbound("resetting the ledger")
+
+    def ledger(self) -> httpx.Response:
+        raise self.unbound("reading the ledger")
+
+    def hint(self, identity: str, file: str) -> httpx.Response:
+        raise self.unbound("hot-load hints")
+
+    # ----------------------------------------------------------------------- control
+
+    def pause(self, mode: str, *, clear_cache: bool = False) -> httpx.Response:
+        """Pause generation; `mode` is one of PAUSE_MODES (any other string is sent as it is:
+        CTL-PAUSE-5 asks what the engine makes of it)."""
+        raise self.unbound("pausing generation")
+
+    def resume(self) -> httpx.Response:
+        raise self.unbound("resuming generation")
+
+    def paused(self) -> bool | None:
+        """Whether generation is paused (None: the engine's answer does not say)."""
+        raise self.unbound("asking whether generation is paused")
+
+    def reset_cache(self) -> httpx.Response:
+        """Reset the prompt cache (every prefix computed before it)."""
+        raise self.unbound("a prompt-cache reset on request")
+
+    def set_label(self, label: str) -> httpx.Response:
+        """Publish `label` as the policy version of what is served, changing no weights."""
+        raise self.unbound("setting the policy label")
+
+    # ----------------------------------------------------------------------- discovery
+
+    def adopt(self, found: Discovery) -> None:  # noqa: B027 (a hook: most drivers keep nothing of it)
+        """Take what the probes found (an xdist worker's driver, from the controller's preflight)."""
+
+    @abstractmethod
+    def discover(self, *, transition: str | None, decided: str) -> Discovery:
+        """The capability vocabulary, probed without changing anything; `decided` says how the
+        engine was chosen."""

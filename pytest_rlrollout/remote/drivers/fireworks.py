@@ -1,0 +1,114 @@
+"""The Fireworks binding: the contract's own wire. The hot-load API (`POST`/`GET
+/hot_load/v1/models/hot_load`, the hint, the ledger), `model@identity` on every chunk, and the
+Fireworks completion extensions (`echo`, `raw_output`, `include_routing_matrix`, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pytest_rlrollout.contract.schemas import problems
+from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Discovery, inference_probes, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.stream import Stream, json_object
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.remote.client import Waited
+
+
+class FireworksDriver(Driver):
+    engine = "fireworks"
+
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Stream:
+        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
+
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        r = self.client.status(headers=headers)
+        doc = json_object(r) if r.status_code == 200 else None
+        if doc is None:
+            return Status(r, [], [f"GET status: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
+        replicas = doc.get("replicas")
+        found = [f"{p.message} at {p.path}" for p in problems("hot-load-status", doc) if p.clause == "HL-GET-1"]
+        if not isinstance(replicas, list):
+            return Status(r, [], found or ["the status has no 'replicas' list"])
+        return Status(r, [x for x in replicas if isinstance(x, dict)], found)
+
+    def wait(
+        self,
+        identity: str,
+        *,
+        timeout: float,
+        poll: float,
+        lora: bool = False,
+        progress: Callable[[list[dict[str, Any]]], None] | None = None,
+        stalled_after: float | None = None,
+    ) -> Waited:
+        return self.client.wait(identity, timeout=timeout, poll=poll, lora=lora, progress=progress,
+                                stalled_after=stalled_after)  # fmt: skip
+
+    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.client.hot_load(signal, headers=headers)
+
+    def reset_ledger(self) -> httpx.Response:
+        return self.client.reset_ledger()
+
+    def ledger(self) -> httpx.Response:
+        return self.client.ledger()
+
+    def hint(self, identity: str, file: str) -> httpx.Response:
+        return self.client.hint(identity, file)
+
+    def discover(self, *, transition: str | None, decided: str) -> Discovery:
+        client = self.client
+        d = Discovery("fireworks", decided)
+        inference_probes(self, d)
+        replicas = client.replicas()
+        d.replicas = len(replicas)
+        mark(d, "hot_load_api", bool(replicas), f"{len(replicas)} replica(s) in the status")
+        mark(d, "incremental", bool(replicas), "the hot-load API takes incremental_snapshot_metadata")
+        for name in ("pause", "cache_reset"):  # the transition and reset_prompt_cache go with a load
+            mark(d, name, False, "no Fireworks binding: a load's transition and reset_prompt_cache")
+        mark(d, "lora", any("loaded_adapters" in r for r in replicas), "replicas list loaded_adapters")
+        ledger = client.ledger()
+        mark(d, "ledger", ledger.status_code == 200, f"GET ledger: HTTP {ledger.status_code}")
+        hint = client.request("GET", client._hot_load_url("/hint"), headers=client.hot_load_headers())
+        mark(d, "hint", hint.status_code != 404, f"GET hint: HTTP {hint.status_code}")
+        d.transition = transition or (client.resource().get("hotLoadTransitionType") or "").upper() or None
+        mark(d, "transition", d.transition is not None, d.transition or "neither the resource nor --rl-transition says")
+        ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
+        mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
+        prompt: Any = PROBE_IDS if d.has("token_id_prompts") else PROBE_TEXT
+        logprobs = self.complete({"prompt": prompt, "max_tokens": 1, "logprobs": True})
+        mark(d, "logprobs", bool(logprobs.entries), f"{len(logprobs.entries)} logprobs entries")
+        routed = self.complete({"prompt": prompt, "max_tokens": 2, "stream": True, "logprobs": True,
+                                "include_routing_matrix": True})  # fmt: skip
+        routes = [e for e in routed.entries if "routing_matrix" in e]
+        mark(d, "routing_matrix", bool(routes), f"{len(routes)} of {len(routed.entries)} streamed entries carry one")
+        served = {r.get("current_snapshot_identity") for r in replicas} | {
+            a.get("identity") for r in replicas for a in r.get("loaded_adapters") or [] if isinstance(a, dict)
+        }
+        versions = routed.versions
+        mark(d, "policy_version", bool(versions) and None not in versions,
+             f"{sum(v is not None for v in versions)} of {len(versions)} chunks name <model>@<identity>")  # fmt: skip
+        plain = self.complete({"prompt": prompt, "max_tokens": 1})
+        model = plain.final.get("model") if plain.ok else None
+        model = model if isinstance(model, str) else ""
+        mark(d, "nonstream_version", "@" in model and model.rpartition("@")[2] in served, f"model {model!r}")
+        echoed = self.complete({"prompt": prompt, "max_tokens": 1, "logprobs": True, "echo": True})
+        mark(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token")
+        raw = self.complete({"prompt": prompt, "max_tokens": 1, "raw_output": True})
+        mark(d, "raw_output", isinstance(raw.choice_field("raw_output"), dict), "choices[].raw_output")
+        ids_back = self.complete({"prompt": prompt, "max_tokens": 1, "return_token_ids": True})
+        mark(d, "token_ids", isinstance(ids_back.choice_field("token_ids"), list), "choices[].token_ids")
+        perf = self.complete({"prompt": prompt, "max_tokens": 1, "perf_metrics_in_response": True})
+        mark(d, "perf_metrics", isinstance(perf.final.get("perf_metrics"), dict), "perf_metrics on the answer")
+        return d

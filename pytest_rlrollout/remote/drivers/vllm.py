@@ -1,0 +1,341 @@
+"""The vLLM binding: a vLLM server (`VLLM_SERVER_DEV_MODE=1`) swapped through its own RL API.
+
+- Load a snapshot: `POST /pause?mode=keep`, `POST /collective_rpc {"method": "reload_weights",
+  "kwargs": {"weights_path": <bucket>/<identity>}}` (synchronous), `POST /update_weight_version
+  {"new_version": identity}`, `POST /reset_prefix_cache` when the signal asks for `all`, then
+  `POST /resume`. The label is published only after the reload answered, and no token is
+  generated between the two (generation is paused): a label that names weights which do not
+  serve it is the engine's doing, not this sequence's. ARC2 diffs and LoRA have no binding here.
+- What is served: `GET /weight_info` → `weight_version` (one replica: the server).
+- Policy versions: `weight_versions` spans `[{version, start, end}]` on the final chunk of
+  `/inference/v1/generate` (`--enable-scale-out`), which also takes token-id prompts, `cache_salt`,
+  `prompt_logprobs` and logprobs with token ids: completions with token-id prompts go there when
+  the route answers; text prompts and chat go to `/v1/completions` and `/v1/chat/completions`.
+- Isolation: `x-prompt-cache-isolation-key` / `prompt_cache_isolation_key` become `cache_salt`.
+- Pause: `POST /pause?mode=abort|wait|keep&clear_cache=`, `POST /resume`, `GET /is_paused`.
+
+Session headers pass through (one server: affinity is a router's concern, with no binding here).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, inference_probes, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.polling import ticks
+from pytest_rlrollout.remote.stream import Reading, Stream, as_object, json_object
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.remote.client import DeploymentClient, Waited
+
+GENERATE = "/inference/v1/generate"
+ISOLATION_HEADER = "x-prompt-cache-isolation-key"
+# the contract's sampling fields that vLLM's generate route takes in `sampling_params`, as they are
+SAMPLING = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "stop",
+            "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "n")  # fmt: skip
+# Fireworks completion extensions with no vLLM binding: not sent (vLLM ignores unknown fields, and a
+# request must not look as if it had asked for something); the capability probes find them absent
+UNBOUND_FIELDS = ("include_routing_matrix", "raw_output", "perf_metrics_in_response", "echo_last",
+                  "prompt_cache_max_len", "prompt_cache_isolation_key", "routing_matrix_format")  # fmt: skip
+REPLICA = "vllm"  # the one replica's name in the status
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _choice(chunk: dict[str, Any]) -> dict[str, Any]:
+    """The first choice of a chunk ({} when it has none: a usage-only chunk)."""
+    return as_object(next(iter(_list(chunk.get("choices"))), None))
+
+
+class VLLMReading(Reading):
+    """Where vLLM's answers say what the contract talks about.
+
+    - versions: the `weight_versions` spans of the final chunk, laid over the tokens each chunk
+      carries; a chunk is the version of the last token up to and with it (a chunk before any
+      token: the first span's). No spans anywhere: None for every chunk.
+    - entries: the generate route's `logprobs.content[]` (token id joined from the choice's
+      `token_ids` where an entry lacks it), after the prompt's entries from `prompt_logprobs`
+      (`prompt_token_ids` naming each); `/v1/completions`' legacy `tokens` / `token_logprobs`
+      with the ids of `prompt_token_ids` + `token_ids`; chat's `logprobs.content[]` as it is.
+    """
+
+    def spans(self, chunks: list[dict[str, Any]]) -> list[Any] | None:
+        for chunk in reversed(chunks):
+            spans = _choice(chunk).get("weight_versions")
+            if isinstance(spans, list):
+                return spans
+        return None
+
+    def versions(self, chunks: list[dict[str, Any]]) -> list[str | None]:
+        spans = [as_object(s) for s in self.spans(chunks) or []]
+        ends = [s.get("end") for s in spans]
+        if not spans or not all(isinstance(e, int) for e in ends):
+            return [None] * len(chunks)
+        out: list[str | None] = []
+        seen = 0
+        for chunk in chunks:
+            seen += len(_list(_choice(chunk).get("token_ids")))
+            at = bisect.bisect_right(ends, max(seen - 1, 0))  # the span whose [start, end) holds that token
+            version = spans[min(at, len(spans) - 1)].get("version")
+            out.append(version if isinstance(version, str) else None)
+        return out
+
+    def entries(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for chunk in chunks:
+            out += _prompt_entries(chunk)
+            for choice in _list(chunk.get("choices")):
+                out += _choice_entries(as_object(choice))
+        return out
+
+
+def _prompt_entries(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generate route's prompt logprobs (top level, the first position null)."""
+    scored, ids = chunk.get("prompt_logprobs"), chunk.get("prompt_token_ids")
+    if not isinstance(scored, list) or not isinstance(ids, list) or len(scored) != len(ids):
+        return []
+    out = []
+    for token, at in zip(ids, scored, strict=True):
+        own = as_object(as_object(at).get(str(token)))
+        out.append({"token": own.get("decoded_token"), "logprob": own.get("logprob"), "token_id": token})
+    return out
+
+
+def _choice_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return []
+    ids = _list(choice.get("token_ids"))
+    content = logprobs.get("content")
+    if isinstance(content, list):  # the generate route and chat
+        entries = [dict(e) for e in content if isinstance(e, dict)]
+        if len(ids) == len(entries):
+            for e, token in zip(entries, ids, strict=True):
+                e.setdefault("token_id", token)
+        return entries
+    tokens, values = _list(logprobs.get("tokens")), _list(logprobs.get("token_logprobs"))
+    if len(tokens) != len(values):
+        return []
+    known = _list(choice.get("prompt_token_ids")) + ids  # echo: the prompt's tokens come first
+    known = known if len(known) == len(tokens) else ids if len(ids) == len(tokens) else []
+    return [{"token": t, "logprob": v, **({"token_id": known[i]} if known else {})}
+            for i, (t, v) in enumerate(zip(tokens, values, strict=True))]  # fmt: skip
+
+
+VLLM_READING = VLLMReading()
+
+
+class VLLMDriver(Driver):
+    engine = "vllm"
+    reading = VLLM_READING
+    transition = "ASYNC"  # the load pauses in keep mode: requests in flight continue on the new weights
+
+    def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
+        super().__init__(client)
+        self.bucket = bucket  # where the server reads snapshots: <bucket>/<identity>
+        self.generate = False  # the generate route answers (found by `discover`, or `adopt`)
+
+    def adopt(self, found: Discovery) -> None:
+        """Take what the controller's probes found (an xdist worker does not probe again)."""
+        self.generate = found.has("policy_version")
+
+    def _url(self, path: str) -> str:
+        return self.target.base_url.rstrip("/") + path
+
+    def _post(self, path: str, body: Any = None, **params: Any) -> httpx.Response:
+        headers = self.client.auth_headers() | {"Content-Type": "application/json"}
+        query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()}
+        return self.client.request("POST", self._url(path), json=body, headers=headers, params=query)
+
+    def _get(self, path: str) -> httpx.Response:
+        return self.client.request("GET", self._url(path), headers=self.client.auth_headers())
+
+    # ----------------------------------------------------------------------- inference
+
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Stream:
+        headers = dict(headers or {})
+        salt = headers.pop(ISOLATION_HEADER, None) or body.get("prompt_cache_isolation_key")
+        sent = {k: v for k, v in body.items() if k not in UNBOUND_FIELDS}
+        if salt is not None:
+            sent["cache_salt"] = salt
+        prompt = body.get("prompt")
+        tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        if self.generate and tokens and not chat:
+            return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk,
+                                        url=self._url(GENERATE), reading=self.reading)  # fmt: skip
+        if not chat:
+            sent = _legacy_body(sent)
+        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, reading=self.reading)
+
+    # ----------------------------------------------------------------------- what is served
+
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        r = self._get("/weight_info")
+        doc = json_object(r) if r.status_code == 200 else None
+        if doc is None:
+            return Status(r, [], [f"GET /weight_info: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
+        label = doc.get("weight_version")
+        if not isinstance(label, str):
+            return Status(r, [], [f"GET /weight_info: weight_version is {label!r}, not a string"])
+        state = {"stage": "ready", "target_snapshot_identity": label}
+        return Status(r, [{"name": REPLICA, "readiness": True, "current_snapshot_identity": label,
+                           "loading_state": state}])  # fmt: skip
+
+    def wait(
+        self,
+        identity: str,
+        *,
+        timeout: float,
+        poll: float,
+        lora: bool = False,
+        progress: Callable[[list[dict[str, Any]]], None] | None = None,
+        stalled_after: float | None = None,
+    ) -> Waited:
+        from pytest_rlrollout.remote.client import FIRST_POLL, Waited
+
+        if lora:
+            raise self.unbound("LoRA adapters")
+        replicas: list[dict[str, Any]] = []
+        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
+            replicas = self.status().replicas
+            if progress is not None:
+                progress(replicas)
+            if replicas and all(r.get("current_snapshot_identity") == identity for r in replicas):
+                return Waited(True, elapsed, replicas)
+        return Waited(False, timeout, replicas, f"/weight_info did not name {identity} within {timeout} s")
+
+    # ----------------------------------------------------------------------- loading
+
+    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """Pause (keep), reload from the bucket, publish the label, reset the prefix cache for
+        `all` (the default, as on the contract's wire), resume. The answer of the reload, or of
+        the step that refused; generation is resumed whatever happened."""
+        if signal.get("incremental_snapshot_metadata"):
+            raise self.unbound("incremental (ARC2) snapshots")
+        if self.bucket is None:
+            raise ValueError("loading a snapshot into vLLM needs the directory it reads them from (--rl-bucket-url)")
+        identity = signal.get("identity")
+        policy = signal.get("reset_prompt_cache", "all")
+        policy = {True: "all", False: "none", None: "all"}.get(policy, policy)
+        if policy not in ("all", "none"):
+            raise self.unbound(f"reset_prompt_cache {policy!r}")
+        paused = self.pause("keep", clear_cache=False)
+        if paused.status_code != 200:
+            return paused
+        try:
+            reloaded = self._post("/collective_rpc", {"method": "reload_weights",
+                                                      "kwargs": {"weights_path": f"{self.bucket}/{identity}"}})  # fmt: skip
+            if reloaded.status_code != 200:
+                return reloaded
+            labelled = self.set_label(str(identity))
+            if labelled.status_code != 200:
+                return labelled
+            if policy == "all":
+                reset = self.reset_cache()
+                if reset.status_code != 200:
+                    return reset
+            return reloaded
+        finally:
+            self.resume()
+
+    # ----------------------------------------------------------------------- control
+
+    def pause(self, mode: str, *, clear_cache: bool = False) -> httpx.Response:
+        return self._post("/pause", mode=mode, clear_cache=clear_cache)
+
+    def resume(self) -> httpx.Response:
+        return self._post("/resume")
+
+    def paused(self) -> bool | None:
+        r = self._get("/is_paused")
+        value = (json_object(r) or {}).get("is_paused") if r.status_code == 200 else None
+        return value if isinstance(value, bool) else None
+
+    def reset_cache(self) -> httpx.Response:
+        return self._post("/reset_prefix_cache")
+
+    def set_label(self, label: str) -> httpx.Response:
+        return self._post("/update_weight_version", {"new_version": label})
+
+    # ----------------------------------------------------------------------- discovery
+
+    def discover(self, *, transition: str | None, decided: str) -> Discovery:
+        d = Discovery("vllm", decided, transition=transition or self.transition)
+        inference_probes(self, d)
+        mark(d, "transition", True, f"{d.transition}: the load pauses generation in keep mode")
+        info = self._get("/weight_info")
+        label = (json_object(info) or {}).get("weight_version") if info.status_code == 200 else None
+        mark(d, "hot_load_api", isinstance(label, str), f"GET /weight_info: HTTP {info.status_code}"
+             + (f", weight_version {label!r}" if isinstance(label, str) else ""))  # fmt: skip
+        d.replicas = 1 if isinstance(label, str) else 0
+        mark(d, "incremental", False, "reload_weights takes whole checkpoints")
+        paused = self._get("/is_paused")
+        mark(d, "pause", paused.status_code == 200, f"GET /is_paused: HTTP {paused.status_code}")
+        mark(d, "cache_reset", paused.status_code == 200, "a dev-mode route, beside /is_paused")
+        for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics", "nonstream_version", "routing_matrix"):
+            mark(d, name, False, "no vLLM binding on this server")
+        probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True}
+        generated = self.client.complete(_generate_body(probe), url=self._url(GENERATE), reading=self.reading)
+        self.generate = generated.ok and bool(generated.spans)
+        mark(d, "policy_version", self.generate, f"POST {GENERATE}: {said(generated)}"
+             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"))  # fmt: skip
+        ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
+        mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
+        logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
+        lps = logprobs.entries
+        mark(d, "logprobs", bool(lps) and all("token_id" in e for e in lps), f"{len(lps)} logprobs entries")
+        echoed = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True, "echo": True})
+        mark(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token "
+             "(prompt_logprobs)")  # fmt: skip
+        back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
+        mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list), "choices[].token_ids")
+        return d
+
+
+def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A contract completion body on vLLM's generate route: token ids in, the sampling fields in
+    `sampling_params`, logprobs as a count (`logprobs: true` is the sampled token's alone),
+    `echo` as prompt logprobs; text pieces on the entries (`output_mode: text`) and the ids
+    back (`return_token_ids`); usage on the last streamed chunk, as the contract's streams have it."""
+    params = {k: body[k] for k in SAMPLING if body.get(k) is not None}
+    if body.get("logprobs"):
+        params["logprobs"] = (body.get("top_logprobs") or 0) if body["logprobs"] is True else body["logprobs"]
+    if body.get("echo"):
+        params["prompt_logprobs"] = 0
+    out: dict[str, Any] = {"token_ids": body["prompt"], "sampling_params": params, "output_mode": "text",
+                           "return_token_ids": True}  # fmt: skip
+    for k in ("model", "cache_salt", "request_id"):
+        if k in body:
+            out[k] = body[k]
+    if body.get("stream"):
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True, **as_object(body.get("stream_options"))}
+    return out
+
+
+def _legacy_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A contract completion body on `/v1/completions`: logprobs as a count, ids back, usage on
+    the last streamed chunk."""
+    out = dict(body)
+    if out.get("logprobs") is True:
+        out["logprobs"] = out.pop("top_logprobs", None) or 0
+    elif out.get("logprobs") is False:
+        del out["logprobs"]
+    out.setdefault("return_token_ids", True)
+    if out.get("stream"):
+        out["stream_options"] = {"include_usage": True, **as_object(out.get("stream_options"))}
+    return out

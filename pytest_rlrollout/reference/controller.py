@@ -1,45 +1,44 @@
-"""The deployment: replicas behind a session-affinity router, the bucket of snapshots, the
-ledger, and hot-load signals validated with the project's validator and loaded in the
-background on every replica."""
+"""The deployment, the engine core both wires share: replicas behind a session-affinity router,
+the bucket of snapshots and what each load must pass (`admission`), and the operations the
+dialects' routers call. Fireworks: hot-load signals (with the ledger and the hint) loaded in the
+background on every replica. vLLM: reload_weights (a synchronous load of a full snapshot), the
+weight-version label, pause and resume, and a prefix-cache reset."""
 
 from __future__ import annotations
 
 import collections
-import copy
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.contract.identity import identity_problem
 from pytest_rlrollout.reference import validator
+from pytest_rlrollout.reference.admission import HotLoadError, admit
+from pytest_rlrollout.reference.admission import finding as _finding
 from pytest_rlrollout.reference.model import Lora, Model
-from pytest_rlrollout.reference.replica import PendingSwap, Replica
+from pytest_rlrollout.reference.replica import PAUSE_MODES, PendingSwap, Replica
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
 from pytest_rlrollout.reference.settings import Settings
-from pytest_rlrollout.reference.validator import ValidatorFailed
+from pytest_rlrollout.reference.weights import keep_experts, moe_layers, xor_weights
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
-from pytest_rlrollout.snapshot.validate import Context, Finding, signal_findings
+from pytest_rlrollout.snapshot.validate import Context, signal_findings
 
 log = logging.getLogger(__name__)
 
+__all__ = ["HINT_REFUSAL", "Deployment", "HotLoadError", "reset_policy"]
 
-class HotLoadError(Exception):
-    def __init__(self, status: int, message: str, **extra: Any):
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra
-
+FIRST_LABEL = "default"  # vLLM's weight version until one is set
+LATE_SWAP_REQUESTS = 3  # the CTL-LABEL-1 fault: requests served on the old weights after a reload
 
 RESET_POLICIES = {"all", "new_session", "none"}
 # the hint's one answer to an identity it will not look up: the same whatever is on the disk
@@ -73,6 +72,13 @@ class Deployment:
         self.config = json.loads((base / "config.json").read_text())
         model = Model.load(base)
         self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
+        # vLLM: tokens are versioned by a label set apart from the weights, "default" at start
+        self.labelled = settings.engine == "vllm"
+        for replica in self.replicas:
+            replica.label = FIRST_LABEL if self.labelled else None
+        self.info_label = FIRST_LABEL  # what GET /weight_info reads (HL-GET-2 fault: never updated)
+        self.paused: str | None = None  # the pause mode POST /pause reported
+        self.reloads = 0  # reload_weights calls that loaded (FID-SAME-1:experts fault)
         self.ledger: list[dict[str, Any]] = []
         self.kinds: dict[str, str] = {settings.base_identity: "full"}  # how each identity was loaded (kept past resets)
         self.ledger_reset = False
@@ -83,6 +89,9 @@ class Deployment:
         # signals are judged on a thread of their own, so a validation taking seconds holds no
         # request worker; `_signal_lock`, not this pool, orders signals from every caller
         self.signals = ThreadPoolExecutor(1, thread_name_prefix="rlrollout-signal")
+        # pause and resume block until the replicas settle (wait mode: until the requests in
+        # flight finished), on threads of their own
+        self.control = ThreadPoolExecutor(4, thread_name_prefix="rlrollout-control")
         self._round_robin = 0
         self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)
         validator.shared().warm()  # its imports run while the deployment starts, not at the first signal
@@ -203,32 +212,8 @@ class Deployment:
             ledger_reset=self.ledger_reset,
             base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
         )
-        # outside self._lock: routing takes it for every request. In a process of its own: a
-        # hostile snapshot's headers hold the GIL for as long as they take to parse, which a
-        # thread would not spare the event loop and the replicas
-        try:
-            report = validator.shared().validate(path, ctx, self.settings.validate_timeout)
-            failures = report.failures("MUST")
-        except ValidatorFailed as e:
-            raise HotLoadError(400, f"snapshot {identity} could not be validated: {e}") from None
-        except Exception as e:
-            log.exception("validating %s failed", path)
-            raise HotLoadError(400, f"snapshot {identity} could not be validated ({type(e).__name__})") from None
-        refused = [x for x in failures if not f(x.clause)]
-        # a SNAP fault switch on: the violation is let through, and a load it breaks is
-        # "recovered" by keeping the old weights under the new identity (a swallowed error)
-        let_through = [x for x in failures if f(x.clause) and x.clause.startswith("SNAP-")]
-        if f("HL-CONFIG-1"):
-            refused = [
-                _finding(x.clause, "config differs from the base model") if x.clause == "SNAP-CONFIG-2" else x
-                for x in refused
-            ]
-        deferred = refused if f("HL-POST-5a") else []
-        if refused and not (f("HL-POST-5") or f("HL-POST-5a")):
-            raise HotLoadError(
-                400, "; ".join(str(x) for x in refused[:8])[:4000], clauses=sorted({x.clause for x in refused})
-            )
-        kind = report.kind
+        admission = admit(self.settings, path, ctx)  # outside self._lock: routing takes it for every request
+        kind = admission.kind
         if meta and parent is None and not f("HL-POST-5"):
             raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
         entry = {
@@ -248,7 +233,8 @@ class Deployment:
         targets = self.replicas[:1] if f("HL-GET-2") else self.replicas
         remaining = [len(targets)]
         for i, replica in enumerate(targets):
-            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, deferred, bool(let_through))
+            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, admission.deferred,
+                    admission.swallow)  # fmt: skip
             threading.Thread(target=self._load_on, args=args, daemon=True).start()
         return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
 
@@ -303,11 +289,9 @@ class Deployment:
         f = self.settings.fault
         if f("FID-SAME-1"):  # the diff (parent XOR target) lands on the base: base ^ parent ^ target
             base = Model.load(self.full_dirs[self.settings.base_identity])
-            model = _xor_weights(base, Model.load(self.full_dirs[previous]), model)
+            model = xor_weights(base, Model.load(self.full_dirs[previous]), model)
         if f("FID-SAME-1:experts") and self.kinds.get(replica.identity) == "incremental":
-            first = next(i for i, layer in enumerate(model.layers) if layer.router is not None)
-            kept = replica.model.layers[first]
-            model.layers[first] = replace(model.layers[first], w_gate_up=kept.w_gate_up, w_down=kept.w_down)
+            model = keep_experts(model, replica.model, moe_layers(model)[:1])
         return model
 
     def _replica_finished(self, remaining: list[int]) -> None:
@@ -355,31 +339,133 @@ class Deployment:
             self.hot_load({"identity": identity})
         return {}
 
+    # ----------------------------------------------------------------------- vLLM's RL routes
+
+    def reload_weights(self, weights_path: object) -> None:
+        """vLLM's collective_rpc reload_weights: load the full snapshot at `weights_path` (a
+        directory of the bucket) on every replica and return once they serve it, swapped at a
+        token boundary; in-flight requests continue on it (or, frozen by a pause, once resumed).
+        The label does not change, nor does the prefix cache (it keeps what was computed on the
+        weights before: the reason a trainer resets it). A snapshot that fails validation or
+        loading is refused (HotLoadError) and the previous weights keep serving."""
+        f = self.settings.fault
+        identity, path = self._weights_dir(weights_path)
+        with self._signal_lock:
+            ctx = Context(
+                base=self.full_dirs[self.settings.base_identity],
+                parent=None,
+                signal={"identity": identity},
+                identity=identity,
+                served=tuple(r.identity for r in self.replicas),
+                ledger_reset=self.ledger_reset,
+                base_model=(self.settings.model, self.settings.deployment, self.settings.base_identity),
+            )
+            admission = admit(self.settings, path, ctx)
+            if admission.kind != "full":
+                raise HotLoadError(400, f"reload_weights loads full checkpoints; {identity} is {admission.kind}")
+            models = [self._reloaded(replica, identity, path, admission) for replica in self.replicas]
+            self.reloads += 1
+            self.full_dirs[identity] = path
+            swapped = []
+            for replica, model in zip(self.replicas, models, strict=True):
+                done = threading.Event()
+                swap = PendingSwap(identity, model, None, "none", done.set)
+                if f("CTL-LABEL-1"):  # the bug: answered now, swapped once a few requests went by
+                    replica.defer_swap(swap, LATE_SWAP_REQUESTS)
+                else:
+                    replica.request_swap(swap)
+                    swapped.append(done)
+            for done in swapped:
+                done.wait()
+
+    def _reloaded(self, replica: Replica, identity: str, path: Path, admission: Any) -> Model:
+        """The weights `replica` serves after reloading `path` (as the fault switches corrupt them)."""
+        f = self.settings.fault
+        try:
+            if admission.deferred:  # HL-POST-5a fault: what validation should have refused fails now
+                raise ValueError("; ".join(str(x) for x in admission.deferred[:4]))
+            model = Model.load(path)
+        except Exception as e:
+            if admission.swallow:  # a SNAP fault's violation "recovered" by keeping the old weights
+                return replica.model
+            raise HotLoadError(400, f"snapshot {identity} could not be loaded: {type(e).__name__}: {e}") from None
+        if self._label_only(replica):
+            return replica.model
+        if f("FID-SAME-1"):  # the experts keep whatever was loaded before
+            return keep_experts(model, replica.model, moe_layers(model))
+        if f("FID-SAME-1:experts") and self.reloads >= 1:
+            return keep_experts(model, replica.model, moe_layers(model)[:1])
+        return model
+
+    def _weights_dir(self, weights_path: object) -> tuple[str, Path]:
+        """The identity and directory a reload names: an absolute path whose parent is the bucket
+        and whose name is one path segment, still inside the bucket once symlinks are followed."""
+        bucket = self.settings.bucket.resolve()
+        refusal = HotLoadError(
+            400,
+            f"weights_path {_quote(weights_path)} is not a snapshot directory of the bucket {bucket} (SNAP-ID-1)",
+            clauses=["SNAP-ID-1"],
+        )
+        if not isinstance(weights_path, str) or not weights_path or "\x00" in weights_path:
+            raise refusal
+        path = Path(os.path.normpath(weights_path))
+        try:
+            parent = path.parent.resolve() if path.is_absolute() else None
+        except (OSError, RuntimeError, ValueError):
+            parent = None
+        if parent != bucket or identity_problem(path.name) is not None:
+            raise refusal
+        inside = self.in_bucket(path.name)
+        if inside is None:
+            raise refusal
+        if not inside.is_dir():
+            raise HotLoadError(400, f"snapshot {path.name} not found in the bucket")
+        return path.name, inside
+
+    def set_label(self, label: str) -> None:
+        """vLLM's /update_weight_version: tokens generated from now on carry `label`; no weights change."""
+        for replica in self.replicas:
+            replica.label = label
+        if not self.settings.fault("HL-GET-2"):
+            self.info_label = label
+        if self.settings.fault("CTL-LABEL-1:aborts"):  # the bug: a label change aborts the requests in flight
+            for replica in self.replicas:
+                replica.end_in_flight(("end", "abort"))
+
+    def pause(self, mode: str, clear_cache: bool) -> None:
+        """vLLM's /pause: `mode` one of PAUSE_MODES (ValueError otherwise); returns once the
+        pause took hold (wait: once the requests in flight finished). `clear_cache` resets the
+        prefix cache after it; in keep mode the frozen requests also recompute their KV."""
+        f = self.settings.fault
+        if mode not in PAUSE_MODES:
+            if not f("CTL-PAUSE-5"):
+                raise ValueError(f"Invalid pause mode: {mode}")
+            mode = "abort"  # the bug: an unknown mode falls through to the default
+        self.paused = mode
+        if f("CTL-PAUSE-1"):  # the bug: the pause is reported and generation goes on
+            return
+        held = "keep" if mode == "wait" and f("CTL-PAUSE-4") else mode
+        for replica in self.replicas:
+            replica.pause(held, recompute=clear_cache)
+        for replica in self.replicas:
+            replica.settle()
+        if clear_cache:
+            self.reset_prefix_cache()
+
+    def resume(self) -> None:
+        self.paused = None
+        for replica in self.replicas:
+            replica.resume()
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's /reset_prefix_cache: every replica forgets every cached prefix (requests in
+        flight keep their own KV, and are not cached once they finish)."""
+        for replica in self.replicas:
+            replica.reset_cache()
+
     def close(self) -> None:
-        for pool in (self.workers, self.signals):
+        for pool in (self.workers, self.signals, self.control):
             pool.shutdown(wait=False, cancel_futures=True)
         for r in self.replicas:
             r.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _xor_weights(base: Model, parent: Model, target: Model) -> Model:
-    """`target`'s diff applied onto `base` bit for bit: base ^ parent ^ target on every weight
-    (float32 arrays widened from bfloat16 XOR as their bfloat16 bits do)."""
-
-    def xor(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        bits = np.ascontiguousarray(a).view(np.uint32) ^ np.ascontiguousarray(b).view(np.uint32)
-        return (bits ^ np.ascontiguousarray(c).view(np.uint32)).view(np.float32)
-
-    out = copy.copy(target)
-    for name in ("embed", "final_norm", "lm_head"):
-        setattr(out, name, xor(getattr(base, name), getattr(parent, name), getattr(target, name)))
-    out.layers = []
-    for b, p, t in zip(base.layers, parent.layers, target.layers, strict=True):
-        names = [f.name for f in fields(t) if getattr(t, f.name) is not None]
-        out.layers.append(replace(t, **{n: xor(getattr(b, n), getattr(p, n), getattr(t, n)) for n in names}))
-    return out
-
-
-def _finding(clause: str, message: str):
-    return Finding(clause, catalogue()[clause].level, "signal", message)

@@ -3,6 +3,13 @@ break exactly that clause (named by its ID; `ID:variant` for another way). `rlro
 --fault ID` and `reference_deployment(faults=...)` turn them on; the project's tests prove each
 is observable on the wire (and the conformance suite must catch each one).
 
+Most switches act in the engine core both dialects share (replicas, prompt cache, model, snapshot
+loading), so they break their clause on whichever wire the deployment speaks; where a wire says
+a thing its own way (a status read, a stream's end), the description says what the vLLM dialect
+does. A switch whose clause has no binding on a dialect's wire may do nothing there: the CTL and
+VER-SPAN-1 switches act only in the vLLM dialect (the Fireworks one has no pause, label or span
+routes). `switches_for(engine)` lists the switches of the clauses an engine binds.
+
 Behaviours are switches that break no clause, or none on their own: a legal variation the suite
 must not fail, and a deployment too empty for any clause to pass on."""
 
@@ -21,7 +28,7 @@ FAULTS: dict[str, str] = {
     **_SNAP_AT_LOAD,
     "SNAP-ID-1": "accepts identities with '/', loading a nested directory of the bucket",
     "HL-AUTH-1": "hot-load endpoints accept any API key",
-    "HL-POST-1": "a valid signal is answered 200 with an empty, non-JSON body",
+    "HL-POST-1": "a valid signal is answered 200 with an empty, non-JSON body (vLLM: so is reload_weights)",
     "HL-POST-2": "unknown body fields are silently ignored",
     "HL-POST-2a": "unknown body fields get 400 with a different wording ('unknown field')",
     "HL-POST-3": "any reset_prompt_cache string is accepted",
@@ -29,9 +36,11 @@ FAULTS: dict[str, str] = {
     "HL-POST-4": "an identity that is not one path segment gets 500",
     "HL-POST-5": "snapshots are not validated at all: whatever loads is served",
     "HL-POST-5a": "validation is deferred: POST says 200, the load then fails with stage 'error'",
-    "HL-GET-1": "status has no 'replicas' list ({'status': [...]})",
+    "HL-GET-1": "status has no 'replicas' list ({'status': [...]}); vLLM: /weight_info has no weight_version "
+    "({'status': {...}})",
     "HL-GET-1a": "loading_state is null",
-    "HL-GET-2": "only replica 0 loads new snapshots; the others keep the old one",
+    "HL-GET-2": "only replica 0 loads new snapshots; the others keep the old one (vLLM: /weight_info reads a worker "
+    "that keeps the label it started with)",
     "HL-GET-3": "a failed load never reports stage 'error' (it stays 'loading')",
     "HL-CONFIG-1": "config mismatches are refused with a different message ('config differs')",
     "HL-CONFIG-2": "validation.extra_fields_ignore is ignored",
@@ -40,16 +49,21 @@ FAULTS: dict[str, str] = {
     "SWAP-ASYNC-1": "in-flight streams are cut at the swap (finish_reason 'abort', no [DONE])",
     "SWAP-ASYNC-2": "after the swap, in-flight chunks alternate between the new and the old identity",
     "SWAP-ASYNC-2:stale": "chunks generated after the swap keep naming the snapshot the stream started on",
-    "SWAP-ASYNC-3": "ASYNC requests arriving during the swap get 425 at once",
+    "SWAP-ASYNC-3": "ASYNC requests arriving during the swap get 425 at once (vLLM: while generation is paused "
+    "after reload_weights)",
     "SWAP-ASYNC-4": "x-fireworks-hot-load-drain-timeout is ignored",
     "SWAP-SYNC-1": "SYNC swaps in-flight streams mid-way instead of draining them",
     "SWAP-SYNC-2": "requests during a SYNC swap get 503 instead of 425",
     "SWAP-NEW-1": "status reports the new identity while the next 3 requests are still served by the old weights",
-    "SWAP-KV-1": "reset_prompt_cache also drops the KV of in-flight streams, which then end with an error",
-    "CACHE-RPT-1": "the fireworks-cached-prompt-tokens header disagrees with usage (one block more)",
+    "SWAP-KV-1": "reset_prompt_cache also drops the KV of in-flight streams, which then end with an error (vLLM: "
+    "POST /reset_prefix_cache does)",
+    "CACHE-RPT-1": "the fireworks-cached-prompt-tokens header disagrees with usage (one block more); vLLM: streamed "
+    "usage has no prompt_tokens_details",
     "CACHE-HIT-1": "nothing is ever stored in the prompt cache",
-    "CACHE-MATRIX-ALL-SAME": "'all' keeps entries for the session that made them",
-    "CACHE-MATRIX-ALL-NEW": "'all' keeps entries for every session but the one that made them",
+    "CACHE-MATRIX-ALL-SAME": "'all' keeps entries for the session that made them (vLLM: POST /reset_prefix_cache "
+    "does, for prefixes cached before the last reload_weights)",
+    "CACHE-MATRIX-ALL-NEW": "'all' keeps entries for every session but the one that made them (vLLM: POST "
+    "/reset_prefix_cache does, for prefixes cached before the last reload_weights)",
     "CACHE-MATRIX-NS-SAME": "'new_session' drops every entry",
     "CACHE-MATRIX-NS-NEW": "'new_session' keeps entries for everyone",
     "CACHE-MATRIX-NONE-SAME": "'none' drops the entries of the session that made them",
@@ -82,14 +96,34 @@ FAULTS: dict[str, str] = {
     "INF-ERR-1": "a body that is not JSON gets 500",
     "NUM-LOGPROB-1": "logits are rounded to bfloat16 before the softmax, prefill and decode alike",
     "NUM-ROUTE-1": "routing matrices list the MoE layers in reverse order",
-    "FID-SAME-1": "an ARC2 diff is applied onto the base snapshot, not the parent it names (checksums unchecked)",
+    "FID-SAME-1": "an ARC2 diff is applied onto the base snapshot, not the parent it names (checksums unchecked); "
+    "vLLM: reload_weights keeps every MoE layer's experts as they were (what vLLM 0.32's CPU backend does)",
     "FID-SAME-1:experts": "from the second incremental load in a row on, the first MoE layer's experts keep the "
-    "parent's weights",
+    "parent's weights (vLLM: from the second reload_weights on)",
     "FID-SWAP-1": "a load changes the served label but not the weights, on every replica",
     "FID-SWAP-1:one": "a load changes the served label but not the weights, on the last replica",
-    "FID-CACHE-1": "'all' keeps the pre-swap prompt cache and reuses its KV, reporting 0 cached tokens",
+    "FID-CACHE-1": "'all' keeps the pre-swap prompt cache and reuses its KV, reporting 0 cached tokens (vLLM: POST "
+    "/reset_prefix_cache keeps what was cached before the last reload_weights)",
     "FID-DECODE-1": "logprobs of generated tokens are reported in bfloat16 precision (prefill logprobs in float32)",
     "FID-BATCH-1": "logits depend on the batch: scaled by 1 + 0.01 per other request in the decode step",
+    # vLLM's RL routes (no effect in the Fireworks dialect: it has no pause, label or span routes)
+    "VER-SPAN-1": "weight_versions spans leave a gap: each ends one token early (a single span is cut in two "
+    "around a missing token)",
+    "VER-SPAN-1:overlap": "weight_versions spans overlap: each ends one token late (a single span is cut in two "
+    "that share a token)",
+    "CTL-PAUSE-1": "POST /pause answers 'paused' (and /is_paused says so) but generation goes on",
+    "CTL-PAUSE-1:refuse": "requests arriving while generation is paused get 503 instead of being held",
+    "CTL-PAUSE-2": "abort mode drops the connection of every in-flight stream (no finish_reason, no [DONE])",
+    "CTL-PAUSE-3": "keep mode loses the tokens generated before the pause: after resume each stream starts its "
+    "output over",
+    "CTL-PAUSE-4": "wait mode answers at once and freezes the in-flight requests (as keep does) instead of letting "
+    "them finish first",
+    "CTL-PAUSE-5": "an unknown pause mode is taken as 'abort' and pauses",
+    "CTL-LABEL-1": "reload_weights answers at once and the weights swap only after 3 more requests, so a label set "
+    "right after names the old weights for a while",
+    "CTL-LABEL-1:aborts": "setting a label ends the in-flight requests with finish_reason 'abort'",
+    "CTL-CACHE-1": "POST /reset_prefix_cache answers success and keeps every cached prefix's KV, reporting 0 cached "
+    "tokens for it",
 }
 
 
@@ -103,6 +137,12 @@ BEHAVIOURS: dict[str, str] = {
 def clause_of(fault: str) -> str:
     """The clause a fault switch breaks."""
     return fault.partition(":")[0]
+
+
+def switches_for(engine: str) -> list[str]:
+    """The fault switches of the clauses `engine` binds (its mutation matrix), in FAULTS order."""
+    cat = catalogue()
+    return [f for f in FAULTS if cat[clause_of(f)].binds(engine)]  # type: ignore[arg-type]
 
 
 def check_faults(names) -> frozenset[str]:

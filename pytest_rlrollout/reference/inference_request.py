@@ -158,7 +158,7 @@ def _oversized(body: dict[str, Any], chat: bool, max_context: int, max_bytes: in
     return None
 
 
-def _chat_prompt(messages: list[dict[str, Any]], text: Text, max_context: int, max_bytes: int | None) -> list[int]:
+def chat_prompt(messages: list[dict[str, Any]], text: Text, max_context: int, max_bytes: int | None) -> list[int]:
     from jinja2 import TemplateError
 
     if max_bytes is not None:
@@ -197,7 +197,7 @@ def parse_inference(body: Any, chat: bool, text: Text, vocab: int, max_context: 
     # JSON Schema counts 3.0 as an integer: every integer field is an int from here on
     ints = {k: int(body[k]) for k in ("max_tokens", "top_k", "seed", "echo_last", "prompt_cache_max_len") if k in body}
     if chat:
-        prompt = _chat_prompt(body["messages"], text, max_context, max_bytes)
+        prompt = chat_prompt(body["messages"], text, max_context, max_bytes)
     elif isinstance(body["prompt"], str):
         prompt = text.encode(body["prompt"])
     else:

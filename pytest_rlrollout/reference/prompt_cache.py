@@ -1,5 +1,6 @@
 """A replica's prompt cache: prefix KV *and* routing kept together (R3), in blocks of tokens,
-partitioned by isolation key, with the namespace rules of `reset_prompt_cache`."""
+partitioned by isolation key, with the namespace rules of `reset_prompt_cache` (applied at a
+swap) and a reset on request (vLLM's POST /reset_prefix_cache)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class Entry:
     session: str | None
     restricted: bool = False  # after a 'new_session' swap: only `session` may reuse it
     shunned: bool = False  # fault switches only: every session but `session` may reuse it
-    unreported: bool = False  # the FID-CACHE-1 fault only: kept across an 'all' swap, reused unannounced
+    unreported: bool = False  # FID-CACHE-1 and CTL-CACHE-1 faults only: kept across a reset, reused unannounced
+    weights: int = 0  # the replica's weights generation the entry was computed on
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class PromptCache:
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
+        # bumped by every reset on request: a request computed (partly) before a reset is not
+        # stored after it, or the reset would leave that KV to be reused
+        self.generation = 0
 
     def lookup(
         self, prompt: np.ndarray, isolation: str | None, session: str | None, limit: int | None = None
@@ -102,6 +107,29 @@ class PromptCache:
                 e.restricted |= action == "restrict"
                 e.shunned |= action == "shun"
                 e.unreported |= action == "hide"
+
+    def reset(self, weights: int) -> None:
+        """Drop every entry (POST /reset_prefix_cache). `weights` is the replica's weights
+        generation: the fault cells of a swap's 'all' (and FID-CACHE-1) keep what was computed on
+        earlier weights, as a reset following a load would; CTL-CACHE-1 keeps everything."""
+        with self._lock:
+            self.generation += 1
+            if "CTL-CACHE-1" in self.faults:  # the reset reports success and drops nothing
+                for e in self._entries.values():
+                    e.unreported = True
+                return
+            stale = {
+                "CACHE-MATRIX-ALL-SAME": "restricted",
+                "CACHE-MATRIX-ALL-NEW": "shunned",
+                "FID-CACHE-1": "unreported",
+            }
+            kept = [flag for fault, flag in stale.items() if fault in self.faults]
+            for key, e in list(self._entries.items()):
+                if kept and e.weights < weights:
+                    for flag in kept:
+                        setattr(e, flag, True)
+                else:
+                    del self._entries[key]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -1,6 +1,11 @@
 """A replica: its own weights, snapshot identity, loading state and prompt cache, and a worker
 thread that admits requests, prefills them (reusing cached prefixes), decodes every active
-request in one batched step per token, and swaps weights at a token boundary."""
+request in one batched step per token, and swaps weights at a token boundary.
+
+Generation can be paused (vLLM's pause modes): new requests are then held, not admitted, and
+in-flight ones are ended (`abort`), drained (`wait`) or frozen at a token boundary (`keep`).
+Everything that ends or changes in-flight requests from outside happens on the worker at a
+token boundary, so no token of a request follows the event that ended it."""
 
 from __future__ import annotations
 
@@ -28,7 +33,10 @@ class TooEarly(Exception):
 
 
 class Unavailable(Exception):
-    """503 (only with the SWAP-SYNC-2 fault switch)."""
+    """503 (only with the SWAP-SYNC-2 and CTL-PAUSE-1:refuse fault switches)."""
+
+
+PAUSE_MODES = ("abort", "wait", "keep")  # what a pause does to the requests in flight
 
 
 @dataclass(eq=False)  # a job is its own identity; field-wise equality would compare arrays
@@ -59,10 +67,28 @@ class Job:
     version: str = ""
     stale: bool = False  # SWAP-NEW-1 fault only: pinned to the weights before the swap
     served_by: str = ""  # the snapshot identity at admission
+    # vLLM's logprobs: the N most likely tokens and the rank of the scored one, for generated
+    # tokens (top_n) and prompt positions (prompt_top_n); None: neither (the Fireworks wire)
+    top_n: int | None = None
+    prompt_top_n: int | None = None
+    prompt_scores: list[Scored] = field(default_factory=list)  # prompt positions 1.. (prompt_top_n)
+    read_cache: bool = True  # False: every prompt position is computed (vLLM: prompt_logprobs asked)
+    number: int = 0  # order of submission: a pause decides which requests were in flight by it
+    generation: int = 0  # the replica's weights generation at admission
+    cache_generation: int = 0  # the prompt cache's reset generation at admission
 
     def emit(self, event: tuple[str, Any]) -> None:
         with contextlib.suppress(RuntimeError):  # the request's loop has closed (the server stopped)
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A position's token among the alternatives (vLLM's logprobs): its rank in the vocabulary
+    (1: the most likely) and the `top` most likely tokens with their logprobs, most likely first."""
+
+    rank: int
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -71,7 +97,8 @@ class Token:
     logprob: float
     sampling_logprob: float
     routing: np.ndarray  # [L, k]
-    version: str  # the policy identity that sampled it
+    version: str  # the policy version (snapshot identity, adapter or label) current when it was sampled
+    scored: Scored | None = None  # only when the job asked for top_n
 
 
 @dataclass
@@ -89,6 +116,8 @@ class Replica:
         self.name = f"replica-{index}"
         self.model, self.identity = model, identity
         self.lora: Lora | None = None
+        self.label: str | None = None  # vLLM's weight version: the policy version while set
+        self.generation = 0  # bumped at every swap: a request that spanned one is not cached
         self.adapters: dict[str, str] = {}  # adapter identity -> status
         self.readiness = True
         self.stage, self.target = "ready", identity
@@ -101,6 +130,16 @@ class Replica:
         self._pending: list[Job] = []
         self._active: list[Job] = []
         self._swap: PendingSwap | None = None
+        self._deferred: tuple[PendingSwap, int] | None = None  # CTL-LABEL-1 fault: a swap after N requests
+        self.paused: str | None = None  # the pause mode while generation is paused
+        self._swapped_in_pause = False  # weights changed during the current pause (SWAP-ASYNC-3 fault)
+        self._submitted = 0  # jobs numbered so far
+        # an event that ends every request in flight at the next token boundary: (event, the last
+        # job number it concerns); and whether frozen requests recompute their KV once resumed
+        self._end: tuple[tuple[str, Any], int] | None = None
+        self._recompute = False
+        self._wait_mark = 0  # wait mode: the last job number in flight when the pause came
+        self._idle = True  # the worker waits with nothing it may run (a pause has taken hold)
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -110,7 +149,10 @@ class Replica:
 
     @property
     def version(self) -> str:
-        """The policy version streamed as `model@version`: the active adapter, else the snapshot."""
+        """The policy version of what is served: the label when one is set (vLLM's weight
+        version), else the active adapter, else the snapshot (streamed as `model@version`)."""
+        if self.label is not None:
+            return self.label
         return self.lora.identity if self.lora is not None else self.identity
 
     def load(self) -> int:
@@ -120,12 +162,18 @@ class Replica:
     def submit(self, job: Job) -> None:
         with self._cond:
             f = self.settings.fault
+            if self.paused and f("CTL-PAUSE-1:refuse"):
+                raise Unavailable(f"{self.name}: generation is paused")
+            if self.paused and self._swapped_in_pause and f("SWAP-ASYNC-3"):
+                raise TooEarly(f"{self.name} is swapping to {self.identity}")
             if self.settings.transition == "SYNC" and (self.draining or self.swapping):
                 if f("SWAP-SYNC-2"):
                     raise Unavailable(f"{self.name} is unavailable")
                 raise TooEarly(f"{self.name} is swapping to {self.target}; retry with the same session key")
             if self.settings.transition == "ASYNC" and self.swapping and f("SWAP-ASYNC-3"):
                 raise TooEarly(f"{self.name} is swapping to {self.target}")
+            self._submitted += 1
+            job.number = self._submitted
             self._pending.append(job)
             self._cond.notify_all()
 
@@ -133,6 +181,55 @@ class Replica:
         with self._cond:
             self._swap = swap
             self._cond.notify_all()
+
+    def defer_swap(self, swap: PendingSwap, requests: int) -> None:
+        """Swap only once `requests` more requests were admitted (the CTL-LABEL-1 fault)."""
+        with self._cond:
+            self._deferred = (swap, requests)
+
+    # ----------------------------------------------------------------------- pause, labels, resets
+
+    def pause(self, mode: str, recompute: bool = False) -> None:
+        """Pause generation (`settle` waits until the pause took hold): `abort` ends the
+        requests in flight (finish_reason 'abort'), `wait` lets them finish, `keep` freezes
+        them at the next token boundary (`recompute`: they recompute their KV once resumed, on
+        the weights served then). Requests that arrive meanwhile are held until `resume`."""
+        with self._cond:
+            self.paused = mode
+            if mode == "abort":
+                drop = self.settings.fault("CTL-PAUSE-2")
+                self._end = (("drop", None) if drop else ("end", "abort"), self._submitted)
+            self._recompute = self._recompute or (recompute and mode == "keep")
+            self._wait_mark = self._submitted
+            self._idle = False  # only the worker, at a token boundary, says the pause took hold
+            self._cond.notify_all()
+
+    def settle(self) -> None:
+        """Return once the worker runs nothing a pause forbids (`wait`: the requests in flight
+        finished; the others: the step under way ended)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._idle or self._stop)
+
+    def resume(self) -> None:
+        with self._cond:
+            if self.paused == "keep" and self.settings.fault("CTL-PAUSE-3"):
+                for job in self._active:  # the bug: the frozen requests start over
+                    _restart(job)
+            self.paused, self._swapped_in_pause = None, False
+            self._cond.notify_all()
+
+    def end_in_flight(self, event: tuple[str, Any]) -> None:
+        """End every request submitted so far with `event`, at the next token boundary."""
+        with self._cond:
+            self._end = (event, self._submitted)
+            self._cond.notify_all()
+
+    def reset_cache(self) -> None:
+        """Drop every cached prefix (vLLM's POST /reset_prefix_cache); requests in flight keep
+        their own KV and are not stored after it."""
+        self.cache.reset(self.generation)
+        if self.settings.fault("SWAP-KV-1"):  # the bug: the reset takes the KV of running requests too
+            self.end_in_flight(("error", (500, "the KV cache was reset")))
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -162,25 +259,18 @@ class Replica:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._stop or self._pending or self._active or self._swap):
+                while True:
+                    if self._stop:
+                        for job in self._pending + self._active:
+                            job.emit(("error", (503, "the deployment is shutting down")))
+                        return
+                    swap, admitted, active = self._next()
+                    if swap is not None or admitted or active:
+                        break
+                    self._idle = True  # nothing this worker may run: a pause (if any) took hold
+                    self._cond.notify_all()
                     self._cond.wait()
-                if self._stop:
-                    for job in self._pending + self._active:
-                        job.emit(("error", (503, "the deployment is shutting down")))
-                    return
-                if self._swap is not None:
-                    if self.settings.transition == "ASYNC" or not self._active or self.settings.fault("SWAP-SYNC-1"):
-                        swap = self._swap
-                        self._swap = None
-                    else:
-                        self.draining, swap = True, None  # SYNC: let in-flight requests finish first
-                        self.stage = "swapping"
-                else:
-                    swap = None
-                admitted = []
-                if swap is None and not self.draining:
-                    admitted, self._pending = self._pending, []
-                active = list(self._active)
+                self._idle = False
             if swap is not None:
                 self._do_swap(swap)
                 continue
@@ -193,6 +283,45 @@ class Replica:
                     self._active = [j for j in self._active if j not in active]
             if self.settings.token_delay:
                 time.sleep(self.settings.token_delay)
+
+    def _next(self) -> tuple[PendingSwap | None, list[Job], list[Job]]:
+        """What the worker does next (called holding the lock): a swap, or the jobs to admit and
+        the active jobs to step; a pause leaves only what it lets run. Ends requests first when
+        asked to (at a token boundary: the previous step's events are already delivered)."""
+        if self._end is not None:
+            event, last = self._end
+            self._end = None
+            ended = [j for j in self._active + self._pending if j.number <= last]
+            self._active = [j for j in self._active if j not in ended]
+            self._pending = [j for j in self._pending if j not in ended]
+            for job in ended:
+                job.cancelled.set()
+                job.emit(event)
+        if self._recompute and self.paused == "keep":
+            self._recompute = False
+            for job in self._active:
+                _forget_kv(job)
+        if self._swap is not None:
+            if self.settings.transition == "ASYNC" or not self._active or self.settings.fault("SWAP-SYNC-1"):
+                swap, self._swap = self._swap, None
+                return swap, [], []
+            self.draining = True  # SYNC: let in-flight requests finish first
+            self.stage = "swapping"
+        if self.paused in ("keep", "abort"):
+            return None, [], []
+        admitted: list[Job] = []
+        if not self.draining:
+            if self.paused == "wait":  # drain what was in flight when the pause came; hold the rest
+                admitted = [j for j in self._pending if j.number <= self._wait_mark]
+            else:
+                admitted = self._pending
+            self._pending = [j for j in self._pending if j not in admitted]
+        if admitted and self._deferred is not None:  # CTL-LABEL-1 fault: the late swap comes due
+            swap, left = self._deferred
+            self._deferred = (swap, left - len(admitted)) if left > len(admitted) else None
+            if self._deferred is None:
+                self._swap = swap
+        return None, admitted, list(self._active)
 
     def _do_swap(self, swap: PendingSwap) -> None:
         with self._cond:
@@ -223,6 +352,8 @@ class Replica:
             else:
                 self.lora = swap.lora
                 self.adapters[swap.identity] = "loaded"
+            self.generation += 1
+            self._swapped_in_pause = self.paused is not None
             self.cache.on_swap(swap.reset_policy)
             self.stage, self.target, self.error = "ready", swap.identity, None
             self.swapping, self.draining, self.readiness = False, False, True
@@ -299,7 +430,9 @@ class Replica:
             job.stale = True
             self._stale = (job.model, job.lora, job.version, left - 1) if left > 1 else None
         model = job.model
-        hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len)
+        job.generation, job.cache_generation = self.generation, self.cache.generation
+        read = job.read_cache and job.prompt_top_n is None  # scores of cached positions are not kept
+        hit = self.cache.lookup(job.prompt, job.isolation, job.session, job.cache_max_len) if read else None
         cached = hit.length if hit else 0
         if hit:
             seq = model.clone_sequence(hit.entry.seq, cached)
@@ -374,13 +507,16 @@ class Replica:
                 job.boundary_logits[pos + 1] = out.logits[i]
             if pos + 1 < len(job.prompt):
                 job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
-        if job.seq.length < len(job.prompt):
-            return False  # more of the prompt goes in at the next step
+                if job.prompt_top_n is not None:
+                    job.prompt_scores.append(_scored(lp[i], job.prompt[pos + 1], job.prompt_top_n))
+        if job.seq.length < len(job.tokens):
+            return False  # more of the prompt (or, recomputing, of the output) goes in at the next step
         if job.generated == 0 and job.want_prompt_entries:
             prompt_routing = np.array(job.routing[: len(job.prompt)])
             if f("R3-CHANGE-1"):  # a memo that no swap invalidates
                 prompt_routing = self._routing_memo.setdefault(tuple(job.tokens[: len(job.prompt)]), prompt_routing)
-            events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing))))
+            scores = list(job.prompt_scores) if job.prompt_top_n is not None else None
+            events.append((job, ("prompt", (np.array(job.token_logprobs[: len(job.prompt)]), prompt_routing, scores))))
         if job.max_tokens == 0:
             events.append((job, ("end", "length")))
             return True
@@ -394,9 +530,10 @@ class Replica:
         job.token_logprobs.append(logprob)
         version = job.version if job.stale else self.version
         if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
-            version = job.served_by
+            version = job.version if self.label is not None else job.served_by  # the version it started on
         reported = _bf16(np.float32(logprob)).item() if f("FID-DECODE-1") else logprob
-        events.append((job, ("token", Token(token, reported, sampling_logprob, out.routing[-1], version))))
+        scored = _scored(greedy_lp, token, job.top_n) if job.top_n is not None else None
+        events.append((job, ("token", Token(token, reported, sampling_logprob, out.routing[-1], version, scored))))
         if token in job.stop_ids:
             events.append((job, ("end", "stop")))
             return True
@@ -418,6 +555,8 @@ class Replica:
         """Cache the computed positions (prompt and generated, minus the last unfed token)."""
         if job.seq is None or job.lora is not self.lora or job.served_by != self.identity:
             return  # a request that spanned a swap holds KV of two snapshots
+        if job.generation != self.generation or job.cache_generation != self.cache.generation:
+            return  # ... or of weights reloaded under the same identity, or computed before a reset
         n = job.seq.length
         self.cache.store(
             Entry(
@@ -428,6 +567,7 @@ class Replica:
                 boundary_logits=dict(job.boundary_logits),
                 isolation=job.isolation,
                 session=job.session,
+                weights=self.generation,
             )
         )
 
@@ -437,6 +577,29 @@ def _fail(job: Job, e: Exception, events: list[tuple[Job, tuple[str, Any]]], fai
     log.exception("a request failed in a decode step")
     failed.add(job)
     events.append((job, ("error", (500, f"{type(e).__name__}: {e}"))))
+
+
+def _scored(logprobs: np.ndarray, token: int, n: int) -> Scored:
+    """`token` among the alternatives of one position: its rank (1 + how many tokens are more
+    likely, as vLLM counts it) and the `n` most likely tokens."""
+    rank = int(np.count_nonzero(logprobs > logprobs[token])) + 1
+    best = np.argsort(-logprobs, kind="stable")[:n] if n > 0 else ()
+    return Scored(rank, tuple((int(t), float(logprobs[t])) for t in best))
+
+
+def _forget_kv(job: Job) -> None:
+    """Let a frozen request recompute its KV (prompt and output so far) when it runs again, on
+    the weights served then (vLLM's pause?mode=keep&clear_cache=true preempts it)."""
+    job.seq = Sequence_()
+    job.routing, job.token_logprobs, job.boundary_logits = [], [0.0], {}
+    job.prompt_scores = []
+
+
+def _restart(job: Job) -> None:
+    """Start a request's output over, as if it had just been admitted (the CTL-PAUSE-3 fault)."""
+    _forget_kv(job)
+    job.tokens = [int(t) for t in job.prompt]
+    job.generated = 0
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import uvicorn
 
 from pytest_rlrollout.reference.app import create_app
 from pytest_rlrollout.reference.controller import Deployment
-from pytest_rlrollout.reference.settings import Settings
+from pytest_rlrollout.reference.settings import Dialect, Settings
 
 
 @dataclass
@@ -30,8 +30,14 @@ class Running:
         return self.deployment.settings
 
     @property
+    def engine(self) -> str:
+        """The wire it speaks: fireworks or vllm."""
+        return self.settings.engine
+
+    @property
     def inference_url(self) -> str:
-        return self.base_url + "/inference"
+        """Where /v1/completions is: under /inference on Fireworks, at the base URL on vLLM."""
+        return self.base_url if self.engine == "vllm" else self.base_url + "/inference"
 
     @property
     def name(self) -> str:
@@ -61,10 +67,12 @@ class _Server(uvicorn.Server):
 
 @contextlib.contextmanager
 def reference_deployment(
-    bucket: str | Path, host: str = "127.0.0.1", port: int = 0, **settings: Any
+    bucket: str | Path, host: str = "127.0.0.1", port: int = 0, engine: Dialect = "fireworks", **settings: Any
 ) -> Iterator[Running]:
-    """Start the reference deployment on a free port (in a thread) and stop it on exit."""
-    dep = Deployment(Settings(bucket=Path(bucket), **settings))
+    """Start the reference deployment on a free port (in a thread) and stop it on exit. `engine`
+    is the wire it speaks (`fireworks`, or `vllm`: vLLM's RL routes, one replica and the model
+    served as `tiny` unless `replicas` and `model` say otherwise)."""
+    dep = Deployment(Settings.for_dialect(engine, bucket=Path(bucket), **settings))
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and without
     # it every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_rlrollout.reference.faults import check_faults
 from pytest_rlrollout.snapshot import tiny_moe
 
 Transition = Literal["ASYNC", "SYNC"]
+# The wire the deployment speaks: Fireworks' hot-load API, or vLLM's RL routes over one engine.
+Dialect = Literal["fireworks", "vllm"]
+DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm")
+VLLM_VERSION = "0.32.0"  # what GET /version says in the vLLM dialect (the release measured)
+# What a vLLM dialect changes unless the caller says otherwise: one server is one engine, the
+# model is served under a short name (vLLM's --served-model-name), and the CPU backend measured
+# here caches prefixes in blocks of 128 tokens (cached_tokens 128, 256, 384 for 200-, 300- and
+# 400-token prompts).
+DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
+    "fireworks": {},
+    "vllm": {"replicas": 1, "model": "tiny", "block_size": 128},
+}
 # A pace at which swaps can be observed from outside: streams last long enough, and loads and
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
 OBSERVABLE_PACE = {"token_delay": 0.003, "swap_delay": 0.1, "load_delay": 0.03}
@@ -47,6 +59,14 @@ class Settings:
     workers: int = 4  # threads that decode, validate and tokenize requests off the event loop
     seed: int = 0
     faults: frozenset[str] = field(default_factory=frozenset)
+    engine: Dialect = "fireworks"  # the wire it speaks; the engine under it is the same
+
+    @classmethod
+    def for_dialect(cls, engine: Dialect = "fireworks", **given: Any) -> Settings:
+        """Settings of a deployment speaking `engine`, its dialect's defaults under what is given."""
+        if engine not in DIALECTS:
+            raise ValueError(f"engine: expected one of {', '.join(DIALECTS)}, got {engine!r}")
+        return cls(engine=engine, **(DIALECT_DEFAULTS[engine] | given))
 
     @property
     def deployment(self) -> str:

@@ -207,3 +207,39 @@ def sweep(
         out.prints[replica] = fingerprint(driver, f"{isolation}-r{n}", vocab=vocab,
                                           headers={"x-multi-turn-session-id": session})  # fmt: skip
     return out
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A prompt's greedy continuation as the deployment decoded it: what a rollout's numbers are."""
+
+    tokens: tuple[int | None, ...]
+    logprobs: tuple[float, ...]
+    cached: int  # prompt tokens the deployment reported served from its cache
+
+    def difference(self, other: Continuation) -> tuple[float, str]:
+        """The largest |Δlogprob| between the two, and where; inf where the greedy tokens part
+        (a different token is a different number, whatever its logprob)."""
+        for i, (a, b) in enumerate(zip(self.tokens, other.tokens, strict=False)):
+            if a != b:
+                return math.inf, f"the greedy tokens part at token {i} ({a} vs {b})"
+        d, i = largest_difference(self.logprobs[: len(other.logprobs)], other.logprobs[: len(self.logprobs)])
+        return d, f"max |Δlogprob| {d:.3g} at generated token {i}"
+
+
+CONTINUED = 4  # generated tokens a continuation compares
+
+
+def continuation(driver: Driver, ids: list[int], headers: dict[str, str]) -> Continuation:
+    """Decode a few greedy tokens after `ids` with their logprobs; FingerprintError when the answer
+    lacks them. Unlike an echo, this reads a cached prefix the way a rollout does (an engine may
+    score prompts without its prefix cache)."""
+    s = driver.complete({"prompt": ids, "max_tokens": CONTINUED, "temperature": 0, "logprobs": True,
+                         "ignore_eos": True}, headers=headers)  # fmt: skip
+    if not s.ok:
+        raise FingerprintError(f"HTTP {s.status}: {s.body[:200]}")
+    entries = s.entries
+    values = [e.get("logprob") for e in entries]
+    if not entries or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
+        raise FingerprintError(f"{len(entries)} logprobs entries, not each with a numeric logprob")
+    return Continuation(tuple(e.get("token_id") for e in entries), tuple(map(float, values)), s.cached or 0)

@@ -228,3 +228,28 @@ def routing_matrix(entry: dict[str, Any], layers: int, k: int) -> np.ndarray:
     if len(raw) != layers * k:
         raise ValueError(f"routing_matrix holds {len(raw)} bytes, expected L*k = {layers}*{k} = {layers * k}")
     return np.frombuffer(raw, dtype=np.uint8).reshape(layers, k)
+
+
+def span_problems(spans: Any, tokens: int) -> list[str]:
+    """What keeps `spans` from covering `tokens` output tokens exactly once (VER-SPAN-1): a list
+    of `{version, start, end}` objects, ordered, contiguous, half-open `[start, end)` from 0 to
+    `tokens`, each with a string version and at least one token; none at all for no tokens."""
+    if not isinstance(spans, list):
+        return [f"the spans are {type(spans).__name__}, not a list"]
+    if tokens == 0:
+        return [f"{len(spans)} spans for no output token"] if spans else []
+    problems, at = [], 0
+    for i, span in enumerate(spans):
+        span = as_object(span)
+        start, end, version = span.get("start"), span.get("end"), span.get("version")
+        if not isinstance(version, str) or not (isinstance(start, int) and isinstance(end, int)):
+            problems.append(f"span {i} is not {{version: str, start: int, end: int}}: {span}")
+            return problems
+        if start != at:
+            problems.append(f"span {i} starts at {start}, not at {at} ({'a gap' if start > at else 'an overlap'})")
+        if end <= start:
+            problems.append(f"span {i} is empty or backwards: [{start}, {end})")
+        at = max(at, end)
+    if at != tokens:
+        problems.append(f"the spans end at {at}, the output has {tokens} tokens")
+    return problems

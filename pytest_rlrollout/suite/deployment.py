@@ -424,8 +424,9 @@ def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
         return
     path = run_dir(config) / "rl-state" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    state = json.dumps({"replicas": dep.replicas(), "at": time.time()})  # read before the file exists
     with contextlib.suppress(FileExistsError), open(path, "x") as f:
-        json.dump({"replicas": dep.replicas(), "at": time.time()}, f)
+        f.write(state)
 
 
 def run_id(config: pytest.Config) -> str:
@@ -480,9 +481,10 @@ def _rl_requirements(request: pytest.FixtureRequest) -> None:
 
     dep: RLDeployment = request.getfixturevalue("rl_deployment")
     clauses = [catalogue()[c] for mark in request.node.iter_markers("rl_clause") for c in mark.args]
-    if clauses and not any(c.binds(dep.engine) for c in clauses):
-        bound = sorted({e for c in clauses for e in c.engines})
-        not_applicable(f"{', '.join(c.id for c in clauses)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
+    unbound = [c for c in clauses if not c.binds(dep.engine)]
+    if unbound:  # the test's verdict is every clause's it is tagged with: each must mean something here
+        bound = sorted({e for c in unbound for e in c.engines})
+        not_applicable(f"{', '.join(c.id for c in unbound)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
                        f"this is a {dep.engine} deployment ({dep.capabilities.decided})")  # fmt: skip
     if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
         inconclusive("read-only: pass --rl-allow-hot-load to let this test hot-load snapshots")

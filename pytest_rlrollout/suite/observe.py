@@ -282,3 +282,62 @@ def expect_loaded(result: SwapResult, *, own: bool = False) -> None:
     if not own and "rollout stopped" in (w.error or ""):
         inconclusive(f"{w.error} (see HL-GET-2)")
     raise AssertionError(f"{result.built.identity} was not served on every replica: {w.error}; {w.replicas}")
+
+
+@dataclass
+class InFlight:
+    """A stream started before an action (a pause, a label, a cache reset), and when things happened."""
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    stream: Stream | None = None
+    error: BaseException | None = None
+    done_at: float = 0.0
+    reading: Reading = CONTRACT_READING
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.reading.entries(self.chunks)
+
+    @property
+    def completed(self) -> bool:
+        """Answered 200 and ended with data: [DONE], the transport intact."""
+        s = self.stream
+        return self.error is None and s is not None and s.status == 200 and s.done
+
+    def between(self, start: float, end: float) -> list[int]:
+        """Indices of the chunks that arrived in [start, end]."""
+        return [i for i, t in enumerate(self.arrivals) if start <= t <= end]
+
+
+@observed
+def with_stream(
+    rl_deployment: RLDeployment, body: dict[str, Any], action: Callable[[InFlight], T]
+) -> tuple[InFlight, T]:
+    """Stream `body`; once its first chunk arrived, run `action` (with the stream so far), then
+    wait for the stream to end. The stream's chunks keep arriving while the action runs."""
+    f = InFlight(reading=rl_deployment.driver.reading)
+    first = threading.Event()
+
+    def seen(chunk: dict[str, Any]) -> None:
+        f.chunks.append(chunk)
+        f.arrivals.append(rl_deployment.mark("chunk"))
+        first.set()
+
+    def run() -> None:
+        try:
+            f.stream = rl_deployment.complete({**body, "stream": True}, on_chunk=seen)
+        except BaseException as e:  # a dropped connection is an observation, not a crash
+            f.error = e
+        finally:
+            f.done_at = rl_deployment.mark("done")
+            first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    first.wait(timeout=rl_deployment.timeouts.request)
+    try:
+        result = action(f)
+    finally:
+        thread.join(timeout=rl_deployment.timeouts.exchange + 60)
+    return f, result

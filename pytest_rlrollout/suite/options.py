@@ -41,6 +41,7 @@ class Timeouts:
     exchange: float  # one request and its whole answer, a whole stream included
     test: float  # everything one test asks of the deployment
     long_stream_tokens: int  # tokens a stream must last for a swap to land inside it
+    hold: float = 0.2  # a pause held this long shows whether tokens are still generated
 
     def with_(self, **changes: Any) -> Timeouts:
         """A copy with the changes that are not None (options the user left out)."""
@@ -52,7 +53,7 @@ class Timeouts:
 LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, exchange=60.0,
                  test=120.0, long_stream_tokens=64)  # fmt: skip
 LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0, request=120.0, exchange=600.0,
-                test=5400.0, long_stream_tokens=256)  # fmt: skip
+                test=5400.0, long_stream_tokens=256, hold=1.0)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     meta = _session_meta(directory)
     # answers come from the cassette at once: polling needs no interval; stream lengths are the recording's
     recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
-    timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, long_stream_tokens=recorded.long_stream_tokens)
+    timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, hold=0.0, long_stream_tokens=recorded.long_stream_tokens)
     common["transition"] = common["transition"] or meta.get("transition")
     return RLOptions(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,

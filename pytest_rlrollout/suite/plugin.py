@@ -35,6 +35,7 @@ MARKERS = (
     "rl_clause(*ids): the contract clauses a test judges (IDs from `rlrollout clauses`)",
     "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets)",
     "rl_requires(*capabilities): optional features the test needs",
+    "rl_breaks: the test signals a snapshot that may leave the deployment unable to serve; it runs after the others",
 )
 
 
@@ -103,6 +104,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=own)
             left_out = set(map(id, own))
             items[:] = [i for i in items if id(i) not in left_out]
+    # a test that may leave the deployment broken (a real engine has died of a refused load) comes
+    # last, so that no other verdict rests on what it left; within each group the order is kept
+    items.sort(key=lambda i: i.get_closest_marker("rl_breaks") is not None)
     cat = catalogue()
     for item in items:
         for mark in item.iter_markers("rl_clause"):
@@ -127,6 +131,20 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     missing = item.stash.get(MISSING, None)
     if missing is not None:
         pytest.fail(missing, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """An intent the engine has no binding for, met by a test of a clause it binds (a variant of
+    it: `reset_prompt_cache: new_session` on vLLM): that variant is not-applicable, as the
+    catalogue makes the clauses it does not bind."""
+    from pytest_rlrollout.remote.drivers.base import Unbound
+    from pytest_rlrollout.suite.outcomes import not_applicable
+
+    try:
+        return (yield)
+    except Unbound as e:
+        not_applicable(str(e))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -25,6 +25,9 @@ WORDS = (
 ).split()
 
 VOCAB = 500  # token ids stay below this when the served vocabulary is unknown
+# Tokens of a prompt whose prefix a prompt cache must hold: more than two KV blocks of the largest
+# block size in common use (vLLM's CPU backend caches 128-token blocks; GPU engines 16 to 64).
+CACHED_PREFIX = 288
 FIRST_ID = 10  # below: special tokens in most vocabularies
 
 

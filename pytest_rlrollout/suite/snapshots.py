@@ -89,8 +89,19 @@ def _apply(t: st.Tensor, op: Op) -> st.Tensor:
 
 
 class SnapshotFactory:
-    def __init__(self, base: Path, bucket: Bucket, workdir: Path, run_id: str, record_path: Path, *, model: str):
+    def __init__(
+        self,
+        base: Path,
+        bucket: Bucket,
+        workdir: Path,
+        run_id: str,
+        record_path: Path,
+        *,
+        model: str,
+        incremental: bool = True,
+    ):
         self.base, self.bucket, self.workdir, self.run_id, self.model = Path(base), bucket, Path(workdir), run_id, model
+        self.incremental = incremental  # the engine loads ARC2 diffs: swaps go along sentinel deltas
         self.record = Record(record_path).load()
         self.uploaded: list[str] = []  # by this process: each worker removes its own at the end
         self.test_key, self._serial, self.last_serial = "000000", {}, 0
@@ -303,9 +314,9 @@ class SnapshotFactory:
         self, serving: str | None, label: str = "step", change: Mapping[str, Op] | None = None, config_edit=None
     ) -> Built:
         """The next snapshot to swap to: a sentinel delta on what is served, or a full snapshot
-        when the chain has no known start (or the ledger was reset)."""
+        when the chain has no known start, the ledger was reset, or the engine takes no diffs."""
         self.record.load()
-        if self.record.needs_full or not self.knows(serving):
+        if self.record.needs_full or not self.knows(serving) or not self.incremental:
             overlay = {**self.record.overlays.get(serving or "", {}), **{k: list(v) for k, v in (change or {}).items()}}
             return self.full(label, overlay, config_edit)
         return self.sentinel(serving, label, change, config_edit)

@@ -90,7 +90,8 @@ def _rl_snapshots(
     config = request.config
     record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
     made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
-                           run_id(config), record, model=rl_deployment.target.model)  # fmt: skip
+                           run_id(config), record, model=rl_deployment.target.model,
+                           incremental=rl_deployment.capabilities.has("incremental"))  # fmt: skip
     yield made
     served = {i for r in rl_deployment.replicas() for i in served_by(r)}
     removed, kept = made.cleanup(keep=served)

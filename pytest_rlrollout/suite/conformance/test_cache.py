@@ -6,10 +6,11 @@ deployment's cache holds nothing of an earlier run's."""
 import pytest
 
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 clause = pytest.mark.rl_clause
 requires = pytest.mark.rl_requires
-LONG = 80  # prompt tokens: several cache blocks on any deployment
+LONG = CACHED_PREFIX  # prompt tokens: several cache blocks on any deployment
 
 
 def ask(rl_deployment, prompt, headers=None, **body):  # max_tokens=2 unless given

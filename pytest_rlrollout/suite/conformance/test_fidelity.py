@@ -18,13 +18,16 @@ import pytest
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
+    Continuation,
     FingerprintError,
     Sweep,
+    continuation,
     largest_difference,
     prompt_logprobs,
     sweep,
 )
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 clause = pytest.mark.rl_clause
 swaps = pytest.mark.rl_swaps
@@ -81,25 +84,34 @@ def replicas_agree(s: Sweep, what: str, tolerance: float) -> None:
 @clause("FID-SAME-1")
 @scored
 def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_swap, fid, rl_observe):
-    factory, tol = rl_swap.factory, fid.tolerance
+    factory, tol, offers = rl_swap.factory, fid.tolerance, rl_deployment.capabilities.has
     experts = factory.expert_tensors
     visible = factory.visible_change(None)  # relative to the base, which the first load serves
+    away_change = {**visible, **{n: ["scale", 1.5] for n in experts}}
+    back = {n: ["scale", 1.0] for n in [*visible, *experts]}
     paths: dict[str, Sweep] = {}
     rl_swap.to(factory.base_copy("fid-full"))
     paths["a full snapshot of the base"] = fid.sweep()
-    away = rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-away",
-                                       {**visible, **{n: ["scale", 1.5] for n in experts}}))  # fmt: skip
-    changed = fid.sweep()
-    back = {n: ["scale", 1.0] for n in [*visible, *experts]}
-    rl_swap.to(factory.sentinel(away.built.identity, "fid-back", back))
-    paths["the base reached through two ARC2 diffs (away and back)"] = fid.sweep()
-    rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-same", {}))
-    paths["the base under another identity (an ARC2 diff changing nothing)"] = fid.sweep()
-    if not 200 <= rl_deployment.reset_ledger().status_code < 300:
-        inconclusive("the ledger could not be reset (see HL-LEDGER-1)")
-    factory.ledger_reset()
-    rl_swap.to(factory.base_copy("fid-reset"))
-    paths["a full snapshot of the base after a ledger reset"] = fid.sweep()
+    if offers("incremental"):
+        away = rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-away", away_change))
+        changed = fid.sweep()
+        rl_swap.to(factory.sentinel(away.built.identity, "fid-back", back))
+        paths["the base reached through two ARC2 diffs (away and back)"] = fid.sweep()
+        rl_swap.to(factory.sentinel(rl_deployment.serving(), "fid-same", {}))
+        paths["the base under another identity (an ARC2 diff changing nothing)"] = fid.sweep()
+    else:  # whole snapshots only: away and back in full, and the base copied under another identity
+        away = rl_swap.to(factory.full("fid-away", away_change))
+        changed = fid.sweep()
+        rl_swap.to(factory.full("fid-back", back))
+        paths["the base reached through a full snapshot of other weights and back"] = fid.sweep()
+        rl_swap.to(factory.base_copy("fid-same"))
+        paths["the base under another identity (a second full copy)"] = fid.sweep()
+    if offers("ledger"):
+        if not 200 <= rl_deployment.reset_ledger().status_code < 300:
+            inconclusive("the ledger could not be reset (see HL-LEDGER-1)")
+        factory.ledger_reset()
+        rl_swap.to(factory.base_copy("fid-reset"))
+        paths["a full snapshot of the base after a ledger reset"] = fid.sweep()
 
     first, reference = next(iter(paths.items()))
     ref_replica, ref = sorted(reference.prints.items())[0]
@@ -156,38 +168,43 @@ def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tup
         inconclusive(f"the prompt's logprobs cannot be read: {e} (see R3-ECHO-1)")
 
 
+def continued(rl_deployment, ids: list[int], headers: dict[str, str]) -> Continuation:
+    try:
+        return continuation(rl_deployment.driver, ids, headers)
+    except FingerprintError as e:
+        inconclusive(f"the prompt's continuation cannot be read: {e} (see INF-LOGPROBS-1)")
+
+
 @swaps
 @clause("FID-CACHE-1")
-@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts", "cached_tokens")
+@pytest.mark.rl_requires("logprobs", "token_id_prompts", "cached_tokens")
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_observe):
-    prompt = rl_deployment.prompt("fid-cache", 80).ids
+    prompt = rl_deployment.prompt("fid-cache", CACHED_PREFIX).ids
     session = rl_deployment.session("fid-cache")
-    echo_logprobs(rl_deployment, prompt, session)
-    old, cached = echo_logprobs(rl_deployment, prompt, session)
-    if cached == 0:
+    continued(rl_deployment, prompt, session)
+    old = continued(rl_deployment, prompt, session)
+    if old.cached == 0:
         inconclusive("the prompt was not served from the prompt cache before the swap (see CACHE-HIT-1)")
     try:
         change = rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
     except LookupError as e:
         inconclusive(f"no tensor to change visibly: {e}")
     result = rl_swap("fid-cache", change=change, reset_prompt_cache="all")
-    repeated, counted = echo_logprobs(rl_deployment, prompt, session)
-    fresh, _ = echo_logprobs(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted("fid-cache-fresh")})
-    moved, _ = largest_difference(old, fresh)
+    repeated = continued(rl_deployment, prompt, session)
+    fresh = continued(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted("fid-cache-fresh")})
+    moved, _ = old.difference(fresh)
     if moved <= fid.tolerance:
-        inconclusive(f"the swap to {result.built.identity} did not change the prompt's logprobs (max |Δ| "
+        inconclusive(f"the swap to {result.built.identity} did not change the prompt's continuation (max |Δ| "
                      f"{moved:.2g}): stale KV would not show (see FID-SWAP-1)")  # fmt: skip
-    d, i = largest_difference(repeated, fresh)
-    drift, _ = largest_difference(repeated, old)
+    d, where = repeated.difference(fresh)
     assert d <= fid.tolerance, (
         f"after the swap to {result.built.identity} with reset_prompt_cache 'all', the pre-swap prompt repeated in "
-        f"its session scores unlike the same prompt under an unused isolation key: max |Δlogprob| {d:.3g} at token "
-        f"{i + 1} > tolerance {fid.tolerance:g} (it is {drift:.2g} from the pre-swap scores); "
-        f"the deployment reported {counted} cached tokens"
+        f"its session continues unlike the same prompt under an unused isolation key: {where} > tolerance "
+        f"{fid.tolerance:g}; the deployment reported {repeated.cached} cached tokens"
     )
     rl_observe.figures = {"max_abs_delta": d, "swap_moved": moved, "tolerance": fid.tolerance}
-    rl_observe(len(prompt) - 1, f"prompt tokens repeated after an 'all' swap scored as uncached (max |Δ| {d:.2g}; "
-                                f"the swap moved them {moved:.2g})")  # fmt: skip
+    rl_observe(len(repeated.logprobs), f"tokens continuing a prompt cached before an 'all' swap scored as uncached "
+                                       f"(max |Δ| {d:.2g}; the swap moved them {moved:.2g})")  # fmt: skip
 
 
 @clause("FID-DECODE-1")

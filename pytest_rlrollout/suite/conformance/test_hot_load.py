@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint
 from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.snapshot import broken, tiny_moe
 from pytest_rlrollout.suite.observe import expect_loaded, watch
@@ -16,6 +17,7 @@ from pytest_rlrollout.suite.outcomes import inconclusive
 
 clause = pytest.mark.rl_clause
 swaps = pytest.mark.rl_swaps
+breaks = pytest.mark.rl_breaks
 PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
 
 
@@ -54,6 +56,38 @@ def never_served(rl_deployment, identity: str, before: list, rl_observe) -> None
     ]
     assert identity not in adapters, f"{identity} was loaded as an adapter"
     rl_observe(len(replicas), f"replicas still serving {sorted(set(now))}, not {identity}")
+
+
+def canary_scores(rl_deployment) -> Fingerprint | None:
+    """One canary scored by whatever replica answers (None where the deployment cannot score one)."""
+    if not all(map(rl_deployment.capabilities.has, ("logprobs", "echo", "token_id_prompts"))):
+        return None
+    try:
+        return fingerprint(rl_deployment.driver, rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
+                           sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1])  # fmt: skip
+    except FingerprintError as e:
+        inconclusive(f"the deployment's weights cannot be told before the load: {e}")
+
+
+def still_serves(rl_deployment, before: Fingerprint | None, rl_observe) -> None:
+    """The weights served before a refused load keep serving: a request is answered, and scores a
+    canary as before the load (a label that stayed while the weights went would pass by names)."""
+    s = rl_deployment.complete({"prompt": rl_deployment.prompt("still-serves", 4).body, "max_tokens": 1})
+    assert s.ok, f"after the refused load, a request is not served: HTTP {s.status} {s.body[:300]!r}"
+    if before is None:
+        rl_observe(1, "request answered after the refused load")
+        return
+    try:
+        after = fingerprint(rl_deployment.driver, rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
+                            sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1])  # fmt: skip
+    except FingerprintError as e:
+        raise AssertionError(f"after the refused load, the canary is not scored: {e}") from None
+    tol = rl_deployment.options.numerics.fingerprint_tolerance
+    assert after.distance(before) <= tol, (
+        f"after the refused load the weights are not the ones served before: a canary moved by "
+        f"{after.describe(before)} > {tol:g}"
+    )
+    rl_observe(1, f"canary scored as before the refused load ({after.describe(before)})")
 
 
 def served_identities(rl_deployment) -> list:
@@ -205,6 +239,7 @@ def _variants():
 
 
 @swaps
+@breaks
 @clause("HL-POST-5")
 @pytest.mark.parametrize("violated", _variants())
 def test_violating_snapshot_is_never_served(
@@ -230,8 +265,10 @@ def test_violating_snapshot_is_never_served(
         rl_snapshot_factory.ledger_reset()
     built = rl_snapshot_factory.copy_in(case.snapshot, violated.lower(), signal)
     before = served_identities(rl_deployment)
+    weights = canary_scores(rl_deployment)
     rl_deployment.hot_load(built.signal)
     never_served(rl_deployment, built.identity, before, rl_observe)
+    still_serves(rl_deployment, weights, rl_observe)
 
 
 @swaps

@@ -14,6 +14,7 @@ from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.suite.deployment import fail_in_call
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
+from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 clause = pytest.mark.rl_clause
 requires = pytest.mark.rl_requires("logprobs")
@@ -185,7 +186,7 @@ def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "cached_tokens")
 def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
     layers, k, _ = moe.needed()
-    prompt = rl_deployment.prompt("r3-cache", 80)
+    prompt = rl_deployment.prompt("r3-cache", CACHED_PREFIX)
     headers = rl_deployment.session("r3-cache")
     cold = routed(rl_deployment, prompt, headers=headers, max_tokens=2, echo=True, stream=True)
     warm = routed(rl_deployment, prompt, headers=headers, max_tokens=2, echo=True, stream=True)

@@ -1,9 +1,11 @@
-"""VER — the policy version (`model@identity`) on every response: a snapshot the serving replica
-had loaded at that moment. Across a swap: chunks before the signal name the old snapshot, chunks
-generated after every replica serves the new one name the new one."""
+"""VER — the policy version on every response: a snapshot the serving replica had loaded at that
+moment. Across a swap: chunks before the signal name the old snapshot, chunks generated after
+every replica serves the new one name the new one. Fireworks says it per chunk (`model@identity`);
+engines that say it as spans over the output tokens (vLLM) are held to VER-SPAN-1."""
 
 import pytest
 
+from pytest_rlrollout.remote.stream import span_problems
 from pytest_rlrollout.suite.observe import across_swap
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.swaps import served_by
@@ -98,3 +100,51 @@ def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, rl_observe
         f"after the swap to {new} a response names {model!r}"
     )
     rl_observe(1, f"non-streaming response after the swap naming {new}")
+
+
+def output_tokens(s) -> int:
+    """The stream's output tokens: its logprobs entries, which usage must agree with."""
+    n = len(s.entries)
+    told = (s.usage or {}).get("completion_tokens")
+    assert told in (None, n), f"usage.completion_tokens {told}, but {n} tokens streamed (see INF-USAGE-1)"
+    return n
+
+
+@clause("VER-SPAN-1")
+@requires("policy_version", "logprobs")
+def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
+    s = rl_deployment.complete({"prompt": rl_deployment.prompt("ver-span", 8).body, "max_tokens": 12, "stream": True,
+                                "ignore_eos": True, "temperature": 0, "logprobs": True}).expect_ok()  # fmt: skip
+    spans = s.spans
+    assert spans is not None, "the stream carried no policy-version spans"
+    n = output_tokens(s)
+    found = span_problems(spans, n)
+    assert not found, f"spans {spans} over {n} output tokens: {'; '.join(found)}"
+    named, now = {x["version"] for x in spans}, loaded(rl_deployment)
+    assert named <= now, f"the spans name {sorted(named - now)}; loaded is {sorted(now)}"
+    rl_observe(n, f"output tokens covered once by {len(spans)} span(s) naming {', '.join(sorted(named))}")
+
+
+@pytest.mark.rl_swaps
+@clause("VER-SPAN-1")
+@requires("policy_version", "logprobs")
+def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_swap, rl_observe):
+    body = {"prompt": rl_deployment.prompt("ver-span-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
+            "ignore_eos": True, "temperature": 0, "logprobs": True}  # fmt: skip
+    c = across_swap(rl_deployment, rl_swap, rl_observe, body)
+    if c.stream is None or not c.stream.ok:
+        inconclusive(f"the stream did not complete ({c.error!r}; see SWAP-ASYNC-1)")
+    if not c.served:
+        inconclusive(f"the swap to {c.new} did not complete (see HL-GET-2)")
+    s = c.stream
+    spans = s.spans
+    assert spans is not None, "the stream carried no policy-version spans"
+    n = output_tokens(s)
+    found = span_problems(spans, n)
+    assert not found, f"spans {spans} over {n} output tokens: {'; '.join(found)}"
+    named = [x["version"] for x in spans]
+    assert set(named) <= {c.old, c.new}, f"the spans name {named}; the stream met {c.old} and then {c.new}"
+    assert named == sorted(named, key=[c.old, c.new].index), f"the spans go back to the old snapshot: {named}"
+    if c.new not in named:
+        inconclusive("the stream ended before the new snapshot served")
+    rl_observe(n, f"output tokens across the swap covered once by spans {named}")

@@ -1,0 +1,326 @@
+"""CTL — engine control semantics: pausing generation, publishing a policy label, resetting the
+prompt cache, and what each does to the requests in flight and to what is served.
+
+Each test starts a stream, acts while it is in flight (`with_stream`), and judges what the
+stream and the deployment did, on the run's clock (the recording's in replay). A pause is held
+for `Timeouts.hold` (a few `paused()` reads) so that tokens generated meanwhile would show. A
+test that leaves generation paused or a label changed puts it back before it ends.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+
+from pytest_rlrollout.remote.fingerprint import (
+    ECHO,
+    ISOLATION,
+    Continuation,
+    FingerprintError,
+    continuation,
+    largest_difference,
+    prompt_logprobs,
+)
+from pytest_rlrollout.remote.stream import json_object, span_problems
+from pytest_rlrollout.suite.observe import WHITELIST, InFlight, with_stream
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.prompts import CACHED_PREFIX
+
+clause = pytest.mark.rl_clause
+swaps = pytest.mark.rl_swaps
+requires = pytest.mark.rl_requires
+HOLD_READS = 4  # paused() reads while a pause is held (a fixed count: a replay asks as often)
+IN_TRANSIT = 0.05  # seconds: a chunk this soon after the pause answered may have been on its way
+
+
+def long_stream(rl_deployment, name: str, **more) -> dict:
+    return {"prompt": rl_deployment.prompt(name, 16).body, "max_tokens": rl_deployment.long_stream_tokens,
+            "ignore_eos": True, "temperature": 0, "logprobs": True, **more}  # fmt: skip
+
+
+def ok(r, what: str) -> None:
+    assert r.status_code == 200, f"{what}: HTTP {r.status_code} {r.text[:200]}"
+
+
+def hold(rl_deployment) -> list[bool | None]:
+    """Keep generation paused for `Timeouts.hold`, asking whether it is paused meanwhile."""
+    seen = []
+    for _ in range(HOLD_READS):
+        time.sleep(rl_deployment.timeouts.hold / HOLD_READS)  # the window itself, not a wait for a condition
+        seen.append(rl_deployment.paused())
+    return seen
+
+
+def in_transit(f: InFlight) -> float:
+    """How long after the pause answered a chunk may still have been generated before it."""
+    gaps = [b - a for a, b in zip(f.arrivals, f.arrivals[1:], strict=False)]
+    return max(IN_TRANSIT, 3 * statistics.median(gaps)) if gaps else IN_TRANSIT
+
+
+def still_running(f: InFlight, at: float) -> None:
+    if f.done_at and f.done_at <= at:
+        inconclusive("the stream ended before the pause reached it; pass a larger --rl-long-stream-tokens")
+
+
+@swaps
+@clause("CTL-PAUSE-1")
+@requires("pause")
+def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, rl_observe):
+    marks: dict[str, float] = {}
+    held: dict[str, object] = {}
+
+    def arrive() -> None:  # a request sent while generation is paused
+        body = {"prompt": rl_deployment.prompt("ctl-pause-1-held", 8).body, "max_tokens": 2, "stream": True}
+        held["stream"] = rl_deployment.complete(body)
+        held["answered"] = rl_deployment.mark("held-answered")
+
+    def act(f: InFlight) -> None:
+        r = rl_deployment.pause("keep")
+        marks["paused"] = rl_deployment.mark("paused")
+        ok(r, "POST pause (keep)")
+        late = threading.Thread(target=arrive, daemon=True)
+        try:
+            late.start()
+            held["paused_reads"] = hold(rl_deployment)
+        finally:
+            marks["resume"] = rl_deployment.mark("resume")
+            ok(rl_deployment.resume(), "POST resume")
+            late.join(rl_deployment.timeouts.exchange)
+
+    f, _ = with_stream(rl_deployment, long_stream(rl_deployment, "ctl-pause-1"), act)
+    still_running(f, marks["paused"])
+    generated = f.between(marks["paused"] + in_transit(f), marks["resume"])
+    assert not generated, (
+        f"{len(generated)} chunks arrived {f.arrivals[generated[0]] - marks['paused']:.3f} s and more after the pause "
+        f"answered, before the resume was sent"
+    )
+    s = held.get("stream")
+    assert s is not None, "the request sent while paused was never answered"
+    assert s.status == 200, f"a request sent while paused got HTTP {s.status}: {s.body[:200]!r} (held, not refused)"
+    assert held["answered"] >= marks["resume"], "the request sent while paused was answered before the resume"
+    assert f.completed, f"the paused stream did not complete after the resume ({f.error!r})"
+    rl_observe(1, f"stream paused {marks['resume'] - marks['paused']:.2f} s with no chunk generated, completed after")
+    rl_observe(1, "request sent while paused, held and answered 200 after the resume")
+
+
+@swaps
+@clause("CTL-PAUSE-2")
+@requires("pause")
+def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, rl_observe):
+    marks: dict[str, float] = {}
+
+    def act(f: InFlight) -> None:
+        try:
+            ok(rl_deployment.pause("abort"), "POST pause (abort)")
+            marks["paused"] = rl_deployment.mark("paused")
+        finally:
+            ok(rl_deployment.resume(), "POST resume")
+
+    f, _ = with_stream(rl_deployment, long_stream(rl_deployment, "ctl-pause-2"), act)
+    s = f.stream
+    assert f.error is None, f"the stream broke at the abort: {f.error!r}"
+    assert s is not None and s.status == 200, f"HTTP {s.status if s else '?'}"
+    n = len(f.entries)
+    if n >= rl_deployment.long_stream_tokens:
+        inconclusive("the stream had finished before the abort reached it; pass a larger --rl-long-stream-tokens")
+    assert s.finish_reason == "abort", f"an aborted stream ended with finish_reason {s.finish_reason!r}"
+    assert s.done, "an aborted stream did not end with data: [DONE]"
+    assert n > 0, "the aborted stream returned none of the tokens it had generated"
+    rl_observe(n, "tokens of a stream aborted by the pause, returned with finish_reason 'abort' and [DONE]")
+
+
+@swaps
+@clause("CTL-PAUSE-3")
+@requires("pause", "policy_version", "logprobs")
+def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, rl_observe):
+    old = rl_deployment.serving()
+    label = rl_deployment.salted("ctl-pause-3")
+    marks: dict[str, float] = {}
+
+    def act(f: InFlight) -> int:
+        try:
+            ok(rl_deployment.pause("keep"), "POST pause (keep)")
+            marks["paused"] = rl_deployment.mark("paused")
+            before = len(f.entries)
+            ok(rl_deployment.set_label(label), f"setting the label {label}")
+            return before
+        finally:
+            ok(rl_deployment.resume(), "POST resume")
+
+    try:
+        f, before = with_stream(rl_deployment, long_stream(rl_deployment, "ctl-pause-3"), act)
+    finally:
+        if old is not None:
+            ok(rl_deployment.set_label(old), f"restoring the label {old}")
+    still_running(f, marks["paused"])
+    assert f.completed, f"a stream paused in keep mode did not complete after the resume ({f.error!r})"
+    s = f.stream
+    n = len(f.entries)
+    assert n == rl_deployment.long_stream_tokens, f"{n} tokens of {rl_deployment.long_stream_tokens} (restarted?)"
+    assert s.finish_reason in WHITELIST, f"finish_reason {s.finish_reason!r}"
+    spans = s.spans
+    assert spans is not None, "the stream carried no policy-version spans"
+    found = span_problems(spans, n)
+    assert not found, f"spans {spans}: {'; '.join(found)}"
+    named = [x["version"] for x in spans]
+    assert named[0] == old and named[-1] == label and set(named) == {old, label}, (
+        f"the spans name {named}; the stream began under {old} and was resumed under {label}"
+    )
+    boundary = spans[0]["end"]
+    assert boundary >= before, f"the span of {old} ends at token {boundary}, yet {before} had arrived before the pause"
+    rl_observe(n, f"tokens of a stream kept across a pause, {boundary} under {old} and {n - boundary} under {label}")
+
+
+@swaps
+@clause("CTL-PAUSE-4")
+@requires("pause")
+def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observe):
+    marks: dict[str, float] = {}
+
+    def act(f: InFlight) -> None:
+        try:
+            ok(rl_deployment.pause("wait"), "POST pause (wait)")
+            marks["paused"] = rl_deployment.mark("paused")
+        finally:
+            ok(rl_deployment.resume(), "POST resume")
+
+    body = long_stream(rl_deployment, "ctl-pause-4", max_tokens=max(8, rl_deployment.long_stream_tokens // 4))
+    f, _ = with_stream(rl_deployment, body, act)
+    assert f.completed, f"a stream drained by a pause in wait mode did not complete ({f.error!r})"
+    assert f.stream.finish_reason in WHITELIST, f"a drained stream ended with {f.stream.finish_reason!r}"
+    last = f.arrivals[-1] if f.arrivals else f.done_at
+    assert last <= marks["paused"], (
+        f"the pause (wait) answered {last - marks['paused']:.3f} s before the in-flight stream's last chunk"
+    )
+    rl_observe(1, f"pause (wait) answered after the in-flight stream ended {f.stream.finish_reason!r}")
+
+
+@swaps
+@clause("CTL-PAUSE-5")
+@requires("pause")
+def test_pause_and_resume_are_idempotent_and_unknown_modes_refused(rl_deployment, rl_observe):
+    try:
+        for i in (1, 2):
+            ok(rl_deployment.pause("keep"), f"pause {i}")
+            assert rl_deployment.paused() is True, f"after pause {i}, the deployment says it is not paused"
+    finally:
+        for i in (1, 2):
+            ok(rl_deployment.resume(), f"resume {i}")
+    assert rl_deployment.paused() is False, "after two resumes, the deployment says it is paused"
+    r = rl_deployment.pause("sideways")
+    try:
+        assert 400 <= r.status_code < 500, f"pause with an unknown mode got HTTP {r.status_code} {r.text[:200]}"
+        assert rl_deployment.paused() is False, f"a refused pause (HTTP {r.status_code}) paused generation"
+    finally:
+        if r.status_code == 200:
+            rl_deployment.resume()
+    rl_observe(5, "pauses and resumes repeated without error, an unknown mode refused with no state change")
+
+
+def scored(rl_deployment, ids: list[int], isolation: str) -> list[float]:
+    """The prompt's logprobs as the deployment scores it, under an isolation key of its own."""
+    s = rl_deployment.complete({"prompt": ids, **ECHO}, headers={ISOLATION: isolation}).expect_ok()
+    try:
+        return prompt_logprobs(s, len(ids))
+    except FingerprintError as e:
+        inconclusive(f"the prompt's logprobs cannot be read: {e} (see FID-DECODE-1)")
+
+
+@swaps
+@clause("CTL-LABEL-1")
+@requires("logprobs", "echo", "token_id_prompts")
+def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, rl_observe):
+    from pytest_rlrollout.numerics.scorer import local_scorer
+
+    # the deployment's numbers against the local scorer's: NUM's tolerance (a bf16 engine needs more)
+    factory, tol = rl_swap.factory, rl_deployment.options.numerics.logprob_tolerance
+    try:
+        change = factory.visible_change(rl_deployment.serving())
+    except LookupError as e:
+        inconclusive(f"no tensor to change visibly: {e}")
+    built = rl_swap.build("ctl-label", change)
+    result = rl_swap.to(built)
+    ids = rl_deployment.prompt("ctl-label", 32).ids
+    served = scored(rl_deployment, ids, rl_deployment.salted("ctl-label-served"))  # at once, under the new label
+    label = rl_deployment.serving()
+    assert label == built.identity, f"after loading {built.identity} the deployment names {label}"
+    numerics = rl_deployment.options.numerics
+    local = local_scorer(factory.local_copy(built.identity), numerics.scorer, numerics.scorer_device)
+    expected = [float(x) for x in local.score(ids).logprobs[1:]]
+    d, i = largest_difference(served, expected)
+    assert d <= tol, (
+        f"tokens attributed to {label} are not sampled from its weights: the prompt scored under the label differs "
+        f"from {built.identity}'s weights scored locally by max |Δlogprob| {d:.3g} at token {i + 1} > {tol:g}"
+    )
+    rl_observe(len(served), f"prompt tokens scored under {label} as its weights score them (max |Δ| {d:.2g}, "
+                            f"{local.name} scorer; load took {result.waited.seconds:.2f} s)")  # fmt: skip
+
+
+@swaps
+@clause("CTL-LABEL-1")
+@requires("policy_version")
+def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_observe):
+    old = rl_deployment.serving()
+    label = rl_deployment.salted("ctl-label-inflight")
+
+    def act(f: InFlight) -> None:
+        ok(rl_deployment.set_label(label), f"setting the label {label}")
+
+    try:
+        f, _ = with_stream(rl_deployment, long_stream(rl_deployment, "ctl-label-inflight"), act)
+    finally:
+        if old is not None:
+            ok(rl_deployment.set_label(old), f"restoring the label {old}")
+    assert f.error is None, f"the stream broke when the label was set: {f.error!r}"
+    assert f.completed, f"the stream did not complete (HTTP {f.stream.status if f.stream else '?'})"
+    assert f.stream.finish_reason in WHITELIST, (
+        f"setting a label ended an in-flight stream with finish_reason {f.stream.finish_reason!r}"
+    )
+    rl_observe(len(f.entries), f"tokens of a stream that went on across a label change, ended "
+                               f"{f.stream.finish_reason!r}")  # fmt: skip
+
+
+@swaps
+@clause("CTL-CACHE-1")
+@requires("cache_reset", "logprobs", "token_id_prompts", "cached_tokens")
+def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_swap, rl_observe):
+    tol = rl_deployment.options.numerics.fingerprint_tolerance
+    ids = rl_deployment.prompt("ctl-cache", CACHED_PREFIX).ids
+    key = {ISOLATION: rl_deployment.salted("ctl-cache")}
+    continued(rl_deployment, ids, key)
+    old = continued(rl_deployment, ids, key)
+    if old.cached == 0:
+        inconclusive("the prompt was not served from the prompt cache before the reset (see CACHE-HIT-1)")
+    try:
+        change = rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
+    except LookupError as e:
+        inconclusive(f"no tensor to change visibly: {e}")
+    rl_swap("ctl-cache", change=change, reset_prompt_cache="none")  # new weights; the cache kept
+    r = rl_deployment.reset_cache()
+    said = (json_object(r) or {}).get("success")
+    if r.status_code != 200 or said is False:
+        inconclusive(f"the reset said it did not happen (HTTP {r.status_code} {r.text[:200]}): no success to judge")
+    repeated = continued(rl_deployment, ids, key)
+    fresh = continued(rl_deployment, ids, {ISOLATION: rl_deployment.salted("ctl-cache-fresh")})
+    moved, _ = old.difference(fresh)
+    if moved <= tol:
+        inconclusive(f"the new weights did not change the prompt's continuation (max |Δ| {moved:.2g}): stale KV "
+                     "would not show")  # fmt: skip
+    d, where = repeated.difference(fresh)
+    assert d <= tol, (
+        f"after a prompt-cache reset that reported success (HTTP {r.status_code} {r.text[:80]}), a prompt cached "
+        f"before it continues unlike the same prompt under an unused isolation key: {where} > {tol:g} (the "
+        f"deployment reported {repeated.cached} cached tokens)"
+    )
+    rl_observe(len(repeated.logprobs), f"tokens continuing a prompt cached before a reset scored as uncached after "
+                                       f"it (max |Δ| {d:.2g}; the new weights moved them {moved:.2g})")  # fmt: skip
+
+
+def continued(rl_deployment, ids: list[int], headers: dict[str, str]) -> Continuation:
+    try:
+        return continuation(rl_deployment.driver, ids, headers)
+    except FingerprintError as e:
+        inconclusive(f"the prompt's continuation cannot be read: {e} (see INF-LOGPROBS-1)")

@@ -245,20 +245,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print("\n".join(f"{name:{width}}  {what}" for name, what in switches.items()))
         return EXIT_OK
     faults = _check_faults(args.fault)  # before anything is built, bound or created
+    vllm = args.engine == "vllm"
+    if vllm and args.transition.upper() != "ASYNC":
+        raise UsageError("--engine vllm: the swap pauses generation in keep mode (ASYNC); --transition sync is "
+                         "a Fireworks setting")  # fmt: skip
 
     from pytest_rlrollout.reference import reference_deployment
-    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, VLLM_VERSION
 
     options = dict(
-        replicas=args.replicas,
+        engine=args.engine,
         transition=args.transition.upper(),
-        api_key=args.api_key,
         faults=faults,
         stagger=args.stagger,
         **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
+    # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
+    options |= {k: v for k, v in (("replicas", args.replicas), ("api_key", args.api_key)) if v is not None}
+    if not vllm:
+        options.setdefault("api_key", "rl-reference-key")
     # the built-in key is public; a key of the user's own is never echoed
-    shown_key = args.api_key if args.api_key == "rl-reference-key" else "<the --api-key you chose>"
+    key = options.get("api_key")
+    shown_key = key if key == "rl-reference-key" else "<the --api-key you chose>"
     stop = threading.Event()
     with contextlib.ExitStack() as cleanup:
         # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
@@ -279,21 +287,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # so it never lands as a KeyboardInterrupt between the output and the wait (exit 0 either
         # way). Restored first on the way out: a second Ctrl-C during shutdown interrupts it.
         _stop_on(signal.SIGINT, stop, cleanup)
-        print(f"base URL:   {dep.base_url}")
-        print(f"deployment: {dep.name}")
-        print(f"model:      {dep.model}")
-        print(f"bucket:     {bucket}")
-        print(
-            f"conformance: rlrollout conformance --rl-deployment={dep.name} --rl-base-url={dep.base_url}"
-            f" --rl-model={dep.model} --rl-api-key={shown_key} --rl-allow-hot-load"
-            f" --rl-bucket-url={bucket} --rl-base-snapshot={bucket / dep.settings.base_identity}"
-            f" --rl-transition={options['transition']}"
-            # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
-            f" --rl-long-stream-tokens=64 --rl-swap-timeout=10"
-        )
-        print(
-            f"serving {dep.settings.base_identity} on {args.replicas} replica(s), {options['transition']}", flush=True
-        )
+        replicas = len(dep.deployment.replicas)
+        base = bucket / dep.settings.base_identity
+        if vllm:
+            named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
+            command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine=vllm --rl-allow-hot-load"
+                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                       + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
+            serving = f"vLLM {VLLM_VERSION}'s dialect"
+        else:
+            named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
+                     f"bucket:     {bucket}"]  # fmt: skip
+            command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
+                       f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket}"
+                       f" --rl-base-snapshot={base} --rl-transition={options['transition']}"
+                       # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
+                       " --rl-long-stream-tokens=64 --rl-swap-timeout=10")  # fmt: skip
+            serving = options["transition"]
+        print("\n".join([*named, f"conformance: rlrollout conformance {command}"]))
+        print(f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}", flush=True)
         stop.wait()
     return EXIT_OK
 
@@ -573,9 +585,12 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
-    sv.add_argument("--replicas", type=int, default=2)
+    sv.add_argument("--engine", choices=["fireworks", "vllm"], default="fireworks",
+                    help="the wire it speaks: Fireworks' hot-load API, or vLLM 0.32's RL routes (one engine, the "
+                         "model served as 'tiny')")  # fmt: skip
+    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks), 1 (vllm)")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
-    sv.add_argument("--api-key", default="rl-reference-key")
+    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks), none asked for (vllm)")
     sv.add_argument(
         "--fault",
         nargs="+",

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pytest_rlrollout.cli import EXIT_BROKEN_PIPE, main, parser
@@ -194,8 +195,9 @@ def test_serve_list_faults_names_every_switch(capsys):
 # --------------------------------------------------------------------------- serve's bucket
 
 
-def _start_serve(*args) -> tuple[subprocess.Popen, Path]:
-    """`rlrollout serve` in its own process, once it printed its bucket (deadline: 60 s)."""
+def _start_serve(*args, until: str = "bucket:", seen: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """`rlrollout serve` in its own process, once it printed its bucket (and the line that starts
+    with `until`; every line printed goes to `seen`) (deadline: 60 s)."""
     proc = subprocess.Popen(
         [*CLI, "serve", "--port", "0", *map(str, args)],
         stdout=subprocess.PIPE,
@@ -212,16 +214,19 @@ def _start_serve(*args) -> tuple[subprocess.Popen, Path]:
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + 60
+    seen = [] if seen is None else seen
     while True:
         try:
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             proc.kill()
-            pytest.fail("serve printed no bucket within 60 s")
+            pytest.fail(f"serve printed no {until!r} line within 60 s")
         if line is None:
-            pytest.fail(f"serve ended before printing its bucket: {proc.wait()} {proc.stderr.read()}")
-        if line.startswith("bucket:"):
-            return proc, Path(line.split(":", 1)[1].strip())
+            pytest.fail(f"serve ended before printing its {until!r} line: {proc.wait()} {proc.stderr.read()}")
+        seen.append(line.rstrip("\n"))
+        if line.startswith(until):
+            bucket = next(x for x in seen if x.startswith("bucket:"))
+            return proc, Path(bucket.split(":", 1)[1].strip())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
@@ -249,6 +254,44 @@ def test_serve_never_removes_a_bucket_it_was_given(tmp_path):
     finally:
         proc.kill()
     assert (given / "mine.txt").read_text() == "the user's"
+
+
+def test_serve_engine_vllm_passes_the_dialect_and_its_defaults(fake_deployment):
+    with pytest.raises(_Started):
+        main(["serve", "--engine", "vllm"])
+    assert fake_deployment["engine"] == "vllm" and fake_deployment["transition"] == "ASYNC"
+    assert "api_key" not in fake_deployment and "replicas" not in fake_deployment  # the dialect's: no key, one engine
+    fake_deployment.clear()
+    with pytest.raises(_Started):
+        main(["serve"])
+    assert fake_deployment["engine"] == "fireworks" and fake_deployment["api_key"] == "rl-reference-key"
+    fake_deployment.clear()
+    with pytest.raises(_Started):
+        main(["serve", "--engine", "vllm", "--api-key", "k", "--replicas", "2"])
+    assert fake_deployment["api_key"] == "k" and fake_deployment["replicas"] == 2
+
+
+def test_serve_engine_vllm_refuses_a_sync_transition(fake_deployment, capsys):
+    assert main(["serve", "--engine", "vllm", "--transition", "sync"]) == 2
+    assert "--transition" in capsys.readouterr().err and fake_deployment == {}
+
+
+def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself():
+    seen: list[str] = []
+    proc, bucket = _start_serve("--engine", "vllm", until="serving", seen=seen)
+    try:
+        url = next(x for x in seen if x.startswith("base URL:")).split(":", 1)[1].strip()
+        [command] = [x for x in seen if x.startswith("conformance:")]
+        assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
+                           f"--rl-allow-hot-load --rl-bucket-url={bucket} "
+                           f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'}")  # fmt: skip
+        assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
+        assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert not bucket.exists()
 
 
 # --------------------------------------------------------------------------- clauses, pipes

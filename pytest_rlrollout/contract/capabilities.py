@@ -52,6 +52,13 @@ CAPABILITIES: dict[str, Capability] = {
         ),
         Capability("incremental", "incremental (ARC2) snapshots", "the engine's load API takes ARC2 diffs"),
         Capability(
+            "auth",
+            "API keys checked (a request under a wrong key refused)",
+            "a one-token completion under a wrong key",
+            FIREWORKS,
+            flags={"vllm": "--api-key"},
+        ),
+        Capability(
             "pause",
             "generation paused and resumed on request (abort, wait and keep modes)",
             "GET /is_paused",

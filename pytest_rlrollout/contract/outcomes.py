@@ -37,6 +37,15 @@ def worst(*outcomes: Outcome) -> Outcome:
     return min(outcomes, key=lambda o: o.severity)
 
 
+def roll_up(outcomes: list[Outcome]) -> Outcome:
+    """One clause's outcome from its tests': the worst among the tests that judged it. A test with
+    nothing to judge on this deployment (a variant that does not apply, an optional feature it
+    lacks: LoRA on an engine without it) counts only when no test judged the clause; a test that
+    could not make its observation (inconclusive) always counts."""
+    judged = [o for o in outcomes if o not in (Outcome.NOT_APPLICABLE, Outcome.UNSUPPORTED)]
+    return worst(*(judged or outcomes))
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One clause's outcome and why (the reason is empty for a plain pass)."""

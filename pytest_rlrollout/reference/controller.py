@@ -26,8 +26,8 @@ from pytest_rlrollout.reference.admission import HotLoadError, admit
 from pytest_rlrollout.reference.admission import finding as _finding
 from pytest_rlrollout.reference.model import Lora, Model
 from pytest_rlrollout.reference.replica import PAUSE_MODES, PendingSwap, Replica
+from pytest_rlrollout.reference.settings import FIRST_LABEL, Settings
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
-from pytest_rlrollout.reference.settings import Settings
 from pytest_rlrollout.reference.weights import keep_experts, moe_layers, xor_weights
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HINT_REFUSAL", "Deployment", "HotLoadError", "reset_policy"]
 
-FIRST_LABEL = "default"  # vLLM's weight version until one is set
 LATE_SWAP_REQUESTS = 3  # the CTL-LABEL-1 fault: requests served on the old weights after a reload
 
 RESET_POLICIES = {"all", "new_session", "none"}
@@ -449,19 +448,26 @@ class Deployment:
             replica.pause(held, recompute=clear_cache)
         for replica in self.replicas:
             replica.settle()
-        if clear_cache:
-            self.reset_prefix_cache()
+        if clear_cache:  # vLLM preempts what still runs so that the reset cannot fail
+            self.reset_prefix_cache(running=True)
 
     def resume(self) -> None:
         self.paused = None
         for replica in self.replicas:
             replica.resume()
 
-    def reset_prefix_cache(self) -> None:
-        """vLLM's /reset_prefix_cache: every replica forgets every cached prefix (requests in
-        flight keep their own KV, and are not cached once they finish)."""
+    def reset_prefix_cache(self, running: bool = False) -> bool:
+        """vLLM's /reset_prefix_cache: every replica forgets every cached prefix; False (nothing
+        reset) while requests decode on KV of their own, as vLLM refuses while blocks are held,
+        unless `running` (vLLM's reset_running_requests: they recompute their KV). Requests
+        frozen by a keep pause do not hold it up; they keep their KV and are not cached after."""
+        f = self.settings.fault
+        lies = f("CTL-CACHE-1") or f("SWAP-KV-1")  # both bugs report success whatever runs
+        if not running and not lies and any(r.running() for r in self.replicas):
+            return False
         for replica in self.replicas:
-            replica.reset_cache()
+            replica.reset_cache(preempt=running)
+        return True
 
     def close(self) -> None:
         for pool in (self.workers, self.signals, self.control):

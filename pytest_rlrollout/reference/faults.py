@@ -27,7 +27,7 @@ _SNAP_AT_LOAD = {
 FAULTS: dict[str, str] = {
     **_SNAP_AT_LOAD,
     "SNAP-ID-1": "accepts identities with '/', loading a nested directory of the bucket",
-    "HL-AUTH-1": "hot-load endpoints accept any API key",
+    "HL-AUTH-1": "hot-load endpoints accept any API key (vLLM: the RL routes take no key, as vLLM 0.32's do)",
     "HL-POST-1": "a valid signal is answered 200 with an empty, non-JSON body (vLLM: so is reload_weights)",
     "HL-POST-2": "unknown body fields are silently ignored",
     "HL-POST-2a": "unknown body fields get 400 with a different wording ('unknown field')",
@@ -75,7 +75,8 @@ FAULTS: dict[str, str] = {
     "SESS-2": "x-session-affinity wins over x-multi-turn-session-id",
     "SESS-3": "x-session-affinity alone is ignored",
     "VER-STREAM-1": "chunks sampled after a swap lose the '@identity' suffix",
-    "VER-NONSTREAM-1": "non-streaming responses keep naming the snapshot served at start-up",
+    "VER-NONSTREAM-1": "non-streaming responses keep naming the snapshot served at start-up (vLLM: the spans of a "
+    "non-streamed generate answer name the label of start-up)",
     "R3-SHAPE-1": "routing matrices are one byte short",
     "R3-RANGE-1": "the last expert index of each matrix is E (out of range)",
     "R3-CHAT-1": "chat completions carry no routing_matrix",
@@ -108,22 +109,22 @@ FAULTS: dict[str, str] = {
     "FID-BATCH-1": "logits depend on the batch: scaled by 1 + 0.01 per other request in the decode step",
     # vLLM's RL routes (no effect in the Fireworks dialect: it has no pause, label or span routes)
     "VER-SPAN-1": "weight_versions spans leave a gap: each ends one token early (a single span is cut in two "
-    "around a missing token)",
+    "around a missing token) (vLLM dialect only)",
     "VER-SPAN-1:overlap": "weight_versions spans overlap: each ends one token late (a single span is cut in two "
-    "that share a token)",
-    "CTL-PAUSE-1": "POST /pause answers 'paused' (and /is_paused says so) but generation goes on",
-    "CTL-PAUSE-1:refuse": "requests arriving while generation is paused get 503 instead of being held",
-    "CTL-PAUSE-2": "abort mode drops the connection of every in-flight stream (no finish_reason, no [DONE])",
+    "that share a token) (vLLM dialect only)",
+    "CTL-PAUSE-1": "POST /pause answers 'paused' (and /is_paused says so) but generation goes on (vLLM dialect only)",
+    "CTL-PAUSE-1:refuse": "requests arriving while generation is paused get 503 instead of being held (vLLM dialect only)",
+    "CTL-PAUSE-2": "abort mode drops the connection of every in-flight stream (no finish_reason, no [DONE]) (vLLM dialect only)",
     "CTL-PAUSE-3": "keep mode loses the tokens generated before the pause: after resume each stream starts its "
-    "output over",
+    "output over (vLLM dialect only)",
     "CTL-PAUSE-4": "wait mode answers at once and freezes the in-flight requests (as keep does) instead of letting "
-    "them finish first",
-    "CTL-PAUSE-5": "an unknown pause mode is taken as 'abort' and pauses",
+    "them finish first (vLLM dialect only)",
+    "CTL-PAUSE-5": "an unknown pause mode is taken as 'abort' and pauses (vLLM dialect only)",
     "CTL-LABEL-1": "reload_weights answers at once and the weights swap only after 3 more requests, so a label set "
-    "right after names the old weights for a while",
-    "CTL-LABEL-1:aborts": "setting a label ends the in-flight requests with finish_reason 'abort'",
+    "right after names the old weights for a while (vLLM dialect only)",
+    "CTL-LABEL-1:aborts": "setting a label ends the in-flight requests with finish_reason 'abort' (vLLM dialect only)",
     "CTL-CACHE-1": "POST /reset_prefix_cache answers success and keeps every cached prefix's KV, reporting 0 cached "
-    "tokens for it",
+    "tokens for it (vLLM dialect only)",
 }
 
 

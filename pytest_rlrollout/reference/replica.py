@@ -224,12 +224,22 @@ class Replica:
             self._end = (event, self._submitted)
             self._cond.notify_all()
 
-    def reset_cache(self) -> None:
-        """Drop every cached prefix (vLLM's POST /reset_prefix_cache); requests in flight keep
-        their own KV and are not stored after it."""
+    def running(self) -> bool:
+        """Whether requests hold KV they are decoding on (frozen by a keep pause, they do not)."""
+        with self._cond:
+            return bool(self._active) and self.paused != "keep"
+
+    def reset_cache(self, preempt: bool = False) -> None:
+        """Drop every cached prefix (vLLM's POST /reset_prefix_cache). Requests in flight keep
+        their own KV (`preempt`: they recompute it at the next token boundary), and are not
+        stored once they finish."""
         self.cache.reset(self.generation)
         if self.settings.fault("SWAP-KV-1"):  # the bug: the reset takes the KV of running requests too
             self.end_in_flight(("error", (500, "the KV cache was reset")))
+        elif preempt:
+            with self._cond:
+                self._recompute = True
+                self._cond.notify_all()
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -297,7 +307,7 @@ class Replica:
             for job in ended:
                 job.cancelled.set()
                 job.emit(event)
-        if self._recompute and self.paused == "keep":
+        if self._recompute:  # at a token boundary: the step under way has finished
             self._recompute = False
             for job in self._active:
                 _forget_kv(job)

@@ -34,7 +34,7 @@ class Run:
         self.tokens: list[Token] = []
         self.text_so_far = ""
         self.finish: str | None = None
-        self.stop_reason: str | None = None  # the stop string that ended the text
+        self.stop_reason: str | int | None = None  # the stop string (or token id) that ended the output
         self.version = ""
         self._decode = text.stream_decoder()
         self._stop = stop

@@ -48,7 +48,7 @@ class Running:
         return self.settings.model
 
     @property
-    def api_key(self) -> str:
+    def api_key(self) -> str | None:
         return self.settings.api_key
 
     def hot_load_headers(self) -> dict[str, str]:

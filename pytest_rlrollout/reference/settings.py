@@ -14,13 +14,14 @@ Transition = Literal["ASYNC", "SYNC"]
 Dialect = Literal["fireworks", "vllm"]
 DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm")
 VLLM_VERSION = "0.32.0"  # what GET /version says in the vLLM dialect (the release measured)
+FIRST_LABEL = "default"  # vLLM's weight version until one is set
 # What a vLLM dialect changes unless the caller says otherwise: one server is one engine, the
-# model is served under a short name (vLLM's --served-model-name), and the CPU backend measured
-# here caches prefixes in blocks of 128 tokens (cached_tokens 128, 256, 384 for 200-, 300- and
-# 400-token prompts).
+# model is served under a short name (vLLM's --served-model-name), no API key is asked for (a
+# server started without --api-key), and the CPU backend measured here caches prefixes in blocks
+# of 128 tokens (cached_tokens 128, 256, 384 for 200-, 300- and 400-token prompts).
 DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
     "fireworks": {},
-    "vllm": {"replicas": 1, "model": "tiny", "block_size": 128},
+    "vllm": {"replicas": 1, "model": "tiny", "block_size": 128, "api_key": None},
 }
 # A pace at which swaps can be observed from outside: streams last long enough, and loads and
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
@@ -33,7 +34,7 @@ class Settings:
     account: str = "rlrollout"
     deployment_id: str = "reference"
     model: str = tiny_moe.MODEL_NAME
-    api_key: str = "rl-reference-key"
+    api_key: str | None = "rl-reference-key"  # None: no key asked for (the vLLM dialect's default)
     replicas: int = 2
     transition: Transition = "ASYNC"
     base_identity: str = tiny_moe.BASE_IDENTITY

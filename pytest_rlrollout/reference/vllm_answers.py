@@ -30,6 +30,7 @@ import numpy as np
 
 from pytest_rlrollout.reference.replica import Job, Scored, Token
 from pytest_rlrollout.reference.run import Run
+from pytest_rlrollout.reference.settings import FIRST_LABEL
 from pytest_rlrollout.reference.vllm_requests import VllmError, VllmRequest
 from pytest_rlrollout.reference.vllm_text import REPLACEMENT, VllmText
 
@@ -66,7 +67,7 @@ class Delta:
     tokens: list[Token]
     text: str
     finish: str | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 def _clamp(x: float) -> float:
@@ -81,7 +82,7 @@ class VllmRun(Run):
     """Turns a job's events into vLLM's chunks or body for the route it came on."""
 
     def __init__(self, dep: Deployment, vt: VllmText, req: VllmRequest, headers: dict[str, str]):
-        super().__init__(dep, vt.text, req.stop, vt.special_ids)
+        super().__init__(dep, vt.text, req.stop, vt.special_ids | set(req.stop_token_ids))
         self.vt, self.req = vt, req
         self.created = int(time.time())
         base = headers.get("x-request-id") or req.request_id or uuid.uuid4().hex[:16]
@@ -98,7 +99,7 @@ class VllmRun(Run):
             max_tokens=req.max_tokens,
             params=req.params,
             rng=np.random.default_rng(seed % 2**64),
-            stop_ids=frozenset() if req.ignore_eos else vt.stop_ids,
+            stop_ids=frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else vt.stop_ids),
             session=session,
             isolation=req.cache_salt,
             want_prompt_entries=req.prompt_logprobs is not None,
@@ -143,7 +144,9 @@ class VllmRun(Run):
                 nxt = self.peek()
                 if nxt is not None and nxt[0] == "end":  # the step that sampled it also ended it
                     self.finish = nxt[1]
-                    yield Delta([value], piece, nxt[1])
+                    if nxt[1] == "stop" and value.id in self.req.stop_token_ids:
+                        self.stop_reason = value.id  # a stop token id says itself; the end of sequence says nothing
+                    yield Delta([value], piece, nxt[1], self.stop_reason)
                     return
                 yield Delta([value], piece)
             elif kind == "end":
@@ -181,6 +184,8 @@ class VllmRun(Run):
         versions = [t.version for t in self.tokens]
         if self.f("SWAP-ASYNC-2:stale") and versions:  # every token keeps the version it started on
             versions = [versions[0]] * len(versions)
+        if self.f("VER-NONSTREAM-1") and not self.req.stream:  # a version cached at start-up
+            versions = [FIRST_LABEL] * len(versions)
         out: list[dict[str, Any]] = []
         for i, v in enumerate(versions):
             if out and out[-1]["version"] == v:
@@ -285,6 +290,10 @@ class VllmRun(Run):
         offset = 0  # where the next legacy logprobs entry starts in the text
         first = True
         try:
+            kind, value = await self.first()  # held here while generation is paused
+            if kind == "error":
+                status, message = value
+                raise VllmError(message, status, "InternalServerError" if status >= 500 else "BadRequestError")
             if req.route == "chat":
                 yield self._sse(self._chat_head())
             async for d in self.deltas():
@@ -392,7 +401,7 @@ class VllmRun(Run):
         chunk["choices"] = [self._generate_choice(d.finish, d.stop_reason, ids, d.text, positions, spans)]
         return chunk
 
-    def _generate_choice(self, finish: str | None, stop_reason: str | None, ids: list[int], text: str,
+    def _generate_choice(self, finish: str | None, stop_reason: str | int | None, ids: list[int], text: str,
                          positions: list[Position], spans: Any) -> dict[str, Any]:  # fmt: skip
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
                                   "routed_experts": None, "sampling_mask": None, "weight_versions": spans}  # fmt: skip

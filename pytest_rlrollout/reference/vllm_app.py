@@ -10,7 +10,11 @@ Routes: `GET /health`, `GET /version`, `GET /v1/models`, `POST /v1/completions`,
 
 What the reference decided where vLLM's own behaviour was not measured, or differs on purpose:
 
-- No API key is asked for (a vLLM server started without `--api-key`).
+- No API key is asked for unless the deployment has one (vLLM's `--api-key`): then a request
+  without `Authorization: Bearer <key>` gets 401 `{"error": "Unauthorized"}` on the routes vLLM
+  guards (`/v1/*`, `/inference/v1/generate`) and, unlike vLLM 0.32 (which leaves them open), on
+  the RL routes too (`/weight_info`, `/update_weight_version`, `/collective_rpc`, `/pause`,
+  `/resume`, `/is_paused`, `/reset_prefix_cache`): HL-AUTH-1. `/health` and `/version` stay open.
 - reload_weights loads `weights_path`, an absolute path naming a directory of the bucket (one
   path segment below it, still inside it once symlinks are followed); without `weights_path` it
   reloads the base snapshot (vLLM reloads the path it started from). The snapshot is validated
@@ -23,18 +27,30 @@ What the reference decided where vLLM's own behaviour was not measured, or diffe
 - POST /pause defaults to `mode=abort&clear_cache=true` (vLLM's defaults); an unknown mode is
   pydantic's 400 (`query.mode`) and changes nothing. The answer comes once the pause took hold
   (wait: once the requests in flight finished) and what they streamed before it was written out.
-  Requests that arrive while paused are held (not refused) and answered after POST /resume.
+  Requests that arrive while paused are held (not refused): a stream's headers go out at once and
+  its first chunk after POST /resume, as measured; a non-streamed answer comes after the resume.
+  An aborted stream's last chunk says `finish_reason: "abort"` with no token of its own (vLLM's
+  may carry the last token: the reference ends requests between tokens).
   Keep with `clear_cache=true` makes the frozen requests recompute their KV on the weights served
   at resume (vLLM preempts them), and resets the prefix cache.
-- POST /reset_prefix_cache answers `{"success": true}` even with requests in flight: the
-  reference's requests hold their own KV, so the reset always happens (vLLM answers false while
-  blocks are in use); a request in flight across it is not cached when it finishes.
+- POST /reset_prefix_cache answers `{"success": false}` and resets nothing while requests decode
+  (vLLM refuses while their blocks are held), unless `reset_running_requests=true`: they then
+  recompute their KV and the reset happens. Requests frozen by a keep pause do not hold it up
+  (measured: `success: true`, and the frozen stream resumes token for token); they are not cached
+  once they finish.
 - A request with prompt logprobs does not read the prefix cache, as vLLM (its
   `skip_reading_prefix_cache` defaults to true then): its cached_tokens is 0 and every prompt
   position is computed. An explicit `skip_reading_prefix_cache: false` is not honoured for such a
   request (vLLM would leave the cached positions' prompt logprobs unfilled); `true` skips the
   cache for any request.
 - Prefix-cache blocks are 128 tokens (the CPU backend measured here); `block_size` changes it.
+- Measured vLLM bugs the reference does not reproduce (each is a fault switch instead): a reload
+  leaves the MoE experts as they were (FID-SAME-1), the RL routes take no API key (HL-AUTH-1); a
+  failed reload, which leaves vLLM's weights unloaded and kills its engine at the next request,
+  is a refusal here. An unknown collective_rpc method is a 400 here (vLLM: 500, server alive).
+- Not served: `routed_experts` (null on every choice, as on the measured CPU server, which cannot
+  enable them), `/abort_requests`, `/weight_checker`, `/sleep`, `/tokenize`, the weight-transfer
+  routes.
 - One prompt per request, n = 1; sampling fields the engine does not implement are refused.
 - The generate route's logprobs for a sampled token outside the top N list it first with its
   rank (vLLM's order); spans over no output tokens are `[]`.
@@ -99,6 +115,9 @@ def refused_body(e: BadRequest) -> Response:
     return answer(not_json(e))
 
 
+UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's answer without the key (--api-key)
+
+
 class VllmRoutes:
     """The handlers, over one deployment."""
 
@@ -110,6 +129,21 @@ class VllmRoutes:
         self.reader = VllmReader(text, dep.config["vocab_size"], self.s.max_context, self.s.model)
         self.started = int(time.time())
         self.live: set[VllmRun] = set()  # requests whose answers are being written
+
+    # ----------------------------------------------------------------------- who may call
+
+    def guarded(self, handler: Any, rl: bool = False) -> Any:
+        """`handler` behind the deployment's API key (none: open). `rl`: one of the RL routes,
+        which vLLM leaves open and the HL-AUTH-1 fault leaves open too."""
+
+        async def checked(request: Request) -> Response:
+            key = self.s.api_key
+            checks = key is not None and not (rl and self.s.fault("HL-AUTH-1"))
+            if checks and request.headers.get("authorization") != f"Bearer {key}":
+                return VllmJson(UNAUTHORIZED, 401)
+            return await handler(request)
+
+        return checked
 
     # ----------------------------------------------------------------------- about the server
 
@@ -163,13 +197,14 @@ class VllmRoutes:
                 return answer(VllmError(str(e), 503, "ServiceUnavailableError"))
             except TooEarly as e:
                 return answer(VllmError(str(e), 425, "Too Early"), {"Retry-After": "1"})
+            self.live.add(run)
+            if req.stream:  # the headers go out at once, held or not (as vLLM's)
+                return StreamingResponse(self._written(run), media_type="text/event-stream")
             kind, value = await run.first()
             if kind == "error":
+                self.live.discard(run)
                 status, message = value
                 return answer(VllmError(message, status, "InternalServerError" if status >= 500 else "Too Early"))
-            self.live.add(run)
-            if req.stream:
-                return StreamingResponse(self._written(run), media_type="text/event-stream")
             try:
                 return VllmJson(await run.body())
             except VllmError as e:
@@ -272,31 +307,35 @@ class VllmRoutes:
         return VllmJson({"is_paused": self.dep.paused is not None})
 
     async def reset_prefix_cache(self, request: Request) -> Response:
+        flags = {}
         for name in ("reset_running_requests", "reset_external"):
             value = request.query_params.get(name, "false")
             if value.lower() not in TRUE + FALSE:
                 return answer(invalid(f"query.{name}", "bool_parsing",
                                       "Input should be a valid boolean, unable to interpret input", value))  # fmt: skip
-        await off_loop(self.dep.reset_prefix_cache, self.dep.control)
-        return VllmJson({"success": True})
+            flags[name] = value.lower() in TRUE
+        running = flags["reset_running_requests"]
+        done = await off_loop(lambda: self.dep.reset_prefix_cache(running), self.dep.control)
+        return VllmJson({"success": done})
 
     # ----------------------------------------------------------------------- the app
 
     def routes(self) -> list[Route]:
+        g = self.guarded
         return [
             Route("/health", self.health, methods=["GET"]),
             Route("/version", self.version, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/completions", self.inference("completions"), methods=["POST"]),
-            Route("/v1/chat/completions", self.inference("chat"), methods=["POST"]),
-            Route("/inference/v1/generate", self.inference("generate"), methods=["POST"]),
-            Route("/weight_info", self.weight_info, methods=["GET"]),
-            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
-            Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
-            Route("/pause", self.pause, methods=["POST"]),
-            Route("/resume", self.resume, methods=["POST"]),
-            Route("/is_paused", self.is_paused, methods=["GET"]),
-            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+            Route("/v1/models", g(self.models), methods=["GET"]),
+            Route("/v1/completions", g(self.inference("completions")), methods=["POST"]),
+            Route("/v1/chat/completions", g(self.inference("chat")), methods=["POST"]),
+            Route("/inference/v1/generate", g(self.inference("generate")), methods=["POST"]),
+            Route("/weight_info", g(self.weight_info, rl=True), methods=["GET"]),
+            Route("/update_weight_version", g(self.update_weight_version, rl=True), methods=["POST"]),
+            Route("/collective_rpc", g(self.collective_rpc, rl=True), methods=["POST"]),
+            Route("/pause", g(self.pause, rl=True), methods=["POST"]),
+            Route("/resume", g(self.resume, rl=True), methods=["POST"]),
+            Route("/is_paused", g(self.is_paused, rl=True), methods=["GET"]),
+            Route("/reset_prefix_cache", g(self.reset_prefix_cache, rl=True), methods=["POST"]),
         ]
 
 

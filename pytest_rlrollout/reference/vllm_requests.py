@@ -8,8 +8,9 @@ its message pydantic's (`1 validation error:\\n  {'type': ..., 'loc': 'body.x', 
 serve is `"NotFoundError"` (404). Unknown fields are ignored, as vLLM does.
 
 What the reference engine does not implement (several prompts in one request, n > 1, penalties,
-min_p, min_tokens, beam search, stop token ids, logit bias, structured output) is refused with a
-400 saying so, never silently ignored: an answer must not look as if it had honoured it.
+min_p, min_tokens, beam search, logit bias, structured output, token-id placeholders for tokens)
+is refused with a 400 saying so, never silently ignored: an answer must not look as if it had
+honoured it.
 Everything here may run on a worker thread.
 """
 
@@ -31,7 +32,7 @@ COMPLETION_MAX_TOKENS = 16  # /v1/completions' default; chat and generate fill t
 # fields vLLM takes that the reference engine does not implement, with the value that is a no-op
 UNSUPPORTED = {"n": 1, "best_of": None, "use_beam_search": False, "presence_penalty": 0.0,
                "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0,
-               "stop_token_ids": [], "logit_bias": None, "bad_words": [], "allowed_token_ids": None,
+               "return_tokens_as_token_ids": False, "logit_bias": None, "bad_words": [], "allowed_token_ids": None,
                "logprob_token_ids": None, "prompt_logprob_token_ids": None, "response_format": None,
                "structured_outputs": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
                "suffix": None, "truncate_prompt_tokens": None, "prompt_embeds": None,
@@ -151,6 +152,14 @@ class Fields:
             raise self._bad("stop", "list_type", "Input should be a valid list of strings")
         return [s for s in v if s]
 
+    def ids(self, name: str) -> list[int]:
+        v = self.doc.get(name)
+        if v is None:
+            return []
+        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            raise self._bad(name, "list_type", "Input should be a valid list of integers")
+        return v
+
     def unsupported(self, names: dict[str, Any]) -> None:
         for name, neutral in names.items():
             if name in self.doc and self.doc[name] is not None and self.doc[name] != neutral:
@@ -177,6 +186,7 @@ class VllmRequest:
     ignore_eos: bool
     return_token_ids: bool
     stop: list[str]
+    stop_token_ids: list[int]  # tokens that end the request besides the end of sequence (kept in the output)
     cache_salt: str | None
     output_mode: str  # generate: tokens or text
     request_id: str | None
@@ -300,6 +310,7 @@ class VllmReader:
             ignore_eos=b.bool("ignore_eos"),
             return_token_ids=top.bool("return_token_ids"),
             stop=stop,
+            stop_token_ids=[t for t in b.ids("stop_token_ids") if 0 <= t < self.vocab],
             cache_salt=salt,
             output_mode=mode,
             request_id=request_id,

@@ -173,6 +173,12 @@ def inference_probes(driver: Driver, d: Discovery) -> Stream:
     return text
 
 
+def auth_probe(driver: Driver, d: Discovery) -> None:
+    """Whether the deployment checks API keys: a one-token completion under a key it cannot know."""
+    wrong = driver.complete({"prompt": PROBE_TEXT, "max_tokens": 1}, headers={"Authorization": "Bearer rl-not-the-key"})
+    mark(d, "auth", wrong.status in (401, 403), f"a wrong key: HTTP {wrong.status}")
+
+
 def mark(d: Discovery, name: str, value: bool, seen: str) -> None:
     """Record what the probe of capability `name` saw."""
     d.capabilities[name] = bool(value)

@@ -93,6 +93,12 @@ class Reading:
         None when the engine says versions otherwise (per chunk), or not at all."""
         return None
 
+    def choice_field(self, chunks: list[dict[str, Any]], name: str) -> Any:
+        """The last non-null value of a choice's field across the chunks (None when absent)."""
+        values = [c[name] for chunk in chunks for c in _list(chunk.get("choices")) if isinstance(c, dict)
+                  and c.get(name) is not None]  # fmt: skip
+        return values[-1] if values else None
+
 
 CONTRACT_READING = Reading()
 
@@ -131,9 +137,9 @@ class Stream:
         return [c for chunk in self.chunks for c in _list(chunk.get("choices")) if isinstance(c, dict)]
 
     def choice_field(self, name: str) -> Any:
-        """The last non-null value of a choice's field across the chunks (None when absent)."""
-        values = [c[name] for c in self.choices() if c.get(name) is not None]
-        return values[-1] if values else None
+        """The last non-null value of a choice's field across the chunks (None when absent; an
+        engine may say it beside the choices: see `Reading`)."""
+        return self.reading.choice_field(self.chunks, name)
 
     @property
     def versions(self) -> list[str | None]:

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from pytest_rlrollout.suite.prompts import Prompt
 
 
+LOCAL_KEY = "rl-reference-key"  # the bundled deployment's API key
+
+
 class HotLoadNotAllowed(Exception):
     """A state change was attempted on a live deployment without --rl-allow-hot-load."""
 
@@ -297,29 +300,40 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
+    engine = opts.engine or "fireworks"  # the dialect the bundled deployment speaks (--rl-engine)
     # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
-    with reference_deployment(bucket, faults=opts.local_faults, transition=opts.transition) as dep:
-        target = Target(dep.name, dep.base_url, dep.model, dep.api_key)
+    # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
+    with reference_deployment(bucket, engine=engine, faults=opts.local_faults, transition=opts.transition,
+                              api_key=LOCAL_KEY) as dep:  # fmt: skip
+        name = dep.name if engine == "fireworks" else None  # a vLLM server is addressed by its URL alone
+        target = Target(name, dep.base_url, dep.model, dep.api_key, engine=engine)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-            yield RLDeployment(driver_for("fireworks", client), opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY,
-                               bucket=Bucket(bucket), local=dep)  # fmt: skip
+            driver = driver_for(engine, client, bucket=str(bucket.resolve()))
+            yield RLDeployment(driver, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
+                               local=dep)  # fmt: skip
 
 
 @contextlib.contextmanager
-def _live(opts: RLOptions, engine: Engine) -> Iterator[RLDeployment]:
-    from pytest_rlrollout.remote.bucket import Bucket
+def connect(opts: RLOptions, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
+    """The live deployment the options name, through its engine's driver: the one way the plugin
+    (preflight, tests, the restore at the end) and the `rlrollout` commands reach a deployment."""
     from pytest_rlrollout.remote.client import DeploymentClient, Target
     from pytest_rlrollout.remote.drivers import driver_for
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
                     engine=engine)  # fmt: skip
+    with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
+        yield driver_for(engine, client, bucket=served_path(opts.bucket_url))
+
+
+@contextlib.contextmanager
+def _live(opts: RLOptions, engine: Engine) -> Iterator[RLDeployment]:
+    from pytest_rlrollout.remote.bucket import Bucket
+
     bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
-    with DeploymentClient(
-        target, transport=_recorder(opts, opts.api_key), timeout=opts.timeouts.request, limits=opts.limits
-    ) as client:
-        driver = driver_for(engine, client, bucket=served_path(opts.bucket_url))
+    with connect(opts, engine, _recorder(opts, opts.api_key)) as driver:
         yield RLDeployment(driver, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
 
 
@@ -427,6 +441,34 @@ def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
     state = json.dumps({"replicas": dep.replicas(), "at": time.time()})  # read before the file exists
     with contextlib.suppress(FileExistsError), open(path, "x") as f:
         f.write(state)
+
+
+def restore_start(config: pytest.Config, engine: Engine) -> None:
+    """After a live run that changed what is served: what the engine's driver can do to serve the
+    start's snapshot again (vLLM: reload the directory the server started from and set the start
+    label back), written down beside the start and end states for the report."""
+    import httpx
+
+    from pytest_rlrollout.remote.limits import LimitExceeded
+
+    opts = options(config)
+    folder = run_dir(config) / "rl-state"
+    start = folder / "start.json"
+    if opts.mode != "live" or not opts.allow_hot_load or not start.is_file():
+        return
+    labels = {r.get("current_snapshot_identity") for r in json.loads(start.read_text())["replicas"]}
+    if len(labels) != 1 or not isinstance(label := labels.pop(), str):
+        return
+    with connect(opts, engine) as driver:
+        try:
+            if driver.replicas() and {r.get("current_snapshot_identity") for r in driver.replicas()} == {label}:
+                return
+            done = driver.restore(label)
+            after = driver.replicas()
+        except (httpx.HTTPError, LimitExceeded) as e:  # e.g. a deployment a refused load left broken
+            done, after = f"the start could not be restored: {type(e).__name__}: {e}", []
+    if done is not None:
+        (folder / "restored.json").write_text(json.dumps({"restored": done, "replicas": after, "at": time.time()}))
 
 
 def run_id(config: pytest.Config) -> str:

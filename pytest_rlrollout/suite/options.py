@@ -237,8 +237,9 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
         except ValueError as e:
             _usage(f"--rl-local-fault: {e}")
     common["transition"] = common["transition"] or "ASYNC"
+    engine = "vllm" if config.getoption("rl_engine") == "vllm" else "fireworks"  # the bundled deployment's dialect
     return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
-                     allow_hot_load=True, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
+                     allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:

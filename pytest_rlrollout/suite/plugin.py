@@ -62,20 +62,16 @@ def _preflight(config: pytest.Config) -> Discovery:
     what it offers; a run that could only misjudge it ends here with what to fix."""
     import httpx
 
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
     from pytest_rlrollout.remote.discovery import PreflightError, preflight
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
-    from pytest_rlrollout.suite.deployment import served_path
+    from pytest_rlrollout.suite.deployment import connect, served_path
 
     o = options(config)
-    assert o.base_url and o.model and o.api_key is not None
-    target = Target(o.deployment, o.base_url, o.model, o.api_key, inference_url=o.inference_url or "",
-                    engine=o.engine or ("fireworks" if o.deployment else "openai"))  # fmt: skip
-    with DeploymentClient(target, timeout=o.timeouts.request, limits=o.limits) as client:
+    with connect(o, o.engine or ("fireworks" if o.deployment else "openai")) as probing:
         try:
-            engine, decided = preflight(client, o.engine)
-            driver = driver_for(engine, client, bucket=served_path(o.bucket_url))
+            engine, decided = preflight(probing.client, o.engine)
+            driver = driver_for(engine, probing.client, bucket=served_path(o.bucket_url))
             return driver.discover(transition=o.transition, decided=decided)
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
@@ -117,12 +113,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.extend(("rl_clause", c) for c in mark.args)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """xdist: a worker sends what it discovered to the controller's report."""
+    """xdist: a worker sends what it discovered to the controller's report. The controller, once
+    every test is done, serves what was served at the start again where the engine allows it."""
     config = session.config
     found = config.stash.get(DISCOVERED, None)
     if found is not None and hasattr(config, "workeroutput"):
         config.workeroutput[WORKER_DISCOVERY] = json.dumps(found.as_dict())
+    elif found is not None:
+        from pytest_rlrollout.suite.deployment import restore_start
+
+        restore_start(config, found.engine)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import pytest
 
-from pytest_rlrollout.contract import SEVERITY, Outcome, catalogue, worst
+from pytest_rlrollout.contract import SEVERITY, Outcome, catalogue, roll_up
 from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.outcomes import outcome_of
 
@@ -60,7 +60,7 @@ class ClauseResult:
     def add(self, t: TestResult) -> None:
         self.tests.append(t)
         self.duration += t.duration
-        self.outcome = worst(self.outcome, t.outcome)
+        self.outcome = roll_up([x.outcome for x in self.tests])
         deciding = next(x for x in self.tests if x.outcome == self.outcome)
         self.evidence = deciding.evidence
 

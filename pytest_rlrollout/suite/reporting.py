@@ -119,7 +119,9 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     if not (folder / "start.json").is_file():
         return {}
     start = json.loads((folder / "start.json").read_text())["replicas"]
-    ends = sorted(folder.glob("end-*.json"), key=lambda p: json.loads(p.read_text())["at"])
+    ends = sorted(
+        [*folder.glob("end-*.json"), *folder.glob("restored.json")], key=lambda p: json.loads(p.read_text())["at"]
+    )
     end = json.loads(ends[-1].read_text())["replicas"] if ends else start
     cleaned = [json.loads(p.read_text()) for p in folder.glob("removed-*.json")]
     removed = sorted({i for c in cleaned for i in c["removed"]})
@@ -129,7 +131,9 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     adapters = sorted({i for r in end for i in served_by(r)} - {i for r in start for i in served_by(r)} - set(after))
     out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed,
                            "uploaded_and_kept": kept, "adapters_left_loaded": adapters}  # fmt: skip
-    if before != after:
+    if (folder / "restored.json").is_file():
+        out["restored"] = json.loads((folder / "restored.json").read_text())["restored"]
+    elif before != after:
         out["restore"] = (
             f"the run left {after} serving (kept in the bucket); to serve {before} again, upload it under a new "
             f"identity (identities cannot be reused) and signal it as a full snapshot, "

@@ -185,6 +185,13 @@ class SnapshotFactory:
 
     # ----------------------------------------------------------------------- building
 
+    def know(self, identity: str, overlay: Overlay) -> None:
+        """Record what a snapshot the run did not build holds (the deployment served it at the start)."""
+        self.record.load()
+        if identity not in self.record.overlays:
+            self.record.overlays[identity] = overlay
+            self.record.save()
+
     def knows(self, identity: str | None) -> bool:
         return identity is not None and identity in self.record.overlays
 

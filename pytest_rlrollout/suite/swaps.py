@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -92,6 +93,13 @@ def _rl_snapshots(
     made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
                            run_id(config), record, model=rl_deployment.target.model,
                            incremental=rl_deployment.capabilities.has("incremental"))  # fmt: skip
+    label = rl_deployment.driver.start_label()
+    if label is not None and label in rl_deployment.served_identities():
+        started = rl_deployment.driver.started_from()
+        if started is not None and Path(started).resolve() == rl_deployment.base_snapshot.resolve():
+            # the weights an engine started from, under its start label ("default" on vLLM), are the
+            # base's, as a base copy named after its identity is on Fireworks
+            made.know(label, {})
     yield made
     served = {i for r in rl_deployment.replicas() for i in served_by(r)}
     removed, kept = made.cleanup(keep=served)

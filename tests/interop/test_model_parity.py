@@ -143,9 +143,10 @@ def test_rollouts_from_the_reference_deployment_match_the_transformers_scorer(sc
     prompts = [[(11 * i + 7 * j) % 480 + 10 for j in range(16 + 8 * i)] for i in range(3)]
     with DeploymentClient(Target(dep.name, dep.base_url, dep.model, dep.api_key)) as c:
         rollouts = sample(c, prompts, 40, shape=(3, 2))
-    assert all(len(r.completion) == 40 for r in rollouts)
+    made = sum(len(r.completion) for r in rollouts)  # sampled at temperature 1: an end of text may come early
+    assert made >= 60 and all(0 < len(r.completion) <= 40 for r in rollouts), [len(r.completion) for r in rollouts]
     figures, alignment = compare(rollouts, scorers[1])
-    assert figures.tokens == 120 and figures.route_tokens == 120
+    assert figures.tokens == made and figures.route_tokens == made
     assert alignment == "producing position"  # how the reference deployment reports a token's routing
     assert figures.route_agreement == 1.0, figures.layer_agreement
     assert figures.max_abs <= 1e-4 and figures.k3_kl < 1e-9, figures.lines()

@@ -9,8 +9,9 @@ from pytest_rlrollout.suite.deployment import HotLoadNotAllowed
 
 
 def test_read_only(rl_deployment):
-    status = rl_deployment.status().json()
-    assert len(status["replicas"]) == 2
+    status = rl_deployment.status()
+    assert len(status.replicas) == 2 and not status.problems
+    assert status.response.json()["replicas"] == status.replicas
     assert rl_deployment.complete({"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).status == 200
 
 

@@ -17,7 +17,7 @@ import pytest
 import pytest_rlrollout.reference.app
 import pytest_rlrollout.suite.snapshots  # noqa: F401
 from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.reference.faults import FAULTS, clause_of
+from pytest_rlrollout.reference.faults import FAULTS, clause_of, switches_for
 from pytest_rlrollout.snapshot import broken
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -25,7 +25,7 @@ from ..support import write_row
 
 AREA_MODULE = {"HL": "test_hot_load.py", "SNAP": "test_hot_load.py", "SWAP": "test_swap.py", "CACHE": "test_cache.py",
                "SESS": "test_session.py", "VER": "test_version.py", "R3": "test_r3.py", "INF": "test_inference.py",
-               "FID": "test_fidelity.py", "NUM": "test_numerics.py"}  # fmt: skip
+               "FID": "test_fidelity.py", "NUM": "test_numerics.py", "CTL": "test_control.py"}  # fmt: skip
 SNAP_MUST = {c.id for c in catalogue().area("SNAP") if c.level == "MUST"}
 # Faults whose violation also breaks other clauses by the contract's own logic.
 COLLATERAL = {
@@ -83,6 +83,20 @@ def test_no_fault_every_clause_passes(pytester, transition):
     assert {c.id for c in catalogue()} <= set(got)
 
 
+def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
+    """The reference deployment's vLLM dialect through the vLLM driver: every clause vLLM binds
+    passes, but the ones whose binding needs what the dialect does not offer (routing matrices,
+    as vLLM's CPU build; an API key nobody set), which say so."""
+    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-engine=vllm")
+    assert doc["engine"]["name"] == "vllm"
+    vllm = {c.id for c in catalogue() if c.binds("vllm")}
+    unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
+    assert unjudged == dict.fromkeys(ROUTING & vllm, "unsupported"), unjudged  # no routed_experts, as on CPU
+    # the SNAP self-checks of the suite's own snapshots ask no deployment: they pass on either wire
+    deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
+    assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
+
+
 def test_every_switch_and_variant_is_in_the_matrix():
     assert {clause_of(f) for f in FAULTS} <= {c.id for c in catalogue()}  # switches name real clauses
     assert set(broken.BREAKERS) == {c.id for c in catalogue().area("SNAP")}
@@ -90,24 +104,48 @@ def test_every_switch_and_variant_is_in_the_matrix():
     assert {c.id for c in catalogue() if c.area != "SNAP"} <= switched, "a clause without a switch"
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_fault_switch_fails_its_clause(pytester, fault):
+# Each dialect of the reference deployment runs the rows of the switches of the clauses its engine
+# binds, through that engine's driver: the Fireworks wire, and vLLM's (`--rl-engine=vllm`).
+# The vLLM dialect returns no routed_experts (as vLLM's CPU build): the routing switches'
+# clauses are unsupported there, so their rows run on the Fireworks dialect only.
+ROUTING = {c.id for c in catalogue().area("R3")} | {"NUM-ROUTE-1"}
+# The FID-SAME-1 switches corrupt ARC2 diffs as they are applied, which vLLM's binding (whole
+# checkpoints only) never does.
+ARC2_ONLY = {"FID-SAME-1", "FID-SAME-1:experts"}
+ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("fireworks"))] + [
+    pytest.param(f, "vllm", id=f"vllm-{f}")
+    for f in sorted(switches_for("vllm"))
+    if clause_of(f) not in ROUTING and f not in ARC2_ONLY
+]
+# Faults whose violation, on vLLM's wire, also breaks other clauses by the contract's own logic.
+VLLM_COLLATERAL = {
+    **COLLATERAL,
+    # serving unvalidated snapshots serves the violating variant of every rule the binding checks
+    "HL-POST-5": {"SNAP-SAFETENSORS-1", "SNAP-COVER-1"},
+    # a pause that does not stop generation does not hold a drained request either
+    "CTL-PAUSE-1": {"CTL-PAUSE-4"},
+}
+
+
+@pytest.mark.parametrize(("fault", "engine"), ROWS)
+def test_fault_switch_fails_its_clause(pytester, fault, engine):
     clause = clause_of(fault)
     area = clause.split("-")[0]
     modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
-    args = [*(str(CONFORMANCE / m) for m in modules), f"--rl-local-fault={fault}"]
+    args = [*(str(CONFORMANCE / m) for m in modules), f"--rl-local-fault={fault}", f"--rl-engine={engine}"]
     if clause.startswith("SWAP-SYNC"):
         args.append("--rl-transition=SYNC")
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
     got, doc = run_suite_report(pytester, *args)
-    write_row(fault, "fault switch", got, clause)
+    write_row(fault if engine == "fireworks" else f"{fault} (vllm)", "fault switch", got, clause)
     assert got.get(clause) == "fail", got
-    for also in ALSO_FAILS.get(fault, set()):
+    for also in ALSO_FAILS.get(fault, set()) if engine == "fireworks" else ():  # VER-STREAM-1 is Fireworks
         assert got.get(also) == "fail", f"{fault} must also fail {also}: {got}"
     others = {k for k, v in got.items() if v == "fail"} - {clause}
     # a SNAP rule not enforced at hot-load time serves that rule's violating variant (HL-POST-5)
-    allowed = COLLATERAL.get(fault, {"HL-POST-5"} if area == "SNAP" else set())
+    collateral = COLLATERAL if engine == "fireworks" else VLLM_COLLATERAL
+    allowed = collateral.get(fault, {"HL-POST-5"} if area == "SNAP" else set())
     assert others <= allowed, f"{fault} also fails {sorted(others)}"
     # a failure shows its case: the assertion's message and the exchange behind it
     for test in (t for t in doc["clauses"][clause]["tests"] if t["outcome"] == "fail"):

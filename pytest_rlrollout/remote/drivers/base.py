@@ -154,6 +154,21 @@ class Driver(ABC):
         """Publish `label` as the policy version of what is served, changing no weights."""
         raise self.unbound("setting the policy label")
 
+    def started_from(self) -> str | None:
+        """The directory the engine loaded at start-up, where it says (None: it does not)."""
+        return None
+
+    def start_label(self) -> str | None:
+        """The label an engine gives the weights it started with, until one is published (None:
+        the engine has no such label; Fireworks names snapshots by their identity)."""
+        return None
+
+    def restore(self, label: str) -> str | None:
+        """Serve the start of a run again, `label` being what it served; what was done, or None
+        where the engine cannot (a Fireworks identity cannot be signalled twice: the report says
+        how to restore by hand)."""
+        return None
+
     # ----------------------------------------------------------------------- discovery
 
     def adopt(self, found: Discovery) -> None:  # noqa: B027 (a hook: most drivers keep nothing of it)

@@ -8,7 +8,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.contract.schemas import problems
-from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Discovery, inference_probes, mark, said
+from pytest_rlrollout.remote.discovery import (
+    PROBE_IDS,
+    PROBE_TEXT,
+    Discovery,
+    auth_probe,
+    inference_probes,
+    mark,
+    said,
+)
 from pytest_rlrollout.remote.drivers.base import Driver, Status
 from pytest_rlrollout.remote.stream import Stream, json_object
 
@@ -71,6 +79,7 @@ class FireworksDriver(Driver):
         client = self.client
         d = Discovery("fireworks", decided)
         inference_probes(self, d)
+        auth_probe(self, d)
         replicas = client.replicas()
         d.replicas = len(replicas)
         mark(d, "hot_load_api", bool(replicas), f"{len(replicas)} replica(s) in the status")

@@ -23,7 +23,7 @@ import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, inference_probes, mark, said
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import Reading, Stream, as_object, json_object
@@ -87,6 +87,13 @@ class VLLMReading(Reading):
             out.append(version if isinstance(version, str) else None)
         return out
 
+    def choice_field(self, chunks: list[dict[str, Any]], name: str) -> Any:
+        """A choice's field; the generate route says `prompt_token_ids` once, beside the choices."""
+        found = super().choice_field(chunks, name)
+        if found is None and name == "prompt_token_ids":
+            found = next((c[name] for c in chunks if c.get(name) is not None), None)
+        return found
+
     def entries(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for chunk in chunks:
@@ -149,13 +156,15 @@ class VLLMDriver(Driver):
     def _url(self, path: str) -> str:
         return self.target.base_url.rstrip("/") + path
 
-    def _post(self, path: str, body: Any = None, **params: Any) -> httpx.Response:
-        headers = self.client.auth_headers() | {"Content-Type": "application/json"}
+    def _post(
+        self, path: str, body: Any = None, *, headers: dict[str, str] | None = None, **params: Any
+    ) -> httpx.Response:
+        sent = self.client.auth_headers() | {"Content-Type": "application/json"} | (headers or {})
         query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()}
-        return self.client.request("POST", self._url(path), json=body, headers=headers, params=query)
+        return self.client.request("POST", self._url(path), json=body, headers=sent, params=query)
 
-    def _get(self, path: str) -> httpx.Response:
-        return self.client.request("GET", self._url(path), headers=self.client.auth_headers())
+    def _get(self, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.client.request("GET", self._url(path), headers=self.client.auth_headers() | (headers or {}))
 
     # ----------------------------------------------------------------------- inference
 
@@ -184,7 +193,7 @@ class VLLMDriver(Driver):
     # ----------------------------------------------------------------------- what is served
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        r = self._get("/weight_info")
+        r = self._get("/weight_info", headers=headers)
         doc = json_object(r) if r.status_code == 200 else None
         if doc is None:
             return Status(r, [], [f"GET /weight_info: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
@@ -211,7 +220,10 @@ class VLLMDriver(Driver):
             raise self.unbound("LoRA adapters")
         replicas: list[dict[str, Any]] = []
         for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
-            replicas = self.status().replicas
+            status = self.status()
+            if status.problems:  # what is served cannot be read: nothing to wait for
+                return Waited(False, elapsed, [], f"{'; '.join(status.problems)} (HL-GET-1)")
+            replicas = status.replicas
             if progress is not None:
                 progress(replicas)
             if replicas and all(r.get("current_snapshot_identity") == identity for r in replicas):
@@ -233,24 +245,24 @@ class VLLMDriver(Driver):
         policy = {True: "all", False: "none", None: "all"}.get(policy, policy)
         if policy not in ("all", "none"):
             raise self.unbound(f"reset_prompt_cache {policy!r}")
-        paused = self.pause("keep", clear_cache=False)
+        paused = self._post("/pause", headers=headers, mode="keep", clear_cache=False)
         if paused.status_code != 200:
             return paused
         try:
-            reloaded = self._post("/collective_rpc", {"method": "reload_weights",
-                                                      "kwargs": {"weights_path": f"{self.bucket}/{identity}"}})  # fmt: skip
+            reload = {"method": "reload_weights", "kwargs": {"weights_path": f"{self.bucket}/{identity}"}}
+            reloaded = self._post("/collective_rpc", reload, headers=headers)
             if reloaded.status_code != 200:
                 return reloaded
-            labelled = self.set_label(str(identity))
+            labelled = self._post("/update_weight_version", {"new_version": str(identity)}, headers=headers)
             if labelled.status_code != 200:
                 return labelled
             if policy == "all":
-                reset = self.reset_cache()
+                reset = self._post("/reset_prefix_cache", headers=headers)
                 if reset.status_code != 200:
                     return reset
             return reloaded
         finally:
-            self.resume()
+            self._post("/resume", headers=headers)
 
     # ----------------------------------------------------------------------- control
 
@@ -271,11 +283,40 @@ class VLLMDriver(Driver):
     def set_label(self, label: str) -> httpx.Response:
         return self._post("/update_weight_version", {"new_version": label})
 
+    def start_label(self) -> str | None:
+        return "default"  # vLLM's weight_version until /update_weight_version (its RL docs and tests)
+
+    def started_from(self) -> str | None:
+        """The model's root in `GET /v1/models`: the directory the server was started from."""
+        models = self._get("/v1/models")
+        data = (json_object(models) or {}).get("data") if models.status_code == 200 else None
+        root = as_object(data[0]).get("root") if isinstance(data, list) and data else None
+        return root if isinstance(root, str) else None
+
+    def restore(self, label: str) -> str | None:
+        """Reload the directory the server was started from and publish `label` again."""
+        root = self.started_from()
+        if root is None:
+            return "not restored: GET /v1/models names no model root"
+        self._post("/pause", mode="keep", clear_cache=True)
+        try:
+            reload = {"method": "reload_weights", "kwargs": {"weights_path": root}}
+            reloaded = self._post("/collective_rpc", reload)
+            if reloaded.status_code != 200:
+                return f"not restored: reloading {root} got HTTP {reloaded.status_code} {reloaded.text[:200]}"
+            labelled = self.set_label(label)
+            if labelled.status_code != 200:
+                return f"reloaded {root}, but setting the label {label!r} got HTTP {labelled.status_code}"
+        finally:
+            self._post("/resume")
+        return f"reloaded {root} (the directory the server started from) and set the label back to {label!r}"
+
     # ----------------------------------------------------------------------- discovery
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
         d = Discovery("vllm", decided, transition=transition or self.transition)
         inference_probes(self, d)
+        auth_probe(self, d)
         mark(d, "transition", True, f"{d.transition}: the load pauses generation in keep mode")
         info = self._get("/weight_info")
         label = (json_object(info) or {}).get("weight_version") if info.status_code == 200 else None
@@ -286,7 +327,7 @@ class VLLMDriver(Driver):
         paused = self._get("/is_paused")
         mark(d, "pause", paused.status_code == 200, f"GET /is_paused: HTTP {paused.status_code}")
         mark(d, "cache_reset", paused.status_code == 200, "a dev-mode route, beside /is_paused")
-        for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics", "nonstream_version", "routing_matrix"):
+        for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics", "routing_matrix"):
             mark(d, name, False, "no vLLM binding on this server")
         probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True}
         generated = self.client.complete(_generate_body(probe), url=self._url(GENERATE), reading=self.reading)
@@ -295,6 +336,8 @@ class VLLMDriver(Driver):
              + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"))  # fmt: skip
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
+        mark(d, "nonstream_version", self.generate and bool(ids.versions) and None not in ids.versions,
+             f"a non-streamed answer's spans: {ids.spans}")  # fmt: skip
         logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
         lps = logprobs.entries
         mark(d, "logprobs", bool(lps) and all("token_id" in e for e in lps), f"{len(lps)} logprobs entries")

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.suite.deployment import fail_in_call
-from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
+from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 clause = pytest.mark.rl_clause
@@ -47,6 +48,10 @@ def moe(rl_deployment, request) -> MoE:
         not_applicable("the served model is dense (its config.json declares no experts)")
     if not routes:
         seen = rl_deployment.capabilities.seen.get("routing_matrix", "")
+        flag = CAPABILITIES["routing_matrix"].flag(rl_deployment.engine)
+        if flag is not None:  # the engine routes behind a server flag: a server without it lacks a feature
+            unsupported(f"the served model is MoE and the deployment returns no routing ({seen}); "
+                        f"{rl_deployment.engine} returns it with {flag}")  # fmt: skip
         fail_in_call(request.node, f"the served model is MoE ({s.experts} experts, {s.k} per token) and the "
                                    f"deployment returns no routing_matrix ({seen})")  # fmt: skip
     return MoE((s.layers, s.k, s.experts))

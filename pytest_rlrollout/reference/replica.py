@@ -37,6 +37,9 @@ class Unavailable(Exception):
 
 
 PAUSE_MODES = ("abort", "wait", "keep")  # what a pause does to the requests in flight
+# vLLM dialect's SWAP-ASYNC-1 and SWAP-KV-1 faults: a request whose KV a swap or a reset took ends
+# after this many more tokens, once decoding goes on (a pause may hold it meanwhile)
+DOOMED_AFTER = 8
 
 
 @dataclass(eq=False)  # a job is its own identity; field-wise equality would compare arrays
@@ -74,6 +77,7 @@ class Job:
     prompt_scores: list[Scored] = field(default_factory=list)  # prompt positions 1.. (prompt_top_n)
     read_cache: bool = True  # False: every prompt position is computed (vLLM: prompt_logprobs asked)
     number: int = 0  # order of submission: a pause decides which requests were in flight by it
+    doom: tuple[tuple[str, Any], int] | None = None  # faults only: (the event that ends it, tokens left)
     generation: int = 0  # the replica's weights generation at admission
     cache_generation: int = 0  # the prompt cache's reset generation at admission
 
@@ -235,7 +239,9 @@ class Replica:
         stored once they finish."""
         self.cache.reset(self.generation)
         if self.settings.fault("SWAP-KV-1"):  # the bug: the reset takes the KV of running requests too
-            self.end_in_flight(("error", (500, "the KV cache was reset")))
+            with self._cond:
+                for job in self._active:  # they fail once they decode again
+                    job.doom = (("error", (500, "the KV cache was reset")), DOOMED_AFTER)
         elif preempt:
             with self._cond:
                 self._recompute = True
@@ -346,11 +352,14 @@ class Replica:
                 self._cond.wait(timeout=min(left, 0.01))
         f = self.settings.fault
         with self._cond:
-            if f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC":
+            if f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC" and self.label is not None:
+                for job in self._active:  # vLLM: the stream breaks once it decodes on the new weights
+                    job.doom = (("abort", None), DOOMED_AFTER)
+            elif f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC":
                 for job in self._active:
                     job.emit(("abort", None))
                 self._active = []
-            if f("SWAP-KV-1") and swap.reset_policy != "all":
+            if f("SWAP-KV-1") and swap.reset_policy != "all" and self.label is None:  # vLLM: at its reset instead
                 for job in self._active:
                     job.emit(("error", (500, "the KV cache was reset")))
                 self._active = []
@@ -544,6 +553,12 @@ class Replica:
         reported = _bf16(np.float32(logprob)).item() if f("FID-DECODE-1") else logprob
         scored = _scored(greedy_lp, token, job.top_n) if job.top_n is not None else None
         events.append((job, ("token", Token(token, reported, sampling_logprob, out.routing[-1], version, scored))))
+        if job.doom is not None:  # faults only: the request ends some tokens after its KV was taken
+            event, left = job.doom
+            job.doom = (event, left - 1) if left > 1 else None
+            if job.doom is None:
+                events.append((job, event))
+                return True
         if token in job.stop_ids:
             events.append((job, ("end", "stop")))
             return True

@@ -1,6 +1,6 @@
 """Weights as the weight-fidelity fault switches corrupt them at load time: a diff applied onto
-the wrong snapshot, experts that keep the weights loaded before. The loads themselves live in the
-controller; these only say what a broken load ends up serving."""
+the wrong snapshot, experts that keep the weights loaded before, experts read in the wrong
+layout. The loads themselves live in the controller; these only say what a broken load serves."""
 
 from __future__ import annotations
 
@@ -42,4 +42,25 @@ def keep_experts(model: Model, kept: Model, layers: list[int]) -> Model:
     out.layers = list(model.layers)
     for i in layers:
         out.layers[i] = replace(model.layers[i], w_gate_up=kept.layers[i].w_gate_up, w_down=kept.layers[i].w_down)
+    return out
+
+
+def misread_experts(model: Model, layers: list[int]) -> Model:
+    """`model` with the experts of `layers` read in another layout than they were written in: each
+    expert's [H, 2I] and [I, H] matrices reinterpreted as [2I, H] and [H, I] and transposed back.
+    vLLM 0.32's CPU backend was measured to serve a reload so: the fused expert tensors keep the
+    checkpoint's layout where its MoE kernel expects a prepacked one, so that even a reload of the
+    weights it started from changes the numbers."""
+    out = copy.copy(model)
+    out.layers = list(model.layers)
+    for i in layers:
+        layer = model.layers[i]
+        gate_up, down = layer.w_gate_up, layer.w_down
+        out.layers[i] = replace(
+            layer,
+            w_gate_up=np.ascontiguousarray(gate_up).reshape(gate_up.shape[0], gate_up.shape[2], gate_up.shape[1])
+            .transpose(0, 2, 1).copy(),
+            w_down=np.ascontiguousarray(down).reshape(down.shape[0], down.shape[2], down.shape[1])
+            .transpose(0, 2, 1).copy(),
+        )  # fmt: skip
     return out

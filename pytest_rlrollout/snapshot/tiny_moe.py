@@ -56,7 +56,7 @@ def config(vocab_size: int, *, bos: int, eos: int, pad: int) -> dict[str, Any]:
         "hidden_size": 64,
         "initializer_range": 0.02,
         "intermediate_size": 128,
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": 8192,
         "mlp_only_layers": [0],
         "model_type": "qwen3_moe",
         "moe_intermediate_size": 32,
@@ -101,7 +101,7 @@ def tokenizer_files(vocab_size: int = 512) -> dict[str, bytes]:
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
-        "model_max_length": 2048,
+        "model_max_length": 8192,
         "pad_token": "<|endoftext|>",
         "tokenizer_class": "PreTrainedTokenizerFast",
     }

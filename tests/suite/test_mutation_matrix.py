@@ -124,6 +124,8 @@ VLLM_COLLATERAL = {
     "HL-POST-5": {"SNAP-SAFETENSORS-1", "SNAP-COVER-1"},
     # a pause that does not stop generation does not hold a drained request either
     "CTL-PAUSE-1": {"CTL-PAUSE-4"},
+    # vLLM's default swap ('all') resets the prefix cache: a reset that breaks streams breaks the swap too
+    "SWAP-KV-1": {"SWAP-ASYNC-1"},
 }
 
 

@@ -68,7 +68,9 @@ def test_the_suite_judges_transformers_serve_as_an_openai_server(pytester, trans
                                           f"--rl-model={model}", "--rl-report=r.json")  # fmt: skip
     took = time.monotonic() - started
     assert took <= 60, f"{took:.0f} s"
-    result.stdout.fnmatch_lines(["rlrollout: engine openai (auto: no hot-load API and no engine's own API answers); capabilities:"])
+    result.stdout.fnmatch_lines(
+        ["rlrollout: engine openai (auto: no hot-load API and no engine's own API answers); capabilities:"]
+    )
     doc = json.loads((pytester.path / "r.json").read_text())
     assert doc["engine"]["name"] == "openai"
     got = {k: v["outcome"] for k, v in doc["clauses"].items()}

@@ -99,7 +99,8 @@ def test_the_suite_judges_vllm_twice_alike_and_restores_its_start(pytester, vllm
     first, second = map(verdicts, docs)
     assert docs[0]["engine"]["name"] == "vllm", docs[0]["engine"]
     assert docs[0]["engine"]["decided"].startswith("auto: GET /version answers vLLM 0.32"), docs[0]["engine"]
-    judged = {c for c, o in first.items() if o in ("pass", "fail")}
+    # judged in either run: a swap a stream did not meet on a loaded machine leaves one run inconclusive
+    judged = {c for run in (first, second) for c, o in run.items() if o in ("pass", "fail")}
     assert judged >= MUST_JUDGE, f"not judged: {sorted(MUST_JUDGE - judged)}"
     assert "error" not in first.values(), {c: o for c, o in first.items() if o == "error"}
     assert {c for c, o in first.items() if o == "fail"} == FAILS, {c: o for c, o in first.items() if o == "fail"}

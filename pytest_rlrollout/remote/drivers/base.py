@@ -74,7 +74,6 @@ class Driver(ABC):
 
     # ----------------------------------------------------------------------- inference
 
-    @abstractmethod
     def complete(
         self,
         body: dict[str, Any],
@@ -84,7 +83,9 @@ class Driver(ABC):
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
     ) -> Stream:
         """A completion in the contract's vocabulary, sent on the engine's wire (streamed when
-        `body["stream"]`; `on_chunk` sees every chunk as it arrives)."""
+        `body["stream"]`; `on_chunk` sees every chunk as it arrives). Here: as it is, to the
+        OpenAI completions endpoint (the contract's own wire)."""
+        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, reading=self.reading)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""

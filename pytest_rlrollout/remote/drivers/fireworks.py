@@ -18,7 +18,7 @@ from pytest_rlrollout.remote.discovery import (
     said,
 )
 from pytest_rlrollout.remote.drivers.base import Driver, Status
-from pytest_rlrollout.remote.stream import Stream, json_object
+from pytest_rlrollout.remote.stream import json_object
 
 if TYPE_CHECKING:
     import httpx
@@ -28,16 +28,6 @@ if TYPE_CHECKING:
 
 class FireworksDriver(Driver):
     engine = "fireworks"
-
-    def complete(
-        self,
-        body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-    ) -> Stream:
-        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
         r = self.client.status(headers=headers)

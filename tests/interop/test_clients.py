@@ -37,17 +37,27 @@ def test_account_and_deployment_discovery(mgr, dep):
     assert info is not None and info.name == dep.name
 
 
+def settled(dep) -> None:
+    """The SDK's wait returns once every replica reports the snapshot; the deployment takes the next
+    signal once each replica's load has also been booked (one load at a time): wait for both."""
+    from pytest_rlrollout.remote.polling import wait_until
+
+    wait_until(lambda: dep.deployment.loading is None, timeout=30, interval=0.005, what="the load to be booked")
+
+
 def test_full_incremental_and_lora_hot_loads(mgr, dep, bucket, tmp_path):
     d, m = dep.settings.deployment_id, dep.model
     s1 = build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
     mgr.hotload(d, m, "step-1")
     assert mgr.wait_for_hotload(d, m, "step-1")
+    settled(dep)
     fdc = pytest.importorskip("fireworks_delta_compression.compression")
     s2 = build.derive(s1, tmp_path / "step-2-full", build.perturbed(s1, seed=2))
     fdc.delta_compress_dirs(str(s1), str(s2), str(bucket / "step-2"), "arc_v2", executor=_pool())
     meta = {"previous_snapshot_identity": "step-1", "compression_format": "arc_v2", "checksum_format": "alder32"}
     mgr.hotload(d, m, "step-2", incremental_snapshot_metadata=meta)
     assert mgr.wait_for_hotload(d, m, "step-2")
+    settled(dep)
     build.make_lora(bucket / BASE, bucket / "lora-1", base_model=m)
     mgr.hotload(d, m, "lora-1")
     assert mgr.wait_for_hotload(d, m, "lora-1")

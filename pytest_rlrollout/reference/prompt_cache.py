@@ -74,10 +74,14 @@ class PromptCache:
             self._entries.move_to_end(best[1])
             return Hit(best[0], self._entries[best[1]])
 
-    def store(self, entry: Entry) -> None:
+    def store(self, entry: Entry, generation: int) -> None:
+        """Keep `entry` unless a reset came after the request started (`generation` is the
+        cache's generation then): checked under the lock, so a reset is never undone."""
         if len(entry.tokens) < self.block or "CACHE-HIT-1" in self.faults:
             return
         with self._lock:
+            if generation != self.generation:
+                return
             self._entries[self._next] = entry
             self._next += 1
             while len(self._entries) > self.capacity:

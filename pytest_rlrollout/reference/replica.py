@@ -376,8 +376,10 @@ class Replica:
             self.cache.on_swap(swap.reset_policy)
             self.stage, self.target, self.error = "ready", swap.identity, None
             self.swapping, self.draining, self.readiness = False, False, True
+            # booked before the status can say so: once the last replica reads as served, the
+            # deployment takes the next signal (the controller never waits on a replica's lock)
+            swap.on_done()
             self._cond.notify_all()
-        swap.on_done()
 
     def _expire_pending(self) -> None:
         if self.settings.fault("SWAP-ASYNC-4"):
@@ -433,12 +435,13 @@ class Replica:
             keep = [j for j in self._active if j not in gone and not j.cancelled.is_set()]
             keep += [j for j in admitted if j not in gone and not j.cancelled.is_set()]
             self._active = keep
-        self._deliver(events)
+        # cached before the answers go out: a client that read its answer finds its prefix cached
         for job in finished - failed:
             try:
                 self._remember(job)
             except Exception:  # the request has its answer; only its cache entry is lost
                 log.exception("%s: caching a finished request failed", self.name)
+        self._deliver(events)
 
     def _admit(self, job: Job, events: list[tuple[Job, tuple[str, Any]]]) -> None:
         """Pin the job to the served weights and start it on the longest cached prefix."""
@@ -580,8 +583,8 @@ class Replica:
         """Cache the computed positions (prompt and generated, minus the last unfed token)."""
         if job.seq is None or job.lora is not self.lora or job.served_by != self.identity:
             return  # a request that spanned a swap holds KV of two snapshots
-        if job.generation != self.generation or job.cache_generation != self.cache.generation:
-            return  # ... or of weights reloaded under the same identity, or computed before a reset
+        if job.generation != self.generation:
+            return  # ... or of weights reloaded under the same identity (a reset: the store checks)
         n = job.seq.length
         self.cache.store(
             Entry(
@@ -593,7 +596,8 @@ class Replica:
                 isolation=job.isolation,
                 session=job.session,
                 weights=self.generation,
-            )
+            ),
+            job.cache_generation,
         )
 
 

@@ -84,9 +84,12 @@ class Crossing:
 
     @property
     def crossed(self) -> bool:
-        """Evidence that the swap happened while the stream was being generated: chunks of the
-        new version, a stream still running once every replica served the new snapshot, or a
-        stream that broke after the signal."""
+        """Evidence that the swap happened while the stream was being generated: tokens of both
+        versions in it (however late they arrived), or, for a stream that was sending when the
+        swap was signalled, chunks of the new version, a stream still running once every replica
+        served the new snapshot, or a stream that broke after the signal."""
+        if self.old in self.versions and self.new in self.versions:
+            return True
         if not self.in_flight_at_signal:
             return False
         return self.new in self.versions or self.done_at > self.t_served or not self.completed

@@ -61,6 +61,9 @@ class Settings:
     seed: int = 0
     faults: frozenset[str] = field(default_factory=frozenset)
     engine: Dialect = "fireworks"  # the wire it speaks; the engine under it is the same
+    # vLLM's --enable-return-routed-experts: completions end with the experts every position was
+    # routed to (`routed_experts`); off by default, as on the CPU build (it needs the GPU runner)
+    routed_experts: bool = False
 
     @classmethod
     def for_dialect(cls, engine: Dialect = "fireworks", **given: Any) -> Settings:

@@ -12,11 +12,16 @@
   `stream_options.include_usage` a last chunk with `choices: []` carries the usage; `data: [DONE]`.
   `system_fingerprint` sits on the last chunk; usage's `prompt_tokens_details` says
   `cached_tokens` (`--enable-prompt-tokens-details`).
+- `routed_experts` (`--enable-return-routed-experts`): base64 of a `.npy` int32 array
+  `[prompt + output - 1, layers, k]` on the choice that ends a generate-route stream and on every
+  non-streamed choice; null elsewhere (vLLM streams it on its generate route only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import logging
 import math
@@ -89,6 +94,8 @@ class VllmRun(Run):
         self.id = {"completions": "cmpl-", "chat": "chatcmpl-", "generate": "generate-tokens-"}[req.route] + base
         self.model = dep.settings.model
         self.prompt_positions: list[Position] | None = None
+        self.prompt_routing: np.ndarray | None = None  # [prompt, L, k]
+        routed = dep.settings.routed_experts
         self._shown = 0  # characters of the text answered so far
         session = headers.get("x-multi-turn-session-id")
         replica = dep.route(session, headers.get("x-session-affinity"))
@@ -102,7 +109,7 @@ class VllmRun(Run):
             stop_ids=frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else vt.stop_ids),
             session=session,
             isolation=req.cache_salt,
-            want_prompt_entries=req.prompt_logprobs is not None,
+            want_prompt_entries=req.prompt_logprobs is not None or routed,
             loop=asyncio.get_running_loop(),
             queue=self.queue,
             drain_timeout=math.inf,
@@ -134,7 +141,9 @@ class VllmRun(Run):
         for an engine error, ConnectionDropped for a dropped stream."""
         async for kind, value in self.events():
             if kind == "prompt":
-                self.prompt_positions = self._prompt_positions(value[0], value[2])
+                self.prompt_routing = value[1]
+                if self.req.prompt_logprobs is not None:
+                    self.prompt_positions = self._prompt_positions(value[0], value[2])
             elif kind == "token":
                 piece = self.take(value)
                 if self.finish:  # a stop string: the request ends with this token
@@ -200,6 +209,31 @@ class VllmRun(Run):
             for span in out[:-1]:  # each span ends one token early (a gap) or late (an overlap)
                 span["end"] += shift
         return out
+
+    def routed_experts(self, streamed: bool) -> str | None:
+        """Every fed position's experts (the prompt's, then each output token's but the last),
+        as vLLM encodes them; None without the flag or before any forward pass. The R3 and
+        NUM-ROUTE-1 faults act on the array as the Fireworks dialect's act on its matrices."""
+        if not self.dep.settings.routed_experts or self.prompt_routing is None or not self.tokens:
+            return None
+        if not streamed and self.f("R3-COMP-1"):  # the fault: non-streamed answers carry none
+            return None
+        rows = np.concatenate([self.prompt_routing, [t.routing for t in self.tokens[1:]]]) if len(
+            self.tokens) > 1 else np.asarray(self.prompt_routing)  # fmt: skip
+        rows = rows.astype(np.int32)
+        if self.f("R3-ECHO-1"):  # the prompt's positions are left out, but the one that sampled token 0
+            rows = rows[len(self.prompt_routing) - 1 :]
+        if self.f("R3-RANGE-1"):
+            rows[:, -1, -1] = self.dep.replicas[0].model.experts
+        if self.f("R3-DET-1"):
+            rows = np.random.default_rng().permuted(rows, axis=-1)
+        if self.f("NUM-ROUTE-1"):
+            rows = rows[:, ::-1]
+        if self.f("R3-SHAPE-1"):  # one expert short in every row
+            rows = rows[:, :, :-1]
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(rows), allow_pickle=False)
+        return base64.b64encode(buffer.getvalue()).decode()
 
     def output_ids(self) -> list[int]:
         ids = [t.id for t in self.tokens]
@@ -398,13 +432,14 @@ class VllmRun(Run):
             chunk["prompt_token_ids"] = self.req.prompt
         chunk["output_mode"] = self.req.output_mode
         spans = self.spans() if d.finish is not None else None  # on the final chunk only
-        chunk["choices"] = [self._generate_choice(d.finish, d.stop_reason, ids, d.text, positions, spans)]
+        chunk["choices"] = [self._generate_choice(d.finish, d.stop_reason, ids, d.text, positions, spans,
+                                                  self.routed_experts(True) if d.finish is not None else None)]  # fmt: skip
         return chunk
 
     def _generate_choice(self, finish: str | None, stop_reason: str | int | None, ids: list[int], text: str,
-                         positions: list[Position], spans: Any) -> dict[str, Any]:  # fmt: skip
+                         positions: list[Position], spans: Any, routed: str | None = None) -> dict[str, Any]:  # fmt: skip
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
-                                  "routed_experts": None, "sampling_mask": None, "weight_versions": spans}  # fmt: skip
+                                  "routed_experts": routed, "sampling_mask": None, "weight_versions": spans}  # fmt: skip
         if self.req.output_mode == "text":
             choice["text"] = text
         choice["logprobs"] = self._output_logprobs(positions)
@@ -468,7 +503,8 @@ class VllmRun(Run):
                   "finish_reason": finish, "stop_reason": self.stop_reason,
                   "token_ids": self.output_ids() if req.return_token_ids else None,
                   "prompt_logprobs": self.prompt_logprobs(),
-                  "prompt_token_ids": req.prompt if req.return_token_ids else None, "routed_experts": None}  # fmt: skip
+                  "prompt_token_ids": req.prompt if req.return_token_ids else None,
+                  "routed_experts": self.routed_experts(False)}  # fmt: skip
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
                 "usage": self.usage(False), "kv_transfer_params": None, "ec_transfer_params": None,
@@ -480,7 +516,8 @@ class VllmRun(Run):
                    "audio": None, "function_call": None, "reasoning": None}  # fmt: skip
         choice = {"index": 0, "message": message, "logprobs": self._output_logprobs(positions),
                   "finish_reason": finish, "stop_reason": self.stop_reason,
-                  "token_ids": self.output_ids() if req.return_token_ids else None, "routed_experts": None}  # fmt: skip
+                  "token_ids": self.output_ids() if req.return_token_ids else None,
+                  "routed_experts": self.routed_experts(False)}  # fmt: skip
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
                 "usage": self.usage(False), "prompt_logprobs": None,
@@ -490,7 +527,7 @@ class VllmRun(Run):
     def _generate_body(self, finish: str, positions: list[Position]) -> dict[str, Any]:
         req = self.req
         choice = self._generate_choice(finish, self.stop_reason, self.output_ids(), self.text_out, positions,
-                                       self.spans())  # fmt: skip
+                                       self.spans(), self.routed_experts(False))  # fmt: skip
         return {"request_id": self.id, "model": self.model, "created": self.created, "usage": self.usage(False),
                 "prompt_logprobs": self.prompt_logprobs(), "prompt_token_id_logprobs": None,
                 "prompt_token_ids": req.prompt if req.return_token_ids else None, "mm_placeholders": None,

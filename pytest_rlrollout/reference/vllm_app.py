@@ -48,8 +48,10 @@ What the reference decided where vLLM's own behaviour was not measured, or diffe
   leaves the MoE experts as they were (FID-SAME-1), the RL routes take no API key (HL-AUTH-1); a
   failed reload, which leaves vLLM's weights unloaded and kills its engine at the next request,
   is a refusal here. An unknown collective_rpc method is a 400 here (vLLM: 500, server alive).
-- Not served: `routed_experts` (null on every choice, as on the measured CPU server, which cannot
-  enable them), `/abort_requests`, `/weight_checker`, `/sleep`, `/tokenize`, the weight-transfer
+- `routed_experts` only with `routed_experts=True` (vLLM's --enable-return-routed-experts, which
+  the measured CPU server cannot enable: null on every choice otherwise), read from vLLM 0.32's
+  sources: on the generate route's final chunk and on non-streamed choices.
+- Not served: `/abort_requests`, `/weight_checker`, `/sleep`, `/tokenize`, the weight-transfer
   routes.
 - One prompt per request, n = 1; sampling fields the engine does not implement are refused.
 - The generate route's logprobs for a sampled token outside the top N list it first with its

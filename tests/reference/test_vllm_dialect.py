@@ -1,13 +1,16 @@
 """The reference deployment speaking vLLM 0.32's dialect: every route answers as the measured
-server does (shapes in /tmp/vllm-exp/raw_s*.txt: legacy completions logprobs, prompt_logprobs,
-token ids, usage-only last chunks, weight_versions spans, pydantic-style 400s), and the
+server does (legacy completions logprobs, prompt_logprobs, token ids, usage-only last chunks,
+weight_versions spans, pydantic-style 400s), and the
 project's vLLM driver works against it as against a real vLLM server. Pause, labels, reloads and
 cache resets are in test_vllm_control.py; the fault switches in test_vllm_faults.py."""
 
+import base64
 import json
 
+import numpy as np
 import pytest
 
+from pytest_rlrollout.reference.model import Model, Sequence_
 from pytest_rlrollout.remote.client import DeploymentClient, Target
 from pytest_rlrollout.remote.discovery import preflight
 from pytest_rlrollout.remote.drivers import driver_for
@@ -163,6 +166,31 @@ def test_seeded_sampling_repeats(vllm):
 def test_no_routed_experts_as_on_the_measured_cpu_server(vllm):
     assert vllm.complete([1, 2, 3], max_tokens=2).json()["choices"][0]["routed_experts"] is None
     assert vllm.generate([1, 2, 3], max_tokens=2).json()["choices"][0]["routed_experts"] is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_routed_experts_are_laid_on_the_entries_as_the_engine_routed(start, bucket, stream):
+    """--enable-return-routed-experts: the driver's reading gives every prompt and output entry
+    the row of the forward pass the numpy engine routes it through (the prompt's position i;
+    output token j: position P-1+j), as the contract's routing_matrix."""
+    dep = start(engine="vllm", routed_experts=True)
+    with DeploymentClient(Target(None, dep.base_url, dep.model, "", engine="vllm")) as client:
+        driver = driver_for("vllm", client)
+        found = driver.discover(transition=None, decided="auto")
+        assert found.has("routing_matrix"), found.table()
+        driver.adopt(found)
+        # echo (prompt_logprobs) is answered on non-streamed requests only, as by vLLM
+        s = driver.complete({"prompt": SHORT, "max_tokens": 4, "temperature": 0, "logprobs": True,
+                             "echo": not stream, "stream": stream})  # fmt: skip
+    assert s.ok and s.choice_field("routed_experts") is not None
+    prompt = 0 if stream else len(SHORT)
+    ids = SHORT + [e["token_id"] for e in s.entries[prompt:]]
+    routing = Model.load(bucket / BASE).step([Sequence_()], [ids[:-1]], None)[0].routing  # [positions, L, k]
+    got = [np.frombuffer(base64.b64decode(e["routing_matrix"]), np.uint8).reshape(routing.shape[1:])
+           for e in s.entries]  # fmt: skip
+    want = [*routing[:prompt], *routing[len(SHORT) - 1 :]]
+    assert len(got) == prompt + 4 == len(want)
+    assert all(np.array_equal(np.sort(a, -1), np.sort(b, -1)) for a, b in zip(got, want, strict=True))
 
 
 # --------------------------------------------------------------------------- /v1/chat/completions

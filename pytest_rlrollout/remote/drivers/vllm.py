@@ -13,15 +13,28 @@
   the route answers; text prompts and chat go to `/v1/completions` and `/v1/chat/completions`.
 - Isolation: `x-prompt-cache-isolation-key` / `prompt_cache_isolation_key` become `cache_salt`.
 - Pause: `POST /pause?mode=abort|wait|keep&clear_cache=`, `POST /resume`, `GET /is_paused`.
+- Routing (R3): with `--enable-return-routed-experts` the choice that ends a completion carries
+  `routed_experts`, base64 of a `.npy` array `[positions, layers, k]`: the experts each forward
+  pass routed to, for every position but the last sampled token (from
+  `routed_experts_prompt_start`, 0 by default). The reading lays its rows on the logprobs entries
+  as the contract's `routing_matrix` ([L, k] uint8): a prompt entry gets its own position's row,
+  the output token j the row of position P-1+j (the pass that sampled it).
 
 Session headers pass through (one server: affinity is a router's concern, with no binding here).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
+import io
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.lib import format as npy
 
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status
@@ -100,6 +113,11 @@ class VLLMReading(Reading):
             out += _prompt_entries(chunk)
             for choice in _list(chunk.get("choices")):
                 out += _choice_entries(as_object(choice))
+        rows = routed_experts(self.choice_field(chunks, "routed_experts"))
+        prompt = self.choice_field(chunks, "prompt_token_ids")
+        generated = sum(len(_list(_choice(c).get("token_ids"))) for c in chunks)
+        if rows is not None and isinstance(prompt, list) and 0 < generated <= len(out):
+            _lay_routing(out, rows, len(prompt), generated)
         return out
 
 
@@ -134,6 +152,42 @@ def _choice_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
     known = known if len(known) == len(tokens) else ids if len(ids) == len(tokens) else []
     return [{"token": t, "logprob": v, **({"token_id": known[i]} if known else {})}
             for i, (t, v) in enumerate(zip(tokens, values, strict=True))]  # fmt: skip
+
+
+def routed_experts(value: Any) -> np.ndarray | None:
+    """`routed_experts` decoded: an integer array [positions, layers, k], or None when absent or
+    not one (an answer that does not decode carries no routing, and the R3 clauses say so). The
+    `.npy` header is read first and must describe exactly the bytes that follow: an answer
+    cannot make this side allocate what it did not send."""
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+        f = io.BytesIO(raw)
+        version = npy.read_magic(f)
+        header = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(version)
+        if header is None:
+            return None
+        shape, fortran, dtype = header(f)
+    except (ValueError, OSError, EOFError, SyntaxError, binascii.Error):
+        return None
+    if len(shape) != 3 or dtype.kind not in "iu" or math.prod(shape) * dtype.itemsize != len(raw) - f.tell():
+        return None
+    return np.frombuffer(raw, dtype=dtype, offset=f.tell()).reshape(shape, order="F" if fortran else "C")
+
+
+def _lay_routing(entries: list[dict[str, Any]], rows: np.ndarray, prompt: int, generated: int) -> None:
+    """Put each position's row on its entries (in place): the last `generated` entries are the
+    output tokens, those before them the prompt's last ones. The rows end at the position before
+    the last output token (it was never fed), whatever position they start from. A row that does
+    not fit uint8 is left out: the contract's matrices are uint8."""
+    first = prompt + generated - 1 - len(rows)  # the position of rows[0]
+    split = len(entries) - generated
+    for n, e in enumerate(entries):
+        position = prompt - split + n if n < split else prompt - 1 + (n - split)
+        at = position - first
+        if 0 <= at < len(rows) and rows[at].min() >= 0 and rows[at].max() <= 255:
+            e["routing_matrix"] = base64.b64encode(rows[at].astype(np.uint8).tobytes()).decode()
 
 
 VLLM_READING = VLLMReading()
@@ -327,13 +381,16 @@ class VLLMDriver(Driver):
         paused = self._get("/is_paused")
         mark(d, "pause", paused.status_code == 200, f"GET /is_paused: HTTP {paused.status_code}")
         mark(d, "cache_reset", paused.status_code == 200, "a dev-mode route, beside /is_paused")
-        for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics", "routing_matrix"):
+        for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics"):
             mark(d, name, False, "no vLLM binding on this server")
         probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True}
         generated = self.client.complete(_generate_body(probe), url=self._url(GENERATE), reading=self.reading)
         self.generate = generated.ok and bool(generated.spans)
         mark(d, "policy_version", self.generate, f"POST {GENERATE}: {said(generated)}"
              + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"))  # fmt: skip
+        rows = routed_experts(generated.choice_field("routed_experts"))
+        mark(d, "routing_matrix", rows is not None, f"POST {GENERATE}: "
+             + (f"routed_experts {list(rows.shape)}" if rows is not None else "no routed_experts"))  # fmt: skip
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
         mark(d, "nonstream_version", self.generate and bool(ids.versions) and None not in ids.versions,

@@ -218,9 +218,7 @@ class VllmRun(Run):
             return None
         if not streamed and self.f("R3-COMP-1"):  # the fault: non-streamed answers carry none
             return None
-        rows = np.concatenate([self.prompt_routing, [t.routing for t in self.tokens[1:]]]) if len(
-            self.tokens) > 1 else np.asarray(self.prompt_routing)  # fmt: skip
-        rows = rows.astype(np.int32)
+        rows = np.array([*self.prompt_routing, *(t.routing for t in self.tokens[1:])], dtype=np.int32)
         if self.f("R3-ECHO-1"):  # the prompt's positions are left out, but the one that sampled token 0
             rows = rows[len(self.prompt_routing) - 1 :]
         if self.f("R3-RANGE-1"):

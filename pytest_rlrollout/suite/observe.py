@@ -143,26 +143,11 @@ def across_swap(
     built = rl_swap.build("cross")
     c.new = timeline.new = built.identity
     timeline.old = c.old
-    first = threading.Event()
 
-    def seen(chunk: dict[str, Any]) -> None:
-        c.chunks.append(chunk)
-        c.arrivals.append(t := rl_deployment.mark("chunk"))
+    def drawn(t: float, chunk: dict[str, Any]) -> None:  # on the timeline as it arrives
         timeline.chunks.append((t, c.reading.versions([chunk])[0]))
-        first.set()
 
-    def run() -> None:
-        try:
-            c.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
-        except BaseException as e:  # a dropped connection is an observation, not a crash
-            c.error = e
-        finally:
-            c.done_at = rl_deployment.mark("done")
-            first.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    first.wait(timeout=rl_deployment.timeouts.request)
+    thread = stream_in_background(rl_deployment, c, body, headers, on_arrival=drawn)
     c.t_signal = rl_deployment.mark("signal")
     c.response = rl_swap.post(built, **signal)
     c.t_posted = rl_deployment.mark("posted")
@@ -313,6 +298,40 @@ class InFlight:
         return [i for i, t in enumerate(self.arrivals) if start <= t <= end]
 
 
+def stream_in_background(
+    rl_deployment: RLDeployment,
+    into: Crossing | InFlight,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    on_arrival: Callable[[float, dict[str, Any]], None] | None = None,
+) -> threading.Thread:
+    """Stream `body` on a thread of its own into `into` (the chunks and when each arrived, the
+    stream or the error that ended it, when it ended); return the thread once the first chunk
+    arrived (or the stream ended)."""
+    first = threading.Event()
+
+    def seen(chunk: dict[str, Any]) -> None:
+        into.chunks.append(chunk)
+        into.arrivals.append(t := rl_deployment.mark("chunk"))
+        if on_arrival is not None:
+            on_arrival(t, chunk)
+        first.set()
+
+    def run() -> None:
+        try:
+            into.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
+        except BaseException as e:  # a dropped connection is an observation, not a crash
+            into.error = e
+        finally:
+            into.done_at = rl_deployment.mark("done")
+            first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    first.wait(timeout=rl_deployment.timeouts.request)
+    return thread
+
+
 @observed
 def with_stream(
     rl_deployment: RLDeployment, body: dict[str, Any], action: Callable[[InFlight], T]
@@ -320,25 +339,7 @@ def with_stream(
     """Stream `body`; once its first chunk arrived, run `action` (with the stream so far), then
     wait for the stream to end. The stream's chunks keep arriving while the action runs."""
     f = InFlight(reading=rl_deployment.driver.reading)
-    first = threading.Event()
-
-    def seen(chunk: dict[str, Any]) -> None:
-        f.chunks.append(chunk)
-        f.arrivals.append(rl_deployment.mark("chunk"))
-        first.set()
-
-    def run() -> None:
-        try:
-            f.stream = rl_deployment.complete({**body, "stream": True}, on_chunk=seen)
-        except BaseException as e:  # a dropped connection is an observation, not a crash
-            f.error = e
-        finally:
-            f.done_at = rl_deployment.mark("done")
-            first.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    first.wait(timeout=rl_deployment.timeouts.request)
+    thread = stream_in_background(rl_deployment, f, body)
     try:
         result = action(f)
     finally:

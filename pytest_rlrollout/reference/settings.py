@@ -25,7 +25,8 @@ DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
 }
 # A pace at which swaps can be observed from outside: streams last long enough, and loads and
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
-OBSERVABLE_PACE = {"token_delay": 0.003, "swap_delay": 0.1, "load_delay": 0.03}
+# A swap of 0.1 s once ended, in CI, before any probe was sent inside it (SWAP-ASYNC-4 inconclusive).
+OBSERVABLE_PACE = {"token_delay": 0.003, "swap_delay": 0.2, "load_delay": 0.03}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_rlrollout.remote.client import loading_state
+from pytest_rlrollout.remote.fingerprint import Continuation, FingerprintError, continuation
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
 from pytest_rlrollout.suite.outcomes import inconclusive
@@ -345,3 +346,27 @@ def with_stream(
     finally:
         thread.join(timeout=rl_deployment.timeouts.exchange + 60)
     return f, result
+
+
+def continued(rl_deployment: RLDeployment, ids: list[int], headers: dict[str, str]) -> Continuation:
+    """The deployment's continuation of `ids`; inconclusive when it cannot be read."""
+    try:
+        return continuation(rl_deployment.driver, ids, headers)
+    except FingerprintError as e:
+        inconclusive(f"the prompt's continuation cannot be read: {e} (see INF-LOGPROBS-1)")
+
+
+def cached_and_a_visible_change(
+    rl_deployment: RLDeployment, rl_swap: Swapper, ids: list[int], headers: dict[str, str], before: str
+) -> tuple[Continuation, dict[str, Any]]:
+    """The continuation of `ids` served from the prompt cache (asked twice), and a change to the
+    served snapshot that moves it (through the KV); inconclusive when either is not to be had
+    (`before`: what the cache must have been filled before, for the message)."""
+    continued(rl_deployment, ids, headers)
+    old = continued(rl_deployment, ids, headers)
+    if old.cached == 0:
+        inconclusive(f"the prompt was not served from the prompt cache before {before} (see CACHE-HIT-1)")
+    try:
+        return old, rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
+    except LookupError as e:
+        inconclusive(f"no tensor to change visibly: {e}")

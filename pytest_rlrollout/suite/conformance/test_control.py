@@ -18,14 +18,12 @@ import pytest
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
-    Continuation,
     FingerprintError,
-    continuation,
     largest_difference,
     prompt_logprobs,
 )
 from pytest_rlrollout.remote.stream import json_object, span_problems
-from pytest_rlrollout.suite.observe import WHITELIST, InFlight, with_stream
+from pytest_rlrollout.suite.observe import WHITELIST, InFlight, cached_and_a_visible_change, continued, with_stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
@@ -301,14 +299,7 @@ def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_
     tol = rl_deployment.options.numerics.fingerprint_tolerance
     ids = rl_deployment.prompt("ctl-cache", CACHED_PREFIX).ids
     key = {ISOLATION: rl_deployment.salted("ctl-cache")}
-    continued(rl_deployment, ids, key)
-    old = continued(rl_deployment, ids, key)
-    if old.cached == 0:
-        inconclusive("the prompt was not served from the prompt cache before the reset (see CACHE-HIT-1)")
-    try:
-        change = rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
-    except LookupError as e:
-        inconclusive(f"no tensor to change visibly: {e}")
+    old, change = cached_and_a_visible_change(rl_deployment, rl_swap, ids, key, "the reset")
     rl_swap("ctl-cache", change=change, reset_prompt_cache="none")  # new weights; the cache kept
     r = rl_deployment.reset_cache()
     said = (json_object(r) or {}).get("success")
@@ -328,10 +319,3 @@ def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_
     )
     rl_observe(len(repeated.logprobs), f"tokens continuing a prompt cached before a reset scored as uncached after "
                                        f"it (max |Δ| {d:.2g}; the new weights moved them {moved:.2g})")  # fmt: skip
-
-
-def continued(rl_deployment, ids: list[int], headers: dict[str, str]) -> Continuation:
-    try:
-        return continuation(rl_deployment.driver, ids, headers)
-    except FingerprintError as e:
-        inconclusive(f"the prompt's continuation cannot be read: {e} (see INF-LOGPROBS-1)")

@@ -18,14 +18,13 @@ import pytest
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
-    Continuation,
     FingerprintError,
     Sweep,
-    continuation,
     largest_difference,
     prompt_logprobs,
     sweep,
 )
+from pytest_rlrollout.suite.observe import cached_and_a_visible_change, continued
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
@@ -168,27 +167,13 @@ def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tup
         inconclusive(f"the prompt's logprobs cannot be read: {e} (see R3-ECHO-1)")
 
 
-def continued(rl_deployment, ids: list[int], headers: dict[str, str]) -> Continuation:
-    try:
-        return continuation(rl_deployment.driver, ids, headers)
-    except FingerprintError as e:
-        inconclusive(f"the prompt's continuation cannot be read: {e} (see INF-LOGPROBS-1)")
-
-
 @swaps
 @clause("FID-CACHE-1")
 @pytest.mark.rl_requires("logprobs", "token_id_prompts", "cached_tokens")
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_observe):
     prompt = rl_deployment.prompt("fid-cache", CACHED_PREFIX).ids
     session = rl_deployment.session("fid-cache")
-    continued(rl_deployment, prompt, session)
-    old = continued(rl_deployment, prompt, session)
-    if old.cached == 0:
-        inconclusive("the prompt was not served from the prompt cache before the swap (see CACHE-HIT-1)")
-    try:
-        change = rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
-    except LookupError as e:
-        inconclusive(f"no tensor to change visibly: {e}")
+    old, change = cached_and_a_visible_change(rl_deployment, rl_swap, prompt, session, "the swap")
     result = rl_swap("fid-cache", change=change, reset_prompt_cache="all")
     repeated = continued(rl_deployment, prompt, session)
     fresh = continued(rl_deployment, prompt, session | {ISOLATION: rl_deployment.salted("fid-cache-fresh")})

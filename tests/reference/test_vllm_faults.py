@@ -9,10 +9,12 @@ import shutil
 from collections.abc import Callable
 
 import httpx
+import numpy as np
 import pytest
 
-from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.reference.faults import clause_of, switches_for
+from pytest_rlrollout.reference.faults import switches_for
+from pytest_rlrollout.reference.model import Model, Sequence_
+from pytest_rlrollout.remote.drivers.vllm import routed_experts
 from pytest_rlrollout.snapshot import broken
 
 from .vllm_support import (
@@ -51,12 +53,7 @@ class Case:
         return VllmClient(self._start(engine="vllm", faults={self.fault}, **settings))
 
 
-# Clauses whose vLLM binding needs routed_experts (--enable-return-routed-experts): the reference's
-# vLLM dialect serves none, as the measured CPU server, which cannot enable them (FACTS §1)
-ROUTING = {c.id for c in catalogue() if "--enable-return-routed-experts" in c.bindings.get("vllm", "")}
-
-
-@pytest.mark.parametrize("switch", [s for s in switches_for("vllm") if clause_of(s) not in ROUTING])
+@pytest.mark.parametrize("switch", switches_for("vllm"))
 def test_every_vllm_switch_is_observable_on_the_vllm_wire(start, bucket, reference, tmp_path, switch):
     prove = PROOFS.get(switch) or (snap_rule_let_through if switch.startswith("SNAP-") else None)
     assert prove is not None, f"no proof that {switch} shows on the vLLM wire"
@@ -182,6 +179,85 @@ def _(case):
     fast(c)
     s.join()
     assert any("error" in ch for ch in s.chunks)  # the stream ends with an error event
+
+
+# --------------------------------------------------------------------------- R3: routed_experts
+# (on with routed_experts=True, vLLM's --enable-return-routed-experts)
+
+
+def routed(c: VllmClient, ids=SHORT, n: int = 3, **extra) -> np.ndarray | None:
+    """The rows of a non-streamed greedy generate request's routed_experts (None: none said)."""
+    return routed_experts(
+        c.generate(ids, max_tokens=n, ignore_eos=True, **extra).json()["choices"][0]["routed_experts"]
+    )
+
+
+def engine_routing(snapshot, ids=SHORT) -> np.ndarray:
+    """The numpy engine's routing of every prompt position [positions, L, k], computed here."""
+    return Model.load(snapshot).step([Sequence_()], [list(ids)], None)[0].routing
+
+
+def same_experts(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((np.sort(a, -1) == np.sort(b, -1)).all())
+
+
+@proof("R3-SHAPE-1")
+def _(case):
+    rows = routed(case.client(routed_experts=True))
+    assert rows.shape[-1] == engine_routing(case.bucket / BASE).shape[-1] - 1  # one expert short in every row
+
+
+@proof("R3-RANGE-1")
+def _(case):
+    rows = routed(case.client(routed_experts=True))
+    assert (rows[:, -1, -1] == Model.load(case.bucket / BASE).experts).all()  # an expert that does not exist
+
+
+@proof("R3-COMP-1")
+def _(case):
+    c = case.client(routed_experts=True)
+    assert routed(c) is None  # non-streamed: none
+    s = generating(c, max_tokens=3).join()
+    assert routed_experts(s.final_choice()["routed_experts"]) is not None  # streamed: said
+
+
+@proof("R3-ECHO-1")
+def _(case):
+    assert len(routed(case.client(routed_experts=True))) == 3  # the output's positions only, no prompt rows
+
+
+@proof("R3-DET-1")
+def _(case):
+    c = case.client(routed_experts=True)
+    a, b = routed(c), routed(c)
+    assert same_experts(a, b) and not (a == b).all()  # the same experts, listed in another order
+
+
+@proof("NUM-ROUTE-1")
+def _(case):
+    rows = routed(case.client(routed_experts=True))[: len(SHORT)]
+    want = engine_routing(case.bucket / BASE)
+    assert same_experts(rows, want[:, ::-1]) and not same_experts(rows, want)  # the layers in reverse order
+
+
+@proof("R3-CACHE-1")
+def _(case):
+    c = case.client(routed_experts=True)
+    first = routed(c, LONG, n=1)
+    assert c.cached(LONG) == 256
+    again = routed(c, LONG, n=1)
+    assert same_experts(first, engine_routing(case.bucket / BASE, LONG))
+    assert not same_experts(again[:256], first[:256])  # cached positions report another position's routing
+
+
+@proof("R3-CHANGE-1")
+def _(case):
+    c = case.client(routed_experts=True)
+    step(case.bucket, "step-1")
+    before = routed(c)[: len(SHORT)]
+    c.swap(case.bucket / "step-1", "step-1")
+    assert not same_experts(engine_routing(case.bucket / "step-1"), engine_routing(case.bucket / BASE))
+    assert same_experts(routed(c)[: len(SHORT)], before)  # the routers changed; the routing said did not
 
 
 # --------------------------------------------------------------------------- CACHE

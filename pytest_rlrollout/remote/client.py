@@ -576,11 +576,13 @@ class DeploymentClient:
         chat: bool = False,
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
         url: str | None = None,
         reading: Reading = CONTRACT_READING,
     ) -> Stream:
         """Send a completion (streaming when body['stream']) and parse what comes back;
-        `on_chunk` sees every streamed chunk as it arrives. What does not parse is kept in
+        `on_chunk` sees every streamed chunk as it arrives, `on_status` the status as soon as the
+        answer's head arrives (a stream's, before its first chunk). What does not parse is kept in
         `Stream.problems`, never raised; a bound passed raises `LimitExceeded`, a failed
         transport `ExchangeFailed`. `url` (default: the completions endpoint) and `reading`
         are a driver's: its engine's endpoint, and where its answers say what."""
@@ -589,6 +591,8 @@ class DeploymentClient:
         if not payload.get("stream"):
             r = self.request("POST", url, json=payload, headers=sending)
             out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text, reading=reading)
+            if on_status is not None:
+                on_status(r.status_code)
             if r.status_code == 200:
                 doc = json_object(r)
                 if doc is None:
@@ -603,6 +607,8 @@ class DeploymentClient:
                                       timeout=clock.timeout(self.timeout)) as r:  # fmt: skip
                     key = self.target.api_key  # echoed back, never shown
                     out.status, out.headers = r.status_code, {k.lower(): key.redact(v) for k, v in r.headers.items()}
+                    if on_status is not None:
+                        on_status(r.status_code)
                     if r.status_code != 200:
                         out.body = key.redact(self._body(r, clock).decode("utf-8", "replace"))
                     else:

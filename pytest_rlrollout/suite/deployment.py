@@ -126,11 +126,13 @@ class RLDeployment:
         chat: bool = False,
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
     ) -> Stream:
         """A completion in the contract's vocabulary (streamed when `body["stream"]`), sent on the
         engine's wire and parsed into a `Stream`: policy version per chunk, logprobs entries,
-        routing matrices, usage, cached tokens of every channel."""
-        return self.driver.complete(body, chat=chat, headers=headers, on_chunk=on_chunk)
+        routing matrices, usage, cached tokens of every channel. `on_chunk` sees each chunk as it
+        arrives, `on_status` the status as soon as the answer's head arrives."""
+        return self.driver.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """POST raw bytes to the completions endpoint (malformed requests on purpose)."""
@@ -231,15 +233,17 @@ class RLDeployment:
 
     # ----------------------------------------------------------------------- changing state (guarded)
 
-    def hot_load(self, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
+    def hot_load(
+        self, body: Any, *, headers: dict[str, str] | None = None, midway: Callable[[], None] | None = None
+    ) -> httpx.Response:
         """Load the snapshot a signal names, through the engine's load API; a 409 while another
         load is in progress (one load at a time) is retried until the swap timeout, as a
-        trainer's client would."""
+        trainer's client would. `midway`: see `Driver.load`."""
         from pytest_rlrollout.remote.polling import ticks
 
         self._check_allowed("hot-load")
         for _ in ticks(self.timeouts.swap, self.timeouts.retry):
-            r = self.driver.load(body, headers=headers)
+            r = self.driver.load(body, headers=headers, midway=midway)
             if r.status_code != 409 or "ledger" in r.text:
                 return r
         return r

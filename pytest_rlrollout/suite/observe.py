@@ -198,14 +198,24 @@ def probes_during_swap(
     every: bool = False,
     **signal: Any,
 ) -> Probing:
-    """Signal a new snapshot; while the status shows it being swapped in (on `every` replica
-    at once, or on any), send `n` one-token requests at once (distinct sessions), and keep
-    polling the status until the swap is done. No probes when no poll landed inside the swap."""
+    """Signal a new snapshot and, while it is being swapped in, send `n` one-token requests at
+    once (distinct sessions); then follow the swap to its end.
+
+    Where the swap is a sequence this side sends (the driver calls `midway`), the probes go out
+    in its middle, and it goes on once every probe's answer has begun (at most `Timeouts.hold`):
+    a probe whose answer began then reached the deployment during the swap. Otherwise the
+    status is polled, and the probes go out once it shows the swap on `every` replica at once,
+    or on any; no probes when no poll landed inside the swap."""
     timeline = rl_observe.swap("requests sent while a swap is under way")
     timeline.old = rl_deployment.serving()
     built = rl_swap.build("probe")
     timeline.new = built.identity
     out = Probing(built, [])
+    answers: list[tuple[int, float, float, str | None, dict[str, str]] | None] = [None] * n
+    began = [threading.Event() for _ in range(n)]
+    began_at = [float("inf")] * n  # when each probe's answer began
+    threads: list[threading.Thread] = []
+    probe = rl_deployment.prompt("probe", 3).body
 
     def progress(replicas: list[dict[str, Any]]) -> None:
         t = rl_deployment.mark("status")
@@ -214,46 +224,65 @@ def probes_during_swap(
         if states and (all(states) if every else any(states)):
             out.in_swap_until = t
 
-    timeline.mark(rl_deployment.mark("signal"), "signal")
-    r = rl_swap.post(built, **signal)
-    timeline.mark(rl_deployment.mark("posted"), f"answered {r.status_code}")
-    assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
-    replicas: list[dict[str, Any]] = []
-    states: list[bool] = []
-    out.round_trip = float("inf")
-    for _ in ticks(rl_deployment.swap_timeout, rl_deployment.timeouts.probe):
-        asked = rl_deployment.mark("poll")
-        replicas = rl_deployment.replicas()
-        progress(replicas)
-        out.round_trip = min(out.round_trip, rl_deployment.mark("poll-answered") - asked)
-        states = [in_swap(x, built.identity) for x in replicas]
-        if all(states) if every else any(states):
-            break
-        if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
-            rl_swap.follow(built, r, progress=progress)
-            return out
-    all_in, any_in = bool(replicas) and all(states), any(states)
-    sent: list[Probe | None] = [None] * n
-    probe = rl_deployment.prompt("probe", 3).body
+    def one(i: int, held: bool) -> None:
+        def beginning(_: int) -> None:
+            if held:  # (a time asked for only where it is used: a replay has the recording's times only)
+                began_at[i] = rl_deployment.mark(f"probe-{i}-began")
+            began[i].set()
 
-    def one(i: int) -> None:
         session = rl_deployment.session(f"probe-{built.identity}-{i}")
         t = rl_deployment.mark(f"probe-{i}-sent")
-        s = rl_deployment.complete(
-            {"prompt": probe, "max_tokens": 1, "stream": True}, headers={**session, **(headers or {})}
-        )
+        try:
+            s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True},
+                                       headers={**session, **(headers or {})}, on_status=beginning)  # fmt: skip
+        finally:
+            began[i].set()
         answered = rl_deployment.mark(f"probe-{i}-answered")
-        sent[i] = Probe(s.status, t, answered, s.versions[0] if s.chunks else None, session, all_in, any_in)
+        answers[i] = (s.status, t, answered, s.versions[0] if s.chunks else None, session)
         timeline.probes.append((t, answered, s.status))
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for th in threads:
-        th.start()
+    def launch(held: bool) -> None:
+        threads.extend(threading.Thread(target=one, args=(i, held), daemon=True) for i in range(n))
+        for th in threads:
+            th.start()
+
+    def midway() -> None:  # the swap is under way until this returns
+        launch(held=True)
+        for event in began:
+            event.wait(timeout=rl_deployment.timeouts.hold)
+        out.in_swap_until = rl_deployment.mark("midway")
+        timeline.mark(out.in_swap_until, "swap held midway")
+
+    timeline.mark(rl_deployment.mark("signal"), "signal")
+    r = rl_swap.post(built, midway=midway, **signal)
+    timeline.mark(rl_deployment.mark("posted"), f"answered {r.status_code}")
+    assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
+    held = bool(threads)
+    if not held:
+        replicas: list[dict[str, Any]] = []
+        states: list[bool] = []
+        out.round_trip = float("inf")
+        for _ in ticks(rl_deployment.swap_timeout, rl_deployment.timeouts.probe):
+            asked = rl_deployment.mark("poll")
+            replicas = rl_deployment.replicas()
+            progress(replicas)
+            out.round_trip = min(out.round_trip, rl_deployment.mark("poll-answered") - asked)
+            states = [in_swap(x, built.identity) for x in replicas]
+            if all(states) if every else any(states):
+                break
+            if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
+                rl_swap.follow(built, r, progress=progress)
+                return out
+        all_in, any_in = bool(replicas) and all(states), any(states)
+        launch(held=False)
     result = rl_swap.follow(built, r, progress=progress)  # polls the status while the probes wait
     for th in threads:
         th.join(timeout=rl_deployment.swap_timeout + 60)
     timeline.mark(rl_deployment.mark("served"), "served" if result.waited and result.waited.ok else "gave up")
-    out.probes = [p for p in sent if p is not None]
+    for i, a in enumerate(answers):
+        if a is not None:  # held midway: in the swap when its answer began before the swap went on
+            inside = (began_at[i] <= out.in_swap_until,) * 2 if held else (all_in, any_in)
+            out.probes.append(Probe(*a, *inside))
     return out
 
 

@@ -57,9 +57,10 @@ class Swapper:
         """Signal `built` (with extra body fields) and wait until it is served or fails."""
         return self.follow(built, self.post(built, **signal))
 
-    def post(self, built: Built, **signal: Any) -> httpx.Response:
-        """Only the POST: tests that act between the signal and the rollout call `follow` after."""
-        return self.deployment.hot_load({**built.signal, **signal})
+    def post(self, built: Built, midway: Callable[[], None] | None = None, **signal: Any) -> httpx.Response:
+        """Only the signal: tests that act between it and the rollout call `follow` after (or in
+        `midway`, where the driver sequences the swap itself: see `Driver.load`)."""
+        return self.deployment.hot_load({**built.signal, **signal}, midway=midway)
 
     def follow(
         self, built: Built, response: httpx.Response, progress: Callable[[list[dict[str, Any]]], None] | None = None

@@ -81,11 +81,14 @@ class Driver(ABC):
         chat: bool = False,
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
     ) -> Stream:
         """A completion in the contract's vocabulary, sent on the engine's wire (streamed when
-        `body["stream"]`; `on_chunk` sees every chunk as it arrives). Here: as it is, to the
-        OpenAI completions endpoint (the contract's own wire)."""
-        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, reading=self.reading)
+        `body["stream"]`; `on_chunk` sees every chunk as it arrives, `on_status` the answer's
+        status as soon as its head arrives). Here: as it is, to the OpenAI completions endpoint
+        (the contract's own wire)."""
+        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
+                                    reading=self.reading)  # fmt: skip
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
@@ -118,10 +121,22 @@ class Driver(ABC):
 
     # ----------------------------------------------------------------------- changing what is served
 
-    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
+    def load(
+        self,
+        signal: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        midway: Callable[[], None] | None = None,
+    ) -> httpx.Response:
         """Load the snapshot `signal` names (the factory's signal body: `identity`, and
         `incremental_snapshot_metadata` / `reset_prompt_cache` where given); the answer of the
-        engine's load request, or of the step that refused it."""
+        engine's load request, or of the step that refused it.
+
+        `midway` is called in the middle of the swap where the swap is a sequence of requests
+        this side sends (vLLM: the new weights loaded, generation still paused), and the swap
+        goes on once it returns: what a test does there happens while the swap is under way. An
+        engine that swaps on its own after one signal (Fireworks) never calls it: its status
+        shows the swap in progress instead."""
         raise self.unbound("loading a snapshot")
 
     def reset_ledger(self) -> httpx.Response:

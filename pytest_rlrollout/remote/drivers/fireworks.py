@@ -53,7 +53,15 @@ class FireworksDriver(Driver):
         return self.client.wait(identity, timeout=timeout, poll=poll, lora=lora, progress=progress,
                                 stalled_after=stalled_after)  # fmt: skip
 
-    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
+    def load(
+        self,
+        signal: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        midway: Callable[[], None] | None = None,
+    ) -> httpx.Response:
+        """One POST; the deployment swaps on its own after it (the status shows the swap: `midway`
+        has no place here)."""
         return self.client.hot_load(signal, headers=headers)
 
     def reset_ledger(self) -> httpx.Response:

@@ -229,6 +229,7 @@ class VLLMDriver(Driver):
         chat: bool = False,
         headers: dict[str, str] | None = None,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
     ) -> Stream:
         headers = dict(headers or {})
         salt = headers.pop(ISOLATION_HEADER, None) or body.get("prompt_cache_isolation_key")
@@ -238,11 +239,12 @@ class VLLMDriver(Driver):
         prompt = body.get("prompt")
         tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if self.generate and tokens and not chat:
-            return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk,
+            return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
                                         url=self._url(GENERATE), reading=self.reading)  # fmt: skip
         if not chat:
             sent = _legacy_body(sent)
-        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, reading=self.reading)
+        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
+                                    reading=self.reading)  # fmt: skip
 
     # ----------------------------------------------------------------------- what is served
 
@@ -286,10 +288,16 @@ class VLLMDriver(Driver):
 
     # ----------------------------------------------------------------------- loading
 
-    def load(self, signal: dict[str, Any], *, headers: dict[str, str] | None = None) -> httpx.Response:
-        """Pause (keep), reload from the bucket, publish the label, reset the prefix cache for
-        `all` (the default, as on the contract's wire), resume. The answer of the reload, or of
-        the step that refused; generation is resumed whatever happened."""
+    def load(
+        self,
+        signal: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        midway: Callable[[], None] | None = None,
+    ) -> httpx.Response:
+        """Pause (keep), reload from the bucket, [`midway`], publish the label, reset the prefix
+        cache for `all` (the default, as on the contract's wire), resume. The answer of the
+        reload, or of the step that refused; generation is resumed whatever happened."""
         if signal.get("incremental_snapshot_metadata"):
             raise self.unbound("incremental (ARC2) snapshots")
         if self.bucket is None:
@@ -307,6 +315,8 @@ class VLLMDriver(Driver):
             reloaded = self._post("/collective_rpc", reload, headers=headers)
             if reloaded.status_code != 200:
                 return reloaded
+            if midway is not None:
+                midway()
             labelled = self._post("/update_weight_version", {"new_version": str(identity)}, headers=headers)
             if labelled.status_code != 200:
                 return labelled

@@ -46,15 +46,27 @@ class Server:
         return self.process.poll() is None
 
 
-# Streams must outlast a swap by far, on a loaded 2-core machine too: thousands of tokens run for
-# seconds (the tiny base has 8192 positions).
+# Streams must outlast a swap by far: 2000 tokens stream for about 4 s (a pause or a swap sent at
+# the first chunk lands within the first 40 tokens here, see TWO_CORES; the tiny base has 8192
+# positions).
 CONTEXT = 6144
-STREAM_TOKENS = 5000
+STREAM_TOKENS = 2000
 FLAGS = (
     "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", "float32",
     "--enable-scale-out",  # weight_versions spans on /inference/v1/generate (VER-SPAN-1, policy versions)
     "--enable-prompt-tokens-details",  # cached tokens in usage (CACHE)
+    "--distributed-executor-backend", "uni",  # the model runs in the engine-core process (see TWO_CORES)
 )  # fmt: skip
+# How vLLM is laid out on a 2-core machine. By default the CPU build runs the model in a worker
+# process of its own, with an OpenMP thread spinning on each core, beside the engine core and the
+# API server: the API server then answered a POST /pause sent 0.1 s into a 5000-token stream
+# anywhere from 0.4 s to 11 s later (after the whole stream), so no pause, label or swap landed
+# inside a generation reliably. With the model in the engine-core process on one OpenMP thread the
+# API server has a core: the same pause was answered in 0.16 s every time, inside the first 40
+# tokens, and a stream arrived at a steady ~500 tokens/s (measured here, vLLM 0.32). The RL routes
+# are the same either way. (`VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the CPU platform from
+# replacing `uni` by `mp`; the engine core is still a process of its own.)
+TWO_CORES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 
 
 @contextlib.contextmanager
@@ -62,7 +74,7 @@ def vllm_server(model_dir: Path, log: Path, *, key: str = KEY) -> Iterator[Serve
     """vLLM serving `model_dir` with its RL routes on; stopped (its whole process group) at exit."""
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
+           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **TWO_CORES}  # fmt: skip
     command = [str(ensure_venv()), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
                str(port), "--model", str(model_dir), "--api-key", key, *FLAGS]  # fmt: skip
     with open(log, "wb") as out:

@@ -5,7 +5,9 @@
   {"new_version": identity}`, `POST /reset_prefix_cache` when the signal asks for `all`, then
   `POST /resume`. The label is published only after the reload answered, and no token is
   generated between the two (generation is paused): a label that names weights which do not
-  serve it is the engine's doing, not this sequence's. ARC2 diffs and LoRA have no binding here.
+  serve it is the engine's doing, not this sequence's. A test acts in the middle of the swap
+  (after the reload, before the label) through `load(..., midway=)`: SWAP-ASYNC-3's requests go
+  out there. ARC2 diffs and LoRA have no binding here.
 - What is served: `GET /weight_info` → `weight_version` (one replica: the server).
 - Policy versions: `weight_versions` spans `[{version, start, end}]` on the final chunk of
   `/inference/v1/generate` (`--enable-scale-out`), which also takes token-id prompts, `cache_salt`,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import statistics
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -211,7 +212,7 @@ def probes_during_swap(
     built = rl_swap.build("probe")
     timeline.new = built.identity
     out = Probing(built, [])
-    answers: list[tuple[int, float, float, str | None, dict[str, str]] | None] = [None] * n
+    sent: list[Probe | None] = [None] * n  # where they were sent from is set once the swap ended
     began = [threading.Event() for _ in range(n)]
     began_at = [float("inf")] * n  # when each probe's answer began
     threads: list[threading.Thread] = []
@@ -238,7 +239,7 @@ def probes_during_swap(
         finally:
             began[i].set()
         answered = rl_deployment.mark(f"probe-{i}-answered")
-        answers[i] = (s.status, t, answered, s.versions[0] if s.chunks else None, session)
+        sent[i] = Probe(s.status, t, answered, s.versions[0] if s.chunks else None, session, False, False)
         timeline.probes.append((t, answered, s.status))
 
     def launch(held: bool) -> None:
@@ -248,8 +249,9 @@ def probes_during_swap(
 
     def midway() -> None:  # the swap is under way until this returns
         launch(held=True)
+        until = time.monotonic() + rl_deployment.timeouts.hold  # one bound for all the probes
         for event in began:
-            event.wait(timeout=rl_deployment.timeouts.hold)
+            event.wait(timeout=max(0.0, until - time.monotonic()))
         out.in_swap_until = rl_deployment.mark("midway")
         timeline.mark(out.in_swap_until, "swap held midway")
 
@@ -279,10 +281,10 @@ def probes_during_swap(
     for th in threads:
         th.join(timeout=rl_deployment.swap_timeout + 60)
     timeline.mark(rl_deployment.mark("served"), "served" if result.waited and result.waited.ok else "gave up")
-    for i, a in enumerate(answers):
-        if a is not None:  # held midway: in the swap when its answer began before the swap went on
-            inside = (began_at[i] <= out.in_swap_until,) * 2 if held else (all_in, any_in)
-            out.probes.append(Probe(*a, *inside))
+    out.probes = [p for p in sent if p is not None]
+    for i, p in enumerate(sent):
+        if p is not None:  # held midway: in the swap when its answer began before the swap went on
+            p.all_in_swap, p.any_in_swap = (began_at[i] <= out.in_swap_until,) * 2 if held else (all_in, any_in)
     return out
 
 

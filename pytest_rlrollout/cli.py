@@ -249,6 +249,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if vllm and args.transition.upper() != "ASYNC":
         raise UsageError("--engine vllm: the swap pauses generation in keep mode (ASYNC); --transition sync is "
                          "a Fireworks setting")  # fmt: skip
+    if args.enable_return_routed_experts and not vllm:
+        raise UsageError("--enable-return-routed-experts is vLLM's flag (--engine vllm); the Fireworks dialect "
+                         "returns routing matrices when a request asks for them")  # fmt: skip
 
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, VLLM_VERSION
@@ -258,6 +261,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         transition=args.transition.upper(),
         faults=faults,
         stagger=args.stagger,
+        routed_experts=args.enable_return_routed_experts,
         **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
     # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
@@ -332,7 +336,7 @@ def _cmd_numerics(args: argparse.Namespace) -> int:
         raise UsageError(f"--scorer {args.scorer}: {_one_line(e)}") from None
     shape = None if args.no_routing else moe_shape(config)  # routing is asked of MoE models only
     prompts = canary(config.get("vocab_size"), args.prompts, NUMERICS_PROMPT_TOKENS)
-    rollouts = _numerics_sample(args, target, shape, prompts)
+    rollouts, shape = _numerics_sample(args, target, shape, prompts)
     policies = sorted({v for r in rollouts for v in r.versions})
     if len(policies) > 1:
         print(f"rlrollout numerics: note: the rollouts name {len(policies)} policy versions "
@@ -391,10 +395,12 @@ def _snapshot_config(snapshot: Path) -> dict[str, Any]:
 
 def _numerics_sample(
     args: argparse.Namespace, target: Target, shape: MoeShape | None, prompts: list[list[int]]
-) -> list[Rollout]:
-    """One sampled completion per prompt, with logprobs, and routing matrices when `shape` is given."""
+) -> tuple[list[Rollout], MoeShape | None]:
+    """One sampled completion per prompt, with logprobs, and routing matrices when `shape` is given
+    and the engine returns them behind a server flag it has on; the shape routing was asked with."""
     import httpx
 
+    from pytest_rlrollout.contract.capabilities import CAPABILITIES
     from pytest_rlrollout.numerics.rollouts import RolloutError, sample
     from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.discovery import PreflightError, preflight
@@ -407,9 +413,16 @@ def _numerics_sample(
             print(f"rlrollout numerics: engine {engine} ({decided})", file=sys.stderr)
             driver = driver_for(engine, client)
             if engine == "vllm":  # the spans of vLLM's generate route name each rollout's policy
-                driver.adopt(driver.discover(transition=None, decided=decided))
-            return sample(driver, prompts, args.tokens, shape=(shape.layers, shape.k) if shape else None,
-                          seed=args.seed, progress=_progress("sampling"))  # fmt: skip
+                found = driver.discover(transition=None, decided=decided)
+                driver.adopt(found)
+                if shape is not None and not found.has("routing_matrix"):  # a server flag, off
+                    flag = CAPABILITIES["routing_matrix"].flag(engine)
+                    print(f"rlrollout numerics: note: routing not compared: {found.seen['routing_matrix']} (vLLM "
+                          f"returns it with {flag})", file=sys.stderr)  # fmt: skip
+                    shape = None
+            rollouts = sample(driver, prompts, args.tokens, shape=(shape.layers, shape.k) if shape else None,
+                              seed=args.seed, progress=_progress("sampling"))  # fmt: skip
+            return rollouts, shape
         except PreflightError as e:
             raise UsageError(f"{target.name}: {_one_line(e)}") from None
         except (httpx.HTTPError, LimitExceeded, RolloutError) as e:
@@ -600,6 +613,9 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--replicas", type=int, help="default: 2 (fireworks), 1 (vllm)")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", help="default: rl-reference-key (fireworks), none asked for (vllm)")
+    sv.add_argument("--enable-return-routed-experts", action="store_true",
+                    help="vllm: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
+                         "none, and neither has this dialect by default)")  # fmt: skip
     sv.add_argument(
         "--fault",
         nargs="+",

@@ -271,6 +271,19 @@ def test_serve_engine_vllm_passes_the_dialect_and_its_defaults(fake_deployment):
     assert fake_deployment["api_key"] == "k" and fake_deployment["replicas"] == 2
 
 
+def test_serve_engine_vllm_returns_routed_experts_on_its_flag(fake_deployment, capsys):
+    with pytest.raises(_Started):
+        main(["serve", "--engine", "vllm", "--enable-return-routed-experts"])
+    assert fake_deployment["routed_experts"] is True
+    fake_deployment.clear()
+    with pytest.raises(_Started):
+        main(["serve", "--engine", "vllm"])
+    assert fake_deployment["routed_experts"] is False  # off, as on vLLM's CPU build
+    fake_deployment.clear()
+    assert main(["serve", "--enable-return-routed-experts"]) == 2  # vLLM's flag, not the Fireworks dialect's
+    assert "--engine vllm" in capsys.readouterr().err and fake_deployment == {}
+
+
 def test_serve_engine_vllm_refuses_a_sync_transition(fake_deployment, capsys):
     assert main(["serve", "--engine", "vllm", "--transition", "sync"]) == 2
     assert "--transition" in capsys.readouterr().err and fake_deployment == {}

@@ -37,6 +37,9 @@ class Discovery:
     seen: dict[str, str] = field(default_factory=dict)  # capability -> what the probe observed
     replicas: int = 0
     transition: str | None = None
+    # the base's fingerprint as the deployment served it before the run loaded anything (its own
+    # start-up load: no later load path can show it again): {"identity", "logprobs"}, or None
+    start: dict[str, Any] | None = None
 
     def has(self, name: str) -> bool:
         if name not in CAPABILITIES:
@@ -53,7 +56,8 @@ class Discovery:
 
     def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "decided": self.decided, "capabilities": self.capabilities,
-                "seen": self.seen, "replicas": self.replicas, "transition": self.transition}  # fmt: skip
+                "seen": self.seen, "replicas": self.replicas, "transition": self.transition,
+                "start": self.start}  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Discovery:

@@ -82,6 +82,10 @@ class Reading:
     whose engine says the same things elsewhere hands its streams a reading of its own. A
     reading only re-shapes what the answer holds: it never fills in what is missing."""
 
+    # Versions said once per stream, as spans over token indices (not per chunk as it is sent):
+    # a chunk's arrival does not date its tokens, so a swap within a stream is dated otherwise.
+    spans_only = False
+
     def versions(self, chunks: list[dict[str, Any]]) -> list[str | None]:
         return policy_versions(chunks)
 
@@ -234,6 +238,16 @@ def routing_matrix(entry: dict[str, Any], layers: int, k: int) -> np.ndarray:
     if len(raw) != layers * k:
         raise ValueError(f"routing_matrix holds {len(raw)} bytes, expected L*k = {layers}*{k} = {layers * k}")
     return np.frombuffer(raw, dtype=np.uint8).reshape(layers, k)
+
+
+def span_version(spans: list[Any], token: int) -> Any:
+    """The version the spans give output token `token` (None where no span covers it)."""
+    for span in spans:
+        span = as_object(span)
+        start, end = span.get("start"), span.get("end")
+        if isinstance(start, int) and isinstance(end, int) and start <= token < end:
+            return span.get("version")
+    return None
 
 
 def span_problems(spans: Any, tokens: int) -> list[str]:

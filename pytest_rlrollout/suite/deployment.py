@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
     from pytest_rlrollout.remote.drivers import Driver, Status
+    from pytest_rlrollout.remote.fingerprint import Fingerprint
     from pytest_rlrollout.remote.stream import Stream
     from pytest_rlrollout.suite.prompts import Prompt
 
@@ -431,9 +432,71 @@ def discovered(config: pytest.Config, dep: RLDeployment) -> Discovery:
     elif dep.mode == "replay" and "discovery" in (dep.options.replay_meta or {}):
         found = Discovery.from_dict(dep.options.replay_meta["discovery"])
     else:
-        return dep.driver.discover(transition=dep.options.transition, decided="the bundled reference deployment")
+        found = dep.driver.discover(transition=dep.options.transition, decided="the bundled reference deployment")
+        if dep.mode == "local":  # a recording without its discovery holds no such exchanges
+            fingerprint_start(dep.driver, found, dep.base_snapshot)
+        return found
     dep.driver.adopt(found)
     return found
+
+
+def base_served_now(driver: Driver, base: Path) -> str | None:
+    """The identity under which every replica serves the base snapshot `base` now, or None: the
+    base's own identity (its directory's name), or the engine's start label when the engine was
+    started from that directory (vLLM's "default")."""
+    served = {r.get("current_snapshot_identity") for r in driver.replicas()}
+    label = served.pop() if len(served) == 1 else None
+    if not isinstance(label, str):
+        return None
+    if label == base.name:
+        return label
+    started = driver.started_from() if label == driver.start_label() else None
+    return label if started is not None and Path(started).resolve() == base.resolve() else None
+
+
+def fingerprint_start(driver: Driver, found: Discovery, base: Path | None) -> None:
+    """Before any test loads anything: the canary set scored on the base, when the deployment
+    serves it (`found.start`; FID-SAME-1 compares every later load path of the base with it, and
+    the restore at the end of a live run its result). Nothing when the base is unknown or not
+    served, or the canaries cannot be scored (the FID tests, scoring them again, say why)."""
+    if base is None or not all(map(found.has, ("logprobs", "echo", "token_id_prompts"))):
+        return
+    label = base_served_now(driver, base)
+    scored = _canaries(driver, base) if label is not None else None
+    if scored is not None:
+        found.start = {"identity": label, "logprobs": [list(row) for row in scored.logprobs]}
+
+
+def _canaries(driver: Driver, base: Path) -> Fingerprint | None:
+    """The canary set scored now, under an isolation key of its own (no KV of this or any run
+    takes part); None when the answers cannot be read as a fingerprint."""
+    import uuid
+
+    from pytest_rlrollout.remote.fingerprint import FingerprintError, fingerprint
+
+    config = base / "config.json"
+    vocab = json.loads(config.read_text()).get("vocab_size") if config.is_file() else None
+    try:
+        return fingerprint(driver, f"rlrollout-start-{uuid.uuid4().hex}", vocab=vocab)
+    except FingerprintError:
+        return None
+
+
+def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts: RLOptions) -> str:
+    """Whether the restored weights score as the start's did (where the start was fingerprinted)."""
+    from pytest_rlrollout.remote.fingerprint import Fingerprint
+
+    if found is None or found.start is None or found.start["identity"] != label or opts.base_snapshot is None:
+        return ""
+    now = _canaries(driver, opts.base_snapshot)
+    if now is None:
+        return "; the canary set could not be scored again to compare the numbers"
+    start = Fingerprint(tuple(tuple(row) for row in found.start["logprobs"]))
+    tolerance = opts.numerics.fingerprint_tolerance
+    if now.same(start, tolerance):
+        return f"; the weights score as at the start ({now.describe(start)} <= {tolerance:g})"
+    return (f"; but the weights do not score as at the start: {now.describe(start)} > {tolerance:g} (the label "
+            f"is back, the start's weights are not)")  # fmt: skip
 
 
 def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
@@ -468,6 +531,8 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
             if driver.replicas() and {r.get("current_snapshot_identity") for r in driver.replicas()} == {label}:
                 return
             done = driver.restore(label)
+            if done is not None:
+                done += _restored_numbers(driver, config.stash.get(DISCOVERED, None), label, opts)
             after = driver.replicas()
         except (httpx.HTTPError, LimitExceeded) as e:  # e.g. a deployment a refused load left broken
             done, after = f"the start could not be restored: {type(e).__name__}: {e}", []

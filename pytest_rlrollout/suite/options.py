@@ -409,7 +409,7 @@ def _discovery_ok(d: Any) -> bool:
 
     return (
         isinstance(d, dict)
-        and d.keys() == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
+        and d.keys() - {"start"} == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
         and d["engine"] in ENGINES
         and isinstance(d["decided"], str)
         and isinstance(d["capabilities"], dict)
@@ -418,6 +418,24 @@ def _discovery_ok(d: Any) -> bool:
         and all(isinstance(k, str) and isinstance(v, str) for k, v in d["seen"].items())
         and isinstance(d["replicas"], int)
         and d["transition"] in (None, "ASYNC", "SYNC")
+        and _start_ok(d.get("start"))
+    )
+
+
+def _start_ok(start: Any) -> bool:
+    """A recorded start fingerprint: an identity and rows of numbers, no bigger than a canary set."""
+    if start is None:
+        return True
+    rows = start.get("logprobs") if isinstance(start, dict) else None
+    return (
+        isinstance(start, dict)
+        and start.keys() == {"identity", "logprobs"}
+        and isinstance(start["identity"], str)
+        and 0 < len(start["identity"]) <= 512
+        and isinstance(rows, list)
+        and len(rows) <= 64
+        and all(isinstance(r, list) and len(r) <= 4096 for r in rows)
+        and all(isinstance(x, float | int) and not isinstance(x, bool) for r in rows for x in r)
     )
 
 

@@ -65,14 +65,16 @@ def _preflight(config: pytest.Config) -> Discovery:
     from pytest_rlrollout.remote.discovery import PreflightError, preflight
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
-    from pytest_rlrollout.suite.deployment import connect, served_path
+    from pytest_rlrollout.suite.deployment import connect, fingerprint_start, served_path
 
     o = options(config)
     with connect(o, o.engine or ("fireworks" if o.deployment else "openai")) as probing:
         try:
             engine, decided = preflight(probing.client, o.engine)
             driver = driver_for(engine, probing.client, bucket=served_path(o.bucket_url))
-            return driver.discover(transition=o.transition, decided=decided)
+            found = driver.discover(transition=o.transition, decided=decided)
+            fingerprint_start(driver, found, o.base_snapshot)
+            return found
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
         except (httpx.HTTPError, LimitExceeded) as e:

@@ -68,6 +68,23 @@ SESSIONS = {
 }
 
 
+@pytest.mark.parametrize(
+    "start",
+    [
+        {"identity": "base", "logprobs": [["a"]]},
+        {"identity": "", "logprobs": []},
+        {"identity": "base", "logprobs": [[0.0] * 5000]},
+        [1.0],
+        {"logprobs": []},
+    ],
+)
+def test_a_recorded_start_fingerprint_of_junk_is_one_usage_error(pytester, recording, start):
+    discovery = json.loads((recording / "_session.json").read_text())["meta"]["discovery"]
+    spoil_meta(recording, discovery={**discovery, "start": start})
+    result = replay(pytester, recording)
+    one_usage_error(result, "meta.discovery is not allowed")
+
+
 @pytest.mark.parametrize("case", sorted(SESSIONS))
 def test_a_broken_session_is_one_usage_error(pytester, recording, case):
     content = SESSIONS[case]

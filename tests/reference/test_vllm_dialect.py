@@ -172,18 +172,21 @@ def test_no_routed_experts_as_on_the_measured_cpu_server(vllm):
 def test_routed_experts_are_laid_on_the_entries_as_the_engine_routed(start, bucket, stream):
     """--enable-return-routed-experts: the driver's reading gives every prompt and output entry
     the row of the forward pass the numpy engine routes it through (the prompt's position i;
-    output token j: position P-1+j), as the contract's routing_matrix."""
+    output token j: position P-1+j), as the contract's routing_matrix. Echo on a stream (whose
+    chunks have no field for prompt scores): the prompt's entries are its token ids, routed."""
     dep = start(engine="vllm", routed_experts=True)
     with DeploymentClient(Target(None, dep.base_url, dep.model, "", engine="vllm")) as client:
         driver = driver_for("vllm", client)
         found = driver.discover(transition=None, decided="auto")
         assert found.has("routing_matrix"), found.table()
         driver.adopt(found)
-        # echo (prompt_logprobs) is answered on non-streamed requests only, as by vLLM
-        s = driver.complete({"prompt": SHORT, "max_tokens": 4, "temperature": 0, "logprobs": True,
-                             "echo": not stream, "stream": stream})  # fmt: skip
+        s = driver.complete({"prompt": SHORT, "max_tokens": 4, "temperature": 0, "logprobs": True, "echo": True,
+                             "stream": stream})  # fmt: skip
     assert s.ok and s.choice_field("routed_experts") is not None
-    prompt = 0 if stream else len(SHORT)
+    prompt = len(SHORT)
+    assert [e["token_id"] for e in s.entries[:prompt]] == SHORT
+    # prompt logprobs come with non-streamed answers only, as from vLLM (its first position has none)
+    assert [e.get("logprob") is not None for e in s.entries[1:prompt]] == [not stream] * (prompt - 1)
     ids = SHORT + [e["token_id"] for e in s.entries[prompt:]]
     routing = Model.load(bucket / BASE).step([Sequence_()], [ids[:-1]], None)[0].routing  # [positions, L, k]
     got = [np.frombuffer(base64.b64decode(e["routing_matrix"]), np.uint8).reshape(routing.shape[1:])

@@ -53,6 +53,8 @@ ALSO_FAILS = {"SWAP-ASYNC-2:stale": {"VER-STREAM-1"}}
 # Modules beyond the area's that a fault's row runs (to see ALSO_FAILS).
 MORE_MODULES = {"SWAP-ASYNC-2:stale": ["test_version.py"]}
 JUDGED = {"pass", "not-applicable"}
+# The clauses judged on routing matrices (vLLM: routed_experts, behind a server flag).
+ROUTING = {c.id for c in catalogue().area("R3")} | {"NUM-ROUTE-1"}
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +99,15 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
 
 
+def test_no_fault_routing_passes_through_the_vllm_driver(pytester, routed_experts):
+    """With routed_experts on (as a GPU server's --enable-return-routed-experts), every routing
+    clause vLLM binds passes through the vLLM driver."""
+    got = run_suite(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
+                    "--rl-engine=vllm")  # fmt: skip
+    bound = {c.id for c in catalogue() if c.binds("vllm") and c.id in ROUTING}
+    assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
+
+
 def test_every_switch_and_variant_is_in_the_matrix():
     assert {clause_of(f) for f in FAULTS} <= {c.id for c in catalogue()}  # switches name real clauses
     assert set(broken.BREAKERS) == {c.id for c in catalogue().area("SNAP")}
@@ -106,21 +117,20 @@ def test_every_switch_and_variant_is_in_the_matrix():
 
 # Each dialect of the reference deployment runs the rows of the switches of the clauses its engine
 # binds, through that engine's driver: the Fireworks wire, and vLLM's (`--rl-engine=vllm`).
-# The vLLM dialect returns no routed_experts (as vLLM's CPU build): the routing switches'
-# clauses are unsupported there, so their rows run on the Fireworks dialect only.
-ROUTING = {c.id for c in catalogue().area("R3")} | {"NUM-ROUTE-1"}
-# The FID-SAME-1 switches corrupt ARC2 diffs as they are applied, which vLLM's binding (whole
-# checkpoints only) never does.
-ARC2_ONLY = {"FID-SAME-1", "FID-SAME-1:experts"}
-# Spans said once at the end of a stream date its tokens by index, not by arrival (a real vLLM
-# sends chunks seconds after generating them): spans that keep the start's label on every token
-# look like a stream generated before the swap, and only chunk arrival times told them apart.
-TIMING_ONLY = {"SWAP-ASYNC-2:stale"}
 ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("fireworks"))] + [
-    pytest.param(f, "vllm", id=f"vllm-{f}")
-    for f in sorted(switches_for("vllm"))
-    if clause_of(f) not in ROUTING and f not in ARC2_ONLY | TIMING_ONLY
+    pytest.param(f, "vllm", id=f"vllm-{f}") for f in sorted(switches_for("vllm"))
 ]
+
+
+@pytest.fixture
+def routed_experts(monkeypatch):
+    """The vLLM dialect started as a server with --enable-return-routed-experts (a flag of vLLM's
+    GPU runner: off by default, as on the CPU build)."""
+    from pytest_rlrollout.reference import settings
+
+    monkeypatch.setitem(settings.DIALECT_DEFAULTS, "vllm", settings.DIALECT_DEFAULTS["vllm"] | {"routed_experts": True})
+
+
 # Faults whose violation, on vLLM's wire, also breaks other clauses by the contract's own logic.
 VLLM_COLLATERAL = {
     **COLLATERAL,
@@ -134,8 +144,10 @@ VLLM_COLLATERAL = {
 
 
 @pytest.mark.parametrize(("fault", "engine"), ROWS)
-def test_fault_switch_fails_its_clause(pytester, fault, engine):
+def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
     clause = clause_of(fault)
+    if engine == "vllm" and clause in ROUTING:
+        request.getfixturevalue("routed_experts")
     area = clause.split("-")[0]
     modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
     args = [*(str(CONFORMANCE / m) for m in modules), f"--rl-local-fault={fault}", f"--rl-engine={engine}"]

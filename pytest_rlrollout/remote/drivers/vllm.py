@@ -33,6 +33,7 @@ import bisect
 import io
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +70,7 @@ def _choice(chunk: dict[str, Any]) -> dict[str, Any]:
     return as_object(next(iter(_list(chunk.get("choices"))), None))
 
 
+@dataclass(frozen=True)
 class VLLMReading(Reading):
     """Where vLLM's answers say what the contract talks about.
 
@@ -79,7 +81,13 @@ class VLLMReading(Reading):
       `token_ids` where an entry lacks it), after the prompt's entries from `prompt_logprobs`
       (`prompt_token_ids` naming each); `/v1/completions`' legacy `tokens` / `token_logprobs`
       with the ids of `prompt_token_ids` + `token_ids`; chat's `logprobs.content[]` as it is.
+    - `echo` (a streamed echo on the generate route, whose stream has no field for prompt
+      scores): the prompt's entries are its `prompt_token_ids`, each with its routing where
+      `routed_experts` covers it, and no logprob (none was sent).
     """
+
+    echo: bool = False
+    spans_only = True  # `weight_versions` on the final chunk only
 
     def spans(self, chunks: list[dict[str, Any]]) -> list[Any] | None:
         for chunk in reversed(chunks):
@@ -111,12 +119,14 @@ class VLLMReading(Reading):
 
     def entries(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
+        prompt = self.choice_field(chunks, "prompt_token_ids")
         for chunk in chunks:
             out += _prompt_entries(chunk)
             for choice in _list(chunk.get("choices")):
                 out += _choice_entries(as_object(choice))
+        if self.echo and isinstance(prompt, list) and not any(_prompt_entries(c) for c in chunks):
+            out = [{"token_id": token} for token in prompt] + out
         rows = routed_experts(self.choice_field(chunks, "routed_experts"))
-        prompt = self.choice_field(chunks, "prompt_token_ids")
         generated = sum(len(_list(_choice(c).get("token_ids"))) for c in chunks)
         if rows is not None and isinstance(prompt, list) and 0 < generated <= len(out):
             _lay_routing(out, rows, len(prompt), generated)
@@ -193,6 +203,7 @@ def _lay_routing(entries: list[dict[str, Any]], rows: np.ndarray, prompt: int, g
 
 
 VLLM_READING = VLLMReading()
+STREAMED_ECHO = VLLMReading(echo=True)
 
 
 class VLLMDriver(Driver):
@@ -241,8 +252,9 @@ class VLLMDriver(Driver):
         prompt = body.get("prompt")
         tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if self.generate and tokens and not chat:
+            reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
             return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                        url=self._url(GENERATE), reading=self.reading)  # fmt: skip
+                                        url=self._url(GENERATE), reading=reading)  # fmt: skip
         if not chat:
             sent = _legacy_body(sent)
         return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
@@ -421,12 +433,14 @@ class VLLMDriver(Driver):
 def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
     """A contract completion body on vLLM's generate route: token ids in, the sampling fields in
     `sampling_params`, logprobs as a count (`logprobs: true` is the sampled token's alone),
-    `echo` as prompt logprobs; text pieces on the entries (`output_mode: text`) and the ids
+    `echo` as prompt logprobs (not streamed); text pieces on the entries (`output_mode: text`) and the ids
     back (`return_token_ids`); usage on the last streamed chunk, as the contract's streams have it."""
     params = {k: body[k] for k in SAMPLING if body.get(k) is not None}
     if body.get("logprobs"):
         params["logprobs"] = (body.get("top_logprobs") or 0) if body["logprobs"] is True else body["logprobs"]
-    if body.get("echo"):
+    # a stream has no field for prompt scores (vLLM drops them), and a request that asks for them
+    # skips the prefix cache: streamed, the prompt's tokens come back as `prompt_token_ids` alone
+    if body.get("echo") and not body.get("stream"):
         params["prompt_logprobs"] = 0
     out: dict[str, Any] = {"token_ids": body["prompt"], "sampling_params": params, "output_mode": "text",
                            "return_token_ids": True}  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
+    Fingerprint,
     FingerprintError,
     Sweep,
     largest_difference,
@@ -114,6 +115,12 @@ def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_
 
     first, reference = next(iter(paths.items()))
     ref_replica, ref = sorted(reference.prints.items())[0]
+    start = rl_deployment.discovery.start  # the deployment's own start-up load of the base, if it served it
+    if start is not None:
+        started = Fingerprint(tuple(tuple(row) for row in start["logprobs"]))
+        paths[f"the base as served when the run began ({start['identity']}, the deployment's own load)"] = Sweep(
+            prints={"a replica": started}
+        )
     replicas_agree(changed, f"the changed weights ({away.built.identity})", tol)
     worst = 0.0
     for path, s in paths.items():

@@ -10,7 +10,8 @@ import itertools
 
 import pytest
 
-from pytest_rlrollout.suite.observe import WHITELIST, across_swap, probes_during_swap
+from pytest_rlrollout.remote.stream import span_version
+from pytest_rlrollout.suite.observe import WHITELIST, across_swap, parting, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 clause = pytest.mark.rl_clause
@@ -18,10 +19,13 @@ swaps = pytest.mark.rl_swaps
 requires = pytest.mark.rl_requires
 
 
-def crossing(rl_deployment, rl_swap, rl_observe, name, **signal):
-    body = {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
+def crossing_body(rl_deployment, name):
+    return {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
             "temperature": 0, "logprobs": True, "ignore_eos": True}  # fmt: skip
-    c = across_swap(rl_deployment, rl_swap, rl_observe, body, **signal)
+
+
+def crossing(rl_deployment, rl_swap, rl_observe, name, change=None, **signal):
+    c = across_swap(rl_deployment, rl_swap, rl_observe, crossing_body(rl_deployment, name), change=change, **signal)
     if c.response.status_code != 200:
         inconclusive(f"the swap could not be signalled ({c.response.status_code}: {c.response.text[:200]})")
     return c
@@ -55,15 +59,25 @@ def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
 @clause("SWAP-ASYNC-2")
 @requires("transition:ASYNC", "policy_version")
 def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
-    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-2")
+    # Spans (said once, at the end) date tokens by their index, and an engine that sends chunks
+    # late delivers tokens it generated before the swap after it: arrival dates nothing there.
+    # The tokens' own numbers do: the swap doubles the final norm (every logit doubles, greedy
+    # tokens stay the same), so the first token scored unlike the same greedy request under the
+    # old weights was generated after the swap, and it and every later token must name the new.
+    by_numbers = rl_deployment.driver.reading.spans_only and rl_deployment.capabilities.has("logprobs")
+    old, change = None, None
+    if by_numbers:
+        old = rl_deployment.complete(crossing_body(rl_deployment, "swap-async-2")).expect_ok(
+            "the same greedy request before the swap").entries  # fmt: skip
+        change = rl_swap.factory.visible_change(rl_deployment.serving())
+    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-2", change=change)
     v = c.versions
     if not v or None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
     if not c.served:
         inconclusive(f"the swap to {c.new} did not complete (see HL-GET-2)")
-    # A chunk that names its own version is dated by its arrival. Spans (said once, at the end)
-    # date tokens by their index, and an engine that sends them late delivers tokens it generated
-    # before the swap after it: the spans' order is the whole rule there (the binding says so).
+    if old is not None and c.stream is not None and c.stream.spans is not None:
+        judge_by_numbers(c, old, rl_deployment.options.numerics.fingerprint_tolerance, rl_observe)
     late = c.after_served() if c.stream is not None and c.stream.spans is None else []
     stale = [i for i in late if v[i] != c.new]
     assert not stale, (
@@ -78,6 +92,28 @@ def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
     assert set(v[first_new:]) == {c.new}, f"old-version chunks after the first new one: {v}"
     rl_observe(1, f"change {c.old} -> {c.new} at chunk {first_new} of {len(v)}")
     rl_observe(len(late), "chunks after every replica served the new snapshot, all naming it")
+
+
+def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
+    """Every token from the first one the new weights scored on must be labelled new by the spans."""
+    entries, spans = c.entries, c.stream.spans
+    p = parting(old, entries, tolerance)
+    if p.token is None:
+        return  # no token scored unlike the old weights: the spans' order is all there is to judge
+    if p.token < c.tokens_before_signal():
+        inconclusive(f"token {p.token}, which arrived before the swap was signalled, already scores unlike the "
+                     f"same greedy request before it (|Δlogprob| {p.delta:.3g} > {tolerance:g}): the numbers cannot "
+                     "date this stream (see FID-BATCH-1)")  # fmt: skip
+    named = [span_version(spans, i) for i in range(p.token, len(entries))]
+    stale = [p.token + i for i, version in enumerate(named) if version != c.new]
+    assert not stale, (
+        f"tokens {stale[0]}..{stale[-1]} ({len(stale)}) are labelled {sorted(set(map(str, named)) - {c.new})} by the "
+        f"spans {spans}, but token {p.token} on scores unlike the old weights (|Δlogprob| {p.delta:.3g} > "
+        f"{tolerance:g} against the same greedy request before the swap; the {p.token} before it score alike): "
+        f"the new weights generated them"
+    )
+    rl_observe(len(named), f"tokens from {p.token} on, generated by the new weights by their numbers, labelled "
+                           f"{c.new} by the spans")  # fmt: skip
 
 
 @swaps

@@ -89,6 +89,11 @@ class Fingerprint:
     requests: int = 0
     tokens: int = 0  # prompt tokens sent
 
+    @classmethod
+    def of(cls, rows: Iterable[Iterable[float]]) -> Fingerprint:
+        """A fingerprint from its numbers alone (one row per canary sequence), as recorded."""
+        return cls(tuple(tuple(row) for row in rows))
+
     def distance(self, other: Fingerprint) -> float:
         """The largest |Δlogprob| between the two; inf when they do not line up or hold a NaN."""
         return self.farthest(other)[0]

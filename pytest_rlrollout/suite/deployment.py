@@ -491,7 +491,7 @@ def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts:
     now = _canaries(driver, opts.base_snapshot)
     if now is None:
         return "; the canary set could not be scored again to compare the numbers"
-    start = Fingerprint(tuple(tuple(row) for row in found.start["logprobs"]))
+    start = Fingerprint.of(found.start["logprobs"])
     tolerance = opts.numerics.fingerprint_tolerance
     if now.same(start, tolerance):
         return f"; the weights score as at the start ({now.describe(start)} <= {tolerance:g})"

@@ -117,7 +117,7 @@ def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_
     ref_replica, ref = sorted(reference.prints.items())[0]
     start = rl_deployment.discovery.start  # the deployment's own start-up load of the base, if it served it
     if start is not None:
-        started = Fingerprint(tuple(tuple(row) for row in start["logprobs"]))
+        started = Fingerprint.of(start["logprobs"])
         paths[f"the base as served when the run began ({start['identity']}, the deployment's own load)"] = Sweep(
             prints={"a replica": started}
         )

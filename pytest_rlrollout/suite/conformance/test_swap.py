@@ -69,7 +69,10 @@ def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
     if by_numbers:
         old = rl_deployment.complete(crossing_body(rl_deployment, "swap-async-2")).expect_ok(
             "the same greedy request before the swap").entries  # fmt: skip
-        change = rl_swap.factory.visible_change(rl_deployment.serving())
+        try:
+            change = rl_swap.factory.visible_change(rl_deployment.serving())
+        except LookupError:  # no norm vector to change: the spans' order is all there is to judge
+            old = None
     c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-2", change=change)
     v = c.versions
     if not v or None in v:

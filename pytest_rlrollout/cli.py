@@ -542,6 +542,23 @@ def _cmd_clauses(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.suite.matrix import MatrixError, html, load, markdown
+
+    try:
+        columns = load(args.reports)
+    except MatrixError as e:
+        raise UsageError(str(e)) from None
+    if args.out is None:
+        sys.stdout.write(markdown(columns))
+        return EXIT_OK
+    for suffix, text in ((".md", markdown(columns)), (".html", html(columns))):
+        path = args.out.with_name(args.out.name + suffix)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
 # The bounds are the validator's constants (snapshot.untrusted, safetensors_io, validate.core),
 # written out so that `--help` imports none of it; a test holds the two together.
 VALIDATE_DESCRIPTION = (
@@ -681,6 +698,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--area", help="only this area (SNAP, HL, SWAP, CACHE, SESS, VER, R3, INF, NUM)")
     c.add_argument("--format", choices=["text", "json", "md"], default="text")
     c.set_defaults(run=_cmd_clauses)
+
+    mx = sub.add_parser("matrix", help="render clause x engine from the suite's reports (--rl-report JSON files)",
+                        description="One column per report (engine, version, the server flags its answers showed, "
+                        "date, how it was run); one row per clause, headed by area; totals per column. Reports "
+                        "judged by different contract versions are refused.")  # fmt: skip
+    mx.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
+    mx.add_argument(
+        "--out", type=Path, metavar="STEM", help="write STEM.md and STEM.html (default: Markdown on stdout)"
+    )
+    mx.set_defaults(run=_cmd_matrix)
     return p
 
 

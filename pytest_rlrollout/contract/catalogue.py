@@ -6,6 +6,7 @@ suite, the reports and `docs/contract.md` all read it through `catalogue()`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,8 +54,10 @@ class Catalogue:
         levels: dict[str, str],
         areas: dict[str, dict[str, str]],
         engines: dict[str, str],
+        version: str = "",
     ):
         self._by_id = {c.id: c for c in clauses}
+        self.version = version  # reports judged by different catalogues do not compare
         if len(self._by_id) != len(clauses):
             raise ValueError("clause catalogue has duplicate IDs")
         self.sources, self.levels, self.areas, self.engines = sources, levels, areas, engines
@@ -99,4 +102,8 @@ def catalogue() -> Catalogue:
         )
         for c in doc["clauses"]
     ]
-    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], engines=doc["engines"])
+    # the catalogue's number, and a digest of every clause as it reads (rule, level, bindings): two
+    # reports compare only when they were judged by the same clauses bound the same way
+    digest = hashlib.sha256(json.dumps(doc["clauses"], sort_keys=True).encode()).hexdigest()[:12]
+    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], engines=doc["engines"],
+                     version=f"{doc['version']}+{digest}")  # fmt: skip

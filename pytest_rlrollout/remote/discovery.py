@@ -40,6 +40,7 @@ class Discovery:
     # the base's fingerprint as the deployment served it before the run loaded anything (its own
     # start-up load: no later load path can show it again): {"identity", "logprobs"}, or None
     start: dict[str, Any] | None = None
+    version: str | None = None  # the engine's version, where it says (vLLM: GET /version)
 
     def has(self, name: str) -> bool:
         if name not in CAPABILITIES:
@@ -57,7 +58,7 @@ class Discovery:
     def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "decided": self.decided, "capabilities": self.capabilities,
                 "seen": self.seen, "replicas": self.replicas, "transition": self.transition,
-                "start": self.start}  # fmt: skip
+                "start": self.start, "version": self.version}  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Discovery:

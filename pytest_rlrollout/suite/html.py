@@ -104,7 +104,8 @@ def _header(doc: dict[str, Any]) -> str:
     rows = "".join(f"<dt>{escape(str(k))}</dt><dd>{escape(str(v))}</dd>" for k, v in prov.items())
     engine = doc.get("engine")
     rows += f"<dt>engine</dt><dd>{escape(engine['name'])} ({escape(engine['decided'])})</dd>" if engine else ""
-    rows += f"<dt>contract</dt><dd>{escape(str(doc.get('contract', '')))}</dd>"
+    contract = doc.get("contract") or {}
+    rows += f"<dt>contract</dt><dd>{escape(str(contract.get('document', '')))}, version {escape(str(contract.get('version', '')))}</dd>"
     return (
         f"<header><h1>RL-rollout conformance: {escape(str(prov.get('deployment', '')))}</h1>"
         f'<p class="headline">{len(doc["clauses"])} clauses: {headline}</p><dl class="provenance">{rows}</dl></header>'

@@ -409,7 +409,7 @@ def _discovery_ok(d: Any) -> bool:
 
     return (
         isinstance(d, dict)
-        and d.keys() - {"start"} == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
+        and d.keys() - {"start", "version"} == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
         and d["engine"] in ENGINES
         and isinstance(d["decided"], str)
         and isinstance(d["capabilities"], dict)
@@ -419,6 +419,7 @@ def _discovery_ok(d: Any) -> bool:
         and isinstance(d["replicas"], int)
         and d["transition"] in (None, "ASYNC", "SYNC")
         and _start_ok(d.get("start"))
+        and (d.get("version") is None or (isinstance(d["version"], str) and 0 < len(d["version"]) <= 40))
     )
 
 

@@ -133,8 +133,10 @@ def document(
 ) -> dict[str, Any]:
     return {
         "provenance": provenance,
-        "contract": CONTRACT_DOC,
-        "engine": {"name": discovery["engine"], "decided": discovery["decided"]} if discovery else None,
+        "contract": {"version": catalogue().version, "document": CONTRACT_DOC},
+        "engine": {"name": discovery["engine"], "decided": discovery["decided"], "version": discovery.get("version")}
+        if discovery
+        else None,
         "capabilities": capability_rows(discovery),
         "summary": rollup(results),
         "clauses": {k: asdict(v) for k, v in results.items()},
@@ -152,7 +154,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += [f"- **{k}**: {v}" for k, v in doc["provenance"].items()]
     if doc.get("engine"):
         lines += [f"- **engine**: {doc['engine']['name']} ({doc['engine']['decided']})"]
-    lines += [f"- **contract**: {doc['contract']}"]
+    lines += [f"- **contract**: {doc['contract']['document']}, version {doc['contract']['version']}"]
     lines += ["", "## Summary", "", "| | " + " | ".join(order) + " |", "|---" * (len(order) + 1) + "|"]
     for group in ("levels", "areas"):
         for name, counts in doc["summary"][group].items():

@@ -83,7 +83,7 @@ def _doc() -> dict[str, Any]:
     return {
         "provenance": {"deployment": "http://127.0.0.1:8000 <local>", "mode": "local", "suite_version": "0.2.0",
                        "finished": "2026-03-01T12:00:00Z"},
-        "contract": "docs/contract.md (or `rlrollout clauses --format md`)",
+        "contract": {"version": "1+000000000000", "document": "docs/contract.md (or `rlrollout clauses --format md`)"},
         "engine": {"name": "fireworks", "decided": "the status endpoint names fireworks"},
         "capabilities": [
             {"name": "logprobs", "has": True, "seen": "6 logprobs entries", "about": "per-token logprobs",

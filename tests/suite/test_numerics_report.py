@@ -65,7 +65,7 @@ def _doc() -> dict[str, Any]:
                 _test("t/test_fidelity.py::test_swap_back", "fail", uploads=[upload],
                       figures={"max_abs_delta": 3.1e-05, "tolerance": 1e-06})),
     ]  # fmt: skip
-    return {"provenance": {"deployment": "accounts/a/deployments/d"}, "contract": "docs/contract.md",
+    return {"provenance": {"deployment": "accounts/a/deployments/d"}, "contract": {"version": "1+000000000000", "document": "docs/contract.md"},
             "engine": None, "capabilities": [],
             "summary": {"levels": {"SHOULD": {"pass": 2, "fail": 1}},
                         "areas": {"NUM": {"pass": 2}, "FID": {"fail": 1}}},

@@ -393,6 +393,9 @@ class VLLMDriver(Driver):
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
         d = Discovery("vllm", decided, transition=transition or self.transition)
+        answered = self._get("/version")
+        version = (json_object(answered) or {}).get("version") if answered.status_code == 200 else None
+        d.version = version[:40] if isinstance(version, str) and version else None
         inference_probes(self, d)
         auth_probe(self, d)
         mark(d, "transition", True, f"{d.transition}: the load pauses generation in keep mode")

@@ -1,0 +1,159 @@
+"""The engine conformance matrix: clause × engine, from the suite's own reports (`--rl-report`),
+as Gateway API publishes implementations × features from each implementation's report.
+
+A column is one report: the engine, its version where it said, the server flags its answers
+showed on or off (the capabilities whose binding needs a flag), the date, and how it was run (a
+real deployment, or the bundled reference deployment speaking that engine's dialect, which is
+never a real engine). A cell is the clause's outcome there, linked to that report's evidence.
+Reports judged by different catalogues (`contract.version`) are refused: their verdicts do not
+compare.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_rlrollout.contract import SEVERITY, catalogue
+from pytest_rlrollout.contract.capabilities import CAPABILITIES
+
+# One column per report; outcomes read as the reports wrote them.
+OUTCOMES = [str(o) for o in reversed(SEVERITY)]
+SHORT = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "inconclusive": "inconcl.", "unsupported": "unsupp.",
+         "not-applicable": "n/a"}  # fmt: skip
+
+
+class MatrixError(ValueError):
+    """Reports that cannot make one matrix (what, and which file)."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # the report's file stem: where its evidence is
+    engine: str
+    version: str
+    flags: tuple[str, ...]
+    date: str
+    how: str
+    outcomes: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    def totals(self) -> Counter[str]:
+        return Counter(self.outcomes.values())
+
+
+def column(path: Path, doc: dict[str, Any]) -> Column:
+    """One report as a column; MatrixError naming the file when it is not a suite report."""
+    try:
+        return _column(path, doc)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise MatrixError(f"{path}: not a report of the suite (--rl-report): {type(e).__name__} {e}") from None
+
+
+def _column(path: Path, doc: dict[str, Any]) -> Column:
+    engine, provenance, clauses = doc["engine"], doc["provenance"], doc["clauses"]
+    name = str(engine["name"])
+    if provenance.get("mode") == "local":
+        how = f"the reference deployment's {name} dialect (not a real {name} engine)"
+    elif provenance.get("mode") == "replay":
+        how = f"a replay of a recording ({engine.get('decided', '')})"
+    else:
+        how = f"a real deployment ({engine.get('decided', '')})"
+    on: dict[str, bool] = {}  # a flag several capabilities need is on when any of them was offered
+    for cap in doc.get("capabilities") or []:
+        flag = CAPABILITIES[cap["name"]].flag(name) if cap.get("name") in CAPABILITIES else None
+        if flag is not None:
+            on[flag] = on.get(flag, False) or bool(cap.get("has"))
+    return Column(name=path.stem, engine=name, version=str(engine.get("version") or "—"),
+                  flags=tuple(f"{flag}: {'on' if v else 'off'}" for flag, v in on.items()),
+                  date=str(provenance.get("finished") or "—")[:10], how=how,
+                  outcomes={str(cid): str(c["outcome"]) for cid, c in clauses.items()},
+                  evidence={str(cid): str(c.get("evidence") or "") for cid, c in clauses.items()})  # fmt: skip
+
+
+def load(paths: list[Path]) -> list[Column]:
+    """The reports' columns, in the order given; MatrixError when a report cannot be read or the
+    reports were judged by different contract versions (or another than this catalogue's)."""
+    docs = []
+    for path in paths:
+        try:
+            docs.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as e:
+            raise MatrixError(f"{path}: cannot be read as a JSON report ({e})") from None
+    ours = catalogue().version
+    for path, doc in docs:
+        if not isinstance(doc, dict):
+            raise MatrixError(f"{path}: not a report of the suite (--rl-report): not a JSON object")
+        got = (doc.get("contract") or {}).get("version") if isinstance(doc.get("contract"), dict) else None
+        if got != ours:
+            raise MatrixError(f"{path}: judged by contract version {got or '(none: an older report)'}, not "
+                              f"{ours} (this catalogue's); run the suite again to compare")  # fmt: skip
+    return [column(path, doc) for path, doc in docs]
+
+
+def markdown(columns: list[Column]) -> str:
+    """The matrix as Markdown: a header per area, a cell per clause and column linking to the
+    clause in the column's HTML report (`<name>.html`, beside the JSON), totals per column."""
+    head = ["clause", *(f"{c.engine} ({c.name})" for c in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, values in (("version", [c.version for c in columns]), ("flags", ["<br>".join(c.flags) or "—" for c in columns]),
+                          ("date", [c.date for c in columns]), ("run", [c.how for c in columns])):  # fmt: skip
+        lines.append(f"| *{label}* | " + " | ".join(v.replace("|", "\\|") for v in values) + " |")
+    cat = catalogue()
+    for area, about in cat.areas.items():
+        lines.append(f"| **{area}** — {about['title']} |" + " |" * len(columns))
+        for clause in cat.area(area):
+            cells = [_md_cell(c, clause.id) for c in columns]
+            lines.append(f"| {clause.id} ({clause.level}) | " + " | ".join(cells) + " |")
+    for outcome in OUTCOMES:
+        lines.append(f"| *{outcome}* | " + " | ".join(str(c.totals()[outcome]) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(c: Column, clause_id: str) -> str:
+    outcome = c.outcomes.get(clause_id)
+    if outcome is None:
+        return "—"
+    return f"[{SHORT.get(outcome, outcome)}]({c.name}.html#{clause_id})"
+
+
+HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>RL-rollout engine conformance matrix</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; } th, td { border: 1px solid #ccc; padding: 2px 6px; vertical-align: top; }
+th.area { text-align: left; background: #eee; } td.meta { font-size: 12px; color: #444; }
+.pass { background: #dff5df; } .fail, .error { background: #f8d4d4; } .inconclusive { background: #fdf1c7; }
+.unsupported { background: #e6e6f7; } .not-applicable { color: #888; }
+a { color: inherit; }
+</style></head><body>
+<h1>RL-rollout engine conformance matrix</h1>
+<p>Contract version {{ version }}. Each column is one report of the suite; a column run against the
+reference deployment's dialect of an engine is not a run of that engine.</p>
+<table>
+<tr><th>clause</th>{% for c in columns %}<th>{{ c.engine }}<br><small>{{ c.name }}</small></th>{% endfor %}</tr>
+<tr><td>version</td>{% for c in columns %}<td class="meta">{{ c.version }}</td>{% endfor %}</tr>
+<tr><td>flags</td>{% for c in columns %}<td class="meta">{% for f in c.flags %}{{ f }}<br>{% else %}—{% endfor %}</td>{% endfor %}</tr>
+<tr><td>date</td>{% for c in columns %}<td class="meta">{{ c.date }}</td>{% endfor %}</tr>
+<tr><td>run</td>{% for c in columns %}<td class="meta">{{ c.how }}</td>{% endfor %}</tr>
+{% for area, title, clauses in areas %}
+<tr><th class="area" colspan="{{ columns|length + 1 }}">{{ area }} — {{ title }}</th></tr>
+{% for clause in clauses %}<tr><td title="{{ clause.rule }}">{{ clause.id }} <small>{{ clause.level }}</small></td>
+{% for c in columns %}{% set o = c.outcomes.get(clause.id) %}{% if o %}<td class="{{ o }}" title="{{ c.evidence.get(clause.id, '') }}"><a href="{{ c.name }}.html#{{ clause.id }}">{{ short.get(o, o) }}</a></td>{% else %}<td>—</td>{% endif %}{% endfor %}
+</tr>{% endfor %}{% endfor %}
+{% for o in outcomes %}<tr><th>{{ o }}</th>{% for c in columns %}<td>{{ c.totals()[o] }}</td>{% endfor %}</tr>{% endfor %}
+</table></body></html>
+"""
+
+
+def html(columns: list[Column]) -> str:
+    """The matrix as one self-contained page (no script, no outside resource), autoescaped."""
+    from jinja2 import Environment
+
+    cat = catalogue()
+    areas = [(area, about["title"], cat.area(area)) for area, about in cat.areas.items()]
+    template = Environment(autoescape=True).from_string(HTML)
+    return template.render(columns=columns, areas=areas, outcomes=OUTCOMES, short=SHORT, version=cat.version)

@@ -545,8 +545,8 @@ def _cmd_clauses(args: argparse.Namespace) -> int:
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from pytest_rlrollout.suite.matrix import MatrixError, html, load, markdown
 
-    try:
-        columns = load(args.reports)
+    try:  # the reports' evidence linked from where the page is written
+        columns = load(args.reports, args.out.parent if args.out is not None else None)
     except MatrixError as e:
         raise UsageError(str(e)) from None
     if args.out is None:

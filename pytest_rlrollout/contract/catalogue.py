@@ -102,8 +102,10 @@ def catalogue() -> Catalogue:
         )
         for c in doc["clauses"]
     ]
-    # the catalogue's number, and a digest of every clause as it reads (rule, level, bindings): two
-    # reports compare only when they were judged by the same clauses bound the same way
-    digest = hashlib.sha256(json.dumps(doc["clauses"], sort_keys=True).encode()).hexdigest()[:12]
+    # the catalogue's number, and a digest of the clauses (ID, level, area, rule): two reports compare
+    # only when they were judged by the same contract. An engine's binding is how that engine is
+    # asked, documented beside the clause; a binding added for another engine changes no verdict.
+    rules = [[c["id"], c["level"], c["area"], c["rule"]] for c in doc["clauses"]]
+    digest = hashlib.sha256(json.dumps(rules).encode()).hexdigest()[:12]
     return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], engines=doc["engines"],
                      version=f"{doc['version']}+{digest}")  # fmt: skip

@@ -12,8 +12,9 @@ compare.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ class MatrixError(ValueError):
 
 @dataclass(frozen=True)
 class Column:
-    name: str  # the report's file stem: where its evidence is
+    name: str  # the report's file stem
     engine: str
     version: str
     flags: tuple[str, ...]
@@ -40,17 +41,29 @@ class Column:
     how: str
     outcomes: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
+    report: str | None = None  # the report a reader opens (its HTML, else its Markdown), from the page
+
+    def link(self, clause_id: str) -> str | None:
+        """Where a cell's evidence is: the clause in the HTML report, or the Markdown report."""
+        if self.report is None:
+            return None
+        return f"{self.report}#{clause_id}" if self.report.endswith(".html") else self.report
 
     def totals(self) -> Counter[str]:
         return Counter(self.outcomes.values())
 
 
-def column(path: Path, doc: dict[str, Any]) -> Column:
-    """One report as a column; MatrixError naming the file when it is not a suite report."""
+def column(path: Path, doc: dict[str, Any], page: Path | None = None) -> Column:
+    """One report as a column (its evidence linked from a page in the directory `page`); MatrixError
+    naming the file when it is not a suite report."""
     try:
-        return _column(path, doc)
+        col = _column(path, doc)
     except (KeyError, TypeError, AttributeError) as e:
         raise MatrixError(f"{path}: not a report of the suite (--rl-report): {type(e).__name__} {e}") from None
+    for beside in (path.with_suffix(".html"), path.with_suffix(".md")):
+        if beside.is_file():
+            return replace(col, report=Path(os.path.relpath(beside, page or Path.cwd())).as_posix())
+    return col
 
 
 def _column(path: Path, doc: dict[str, Any]) -> Column:
@@ -67,16 +80,22 @@ def _column(path: Path, doc: dict[str, Any]) -> Column:
         flag = CAPABILITIES[cap["name"]].flag(name) if cap.get("name") in CAPABILITIES else None
         if flag is not None:
             on[flag] = on.get(flag, False) or bool(cap.get("has"))
-    return Column(name=path.stem, engine=name, version=str(engine.get("version") or "—"),
+    version = str(engine.get("version") or "—")
+    if provenance.get("mode") == "local":  # the reference's own version, and the engine's it imitates
+        version = f"pytest-rlrollout {provenance.get('suite_version', '?')}" + (
+            f" ({name} {engine['version']} dialect)" if engine.get("version") else ""
+        )
+    return Column(name=path.stem, engine=name, version=version,
                   flags=tuple(f"{flag}: {'on' if v else 'off'}" for flag, v in on.items()),
                   date=str(provenance.get("finished") or "—")[:10], how=how,
                   outcomes={str(cid): str(c["outcome"]) for cid, c in clauses.items()},
                   evidence={str(cid): str(c.get("evidence") or "") for cid, c in clauses.items()})  # fmt: skip
 
 
-def load(paths: list[Path]) -> list[Column]:
-    """The reports' columns, in the order given; MatrixError when a report cannot be read or the
-    reports were judged by different contract versions (or another than this catalogue's)."""
+def load(paths: list[Path], page: Path | None = None) -> list[Column]:
+    """The reports' columns, in the order given, their evidence linked from a page in the
+    directory `page` (default: here); MatrixError when a report cannot be read or the reports
+    were judged by different contract versions (or another than this catalogue's)."""
     docs = []
     for path in paths:
         try:
@@ -91,14 +110,21 @@ def load(paths: list[Path]) -> list[Column]:
         if got != ours:
             raise MatrixError(f"{path}: judged by contract version {got or '(none: an older report)'}, not "
                               f"{ours} (this catalogue's); run the suite again to compare")  # fmt: skip
-    return [column(path, doc) for path, doc in docs]
+    return [column(path, doc, page) for path, doc in docs]
+
+
+INTRO = (
+    "One column per report of the suite (`--rl-report`), one row per clause. A column run against the "
+    "reference deployment's dialect of an engine is not a run of that engine. Cells link to the evidence."
+)
 
 
 def markdown(columns: list[Column]) -> str:
-    """The matrix as Markdown: a header per area, a cell per clause and column linking to the
-    clause in the column's HTML report (`<name>.html`, beside the JSON), totals per column."""
+    """The matrix as a Markdown page: a header per area, a cell per clause and column linking to
+    the column's report, totals per column."""
     head = ["clause", *(f"{c.engine} ({c.name})" for c in columns)]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    lines = ["# RL-rollout engine conformance matrix", "", f"Contract version {catalogue().version}. {INTRO}", ""]
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for label, values in (("version", [c.version for c in columns]), ("flags", ["<br>".join(c.flags) or "—" for c in columns]),
                           ("date", [c.date for c in columns]), ("run", [c.how for c in columns])):  # fmt: skip
         lines.append(f"| *{label}* | " + " | ".join(v.replace("|", "\\|") for v in values) + " |")
@@ -117,7 +143,8 @@ def _md_cell(c: Column, clause_id: str) -> str:
     outcome = c.outcomes.get(clause_id)
     if outcome is None:
         return "—"
-    return f"[{SHORT.get(outcome, outcome)}]({c.name}.html#{clause_id})"
+    link = c.link(clause_id)
+    return f"[{SHORT.get(outcome, outcome)}]({link})" if link else SHORT.get(outcome, outcome)
 
 
 HTML = """<!doctype html>
@@ -131,8 +158,7 @@ th.area { text-align: left; background: #eee; } td.meta { font-size: 12px; color
 a { color: inherit; }
 </style></head><body>
 <h1>RL-rollout engine conformance matrix</h1>
-<p>Contract version {{ version }}. Each column is one report of the suite; a column run against the
-reference deployment's dialect of an engine is not a run of that engine.</p>
+<p>Contract version {{ version }}. {{ intro }}</p>
 <table>
 <tr><th>clause</th>{% for c in columns %}<th>{{ c.engine }}<br><small>{{ c.name }}</small></th>{% endfor %}</tr>
 <tr><td>version</td>{% for c in columns %}<td class="meta">{{ c.version }}</td>{% endfor %}</tr>
@@ -142,7 +168,7 @@ reference deployment's dialect of an engine is not a run of that engine.</p>
 {% for area, title, clauses in areas %}
 <tr><th class="area" colspan="{{ columns|length + 1 }}">{{ area }} — {{ title }}</th></tr>
 {% for clause in clauses %}<tr><td title="{{ clause.rule }}">{{ clause.id }} <small>{{ clause.level }}</small></td>
-{% for c in columns %}{% set o = c.outcomes.get(clause.id) %}{% if o %}<td class="{{ o }}" title="{{ c.evidence.get(clause.id, '') }}"><a href="{{ c.name }}.html#{{ clause.id }}">{{ short.get(o, o) }}</a></td>{% else %}<td>—</td>{% endif %}{% endfor %}
+{% for c in columns %}{% set o = c.outcomes.get(clause.id) %}{% set href = c.link(clause.id) %}{% if o %}<td class="{{ o }}" title="{{ c.evidence.get(clause.id, '') }}">{% if href %}<a href="{{ href }}">{{ short.get(o, o) }}</a>{% else %}{{ short.get(o, o) }}{% endif %}</td>{% else %}<td>—</td>{% endif %}{% endfor %}
 </tr>{% endfor %}{% endfor %}
 {% for o in outcomes %}<tr><th>{{ o }}</th>{% for c in columns %}<td>{{ c.totals()[o] }}</td>{% endfor %}</tr>{% endfor %}
 </table></body></html>
@@ -156,4 +182,6 @@ def html(columns: list[Column]) -> str:
     cat = catalogue()
     areas = [(area, about["title"], cat.area(area)) for area, about in cat.areas.items()]
     template = Environment(autoescape=True).from_string(HTML)
-    return template.render(columns=columns, areas=areas, outcomes=OUTCOMES, short=SHORT, version=cat.version)
+    return template.render(
+        columns=columns, areas=areas, outcomes=OUTCOMES, short=SHORT, version=cat.version, intro=INTRO
+    )

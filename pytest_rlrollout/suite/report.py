@@ -341,7 +341,8 @@ def paths(path: str | Path) -> tuple[Path, Path, Path]:
     """The report's three files: `path` (JSON), and .md and .html beside it."""
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in SUFFIXES else path
-    return stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".html")
+    # the suffixes are added, not swapped: a name with dots of its own ("vllm-0.32-cpu") keeps them
+    return tuple(stem.with_name(stem.name + suffix) for suffix in SUFFIXES)  # type: ignore[return-value]
 
 
 def write(path: str | Path, doc: dict[str, Any]) -> tuple[Path, Path, Path]:

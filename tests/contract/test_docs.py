@@ -25,3 +25,23 @@ def test_every_clause_has_its_rule_and_what_judges_it():
             assert "Judged by: " in section and "no conformance test yet" not in section, c.id
         if c.area not in ("NUM",):
             assert "Can fail: " in section, f"{c.id} names no fault switch or broken snapshot"
+
+
+ENGINES = DOC.parent / "engines"
+
+
+def test_docs_engines_is_the_matrix_of_the_reports_beside_it():
+    """docs/engines.{md,html}: `rlrollout matrix docs/engines/*.json --out docs/engines`, as
+    committed (`python -m tests.engines.publish` makes the reports and the page); every column
+    says how it was run."""
+    from pytest_rlrollout.suite.matrix import html, load, markdown
+
+    columns = load(sorted(ENGINES.glob("*.json")), page=DOC.parent)
+    assert {c.name for c in columns} >= {"fireworks-reference", "vllm-reference", "vllm-0.32-cpu",
+                                         "openai-transformers-serve"}  # fmt: skip
+    stale = "is stale: python -m tests.engines.publish (or rlrollout matrix docs/engines/*.json --out docs/engines)"
+    assert (DOC.parent / "engines.md").read_text() == markdown(columns), f"docs/engines.md {stale}"
+    assert (DOC.parent / "engines.html").read_text() == html(columns), f"docs/engines.html {stale}"
+    for c in columns:
+        real = not c.name.endswith("-reference")
+        assert c.how.startswith("a real deployment" if real else "the reference deployment's"), (c.name, c.how)

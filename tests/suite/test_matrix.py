@@ -4,7 +4,9 @@ contract version."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from importlib.metadata import version
 
 import pytest
 
@@ -31,9 +33,12 @@ def report(engine: str = "vllm", mode: str = "live", outcomes: dict[str, str] | 
     return doc | over
 
 
-def write(tmp_path, name: str, doc: dict):
+def write(tmp_path, name: str, doc: dict, beside: str | None = ".html"):
+    """A report, and (`beside`) the HTML or Markdown report a reader opens."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(doc))
+    if beside is not None:
+        path.with_suffix(beside).write_text("the report")
     return path
 
 
@@ -50,17 +55,20 @@ def test_a_column_says_engine_version_flags_date_and_how_it_was_run(tmp_path):
 
 
 def test_markdown_heads_each_area_links_each_cell_and_totals_each_column(tmp_path):
-    cols = load(
-        [write(tmp_path, "a", report()), write(tmp_path, "b", report("openai", outcomes={"INF-SSE-1": "fail"}))]
-    )
-    text = markdown(cols)
-    rows = text.splitlines()
-    assert rows[0] == "| clause | vllm (a) | openai (b) |"
-    assert [r for r in rows if r.startswith("| **")] == [f"| **{a}** — {v['title']} | | |"
+    b = report("openai", outcomes={"INF-SSE-1": "fail"})
+    cols = load([write(tmp_path, "a", report()), write(tmp_path, "b", b, beside=".md"), write(tmp_path, "c", b, None)],
+                page=tmp_path)  # fmt: skip
+    rows = markdown(cols).splitlines()
+    assert rows[0] == "# RL-rollout engine conformance matrix"
+    assert rows[2].startswith(f"Contract version {catalogue().version}. ")
+    assert "| clause | vllm (a) | openai (b) | openai (c) |" in rows
+    assert [r for r in rows if r.startswith("| **")] == [f"| **{a}** — {v['title']} | | | |"
                                                           for a, v in catalogue().areas.items()]  # fmt: skip
-    assert "| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1) | [FAIL](b.html#INF-SSE-1) |" in rows
-    assert "| HL-AUTH-1 (MUST) | [FAIL](a.html#HL-AUTH-1) | — |" in rows
-    assert "| *fail* | 1 | 1 |" in rows and "| *pass* | 1 | 0 |" in rows and "| *unsupported* | 1 | 0 |" in rows
+    # the clause in the HTML report; the Markdown report has no anchor per clause; no report: no link
+    assert "| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1) | [FAIL](b.md) | FAIL |" in rows
+    assert "| HL-AUTH-1 (MUST) | [FAIL](a.html#HL-AUTH-1) | — | — |" in rows
+    assert "| *fail* | 1 | 1 | 1 |" in rows and "| *pass* | 1 | 0 | 0 |" in rows
+    assert "| *unsupported* | 1 | 0 | 0 |" in rows
     assert len([r for r in rows if re.match(r"\| [A-Z0-9]+-[A-Za-z0-9-]+ \((MUST|SHOULD|MAY)\)", r)]) == len(
         catalogue()
     )
@@ -70,7 +78,7 @@ def test_html_is_one_self_contained_escaped_page(tmp_path):
     hostile = report(outcomes={"INF-SSE-1": "pass"})
     hostile["clauses"]["INF-SSE-1"]["evidence"] = '"><script>alert(1)</script>'
     hostile["engine"]["version"] = "<img src=x onerror=alert(2)>"
-    page = html(load([write(tmp_path, "h", hostile)]))
+    page = html(load([write(tmp_path, "h", hostile)], page=tmp_path))
     assert "<script" not in page and "<img" not in page
     assert "&lt;script&gt;" in page and "&lt;img src=x" in page
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched from outside
@@ -115,10 +123,13 @@ def test_a_report_of_the_suite_makes_a_column(pytester, tmp_path, capsys):
     """The suite's own report (the vLLM dialect of the reference deployment), rendered both ways."""
     pytester.runpytest_inprocess(str(CONFORMANCE / "test_inference.py"), "-p", "no:randomly", "--rl-engine=vllm",
                                  "--rl-report=vllm-reference.json")  # fmt: skip
-    stem = tmp_path / "engines"
-    assert main(["matrix", str(pytester.path / "vllm-reference.json"), "--out", str(stem)]) == 0
-    text = (tmp_path / "engines.md").read_text()
-    assert "| *version* | 0.32.0 |" in text
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    assert main(["matrix", str(pytester.path / "vllm-reference.json"), "--out", str(pages / "engines")]) == 0
+    text = (pages / "engines.md").read_text()
+    assert f"| *version* | pytest-rlrollout {version('pytest-rlrollout')} (vllm 0.32.0 dialect) |" in text
     assert "the reference deployment's vllm dialect (not a real vllm engine)" in text
-    assert "| INF-SSE-1 (MUST) | [pass](vllm-reference.html#INF-SSE-1) |" in text
-    assert (tmp_path / "engines.html").read_text().startswith("<!doctype html>")
+    # linked from where the page is, to the HTML report the run wrote beside its JSON
+    linked = os.path.relpath(pytester.path / "vllm-reference.html", pages)
+    assert f"| INF-SSE-1 (MUST) | [pass]({linked}#INF-SSE-1) |" in text
+    assert (pages / "engines.html").read_text().startswith("<!doctype html>")

@@ -2,6 +2,9 @@
 HTML, xdist; a pass that observed nothing is inconclusive."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 TESTS = """
 import pytest
@@ -96,3 +99,11 @@ def test_no_report_without_clause_tests(pytester):
     result.assert_outcomes(passed=1)
     assert not (pytester.path / "out").exists()
     result.stdout.no_fnmatch_line("*rl-rollout clauses*")
+
+
+@pytest.mark.parametrize(("given", "stem"), [("r.json", "r"), ("r", "r"), ("out/vllm-0.32-cpu.json", "out/vllm-0.32-cpu"),
+                                             ("vllm-0.32-cpu", "vllm-0.32-cpu"), ("a.b.md", "a.b")])  # fmt: skip
+def test_report_files_add_their_suffixes_to_a_dotted_name(given, stem):
+    from pytest_rlrollout.suite.report import paths
+
+    assert paths(given) == (Path(f"{stem}.json"), Path(f"{stem}.md"), Path(f"{stem}.html"))

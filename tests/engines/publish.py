@@ -1,0 +1,135 @@
+"""Makes the engine conformance matrix (`docs/engines.md`) from runs of the suite on this machine:
+
+    python -m tests.engines.publish [NAME ...]
+
+Each run writes its report into `docs/engines/` (the JSON, compact, and the Markdown report with
+its pictures); the page is then rendered from every report there (`rlrollout matrix`). NAMEs
+choose runs (default: all of them):
+
+- `fireworks-reference`, `vllm-reference`: the bundled reference deployment in that dialect (not
+  a real engine; every column says so);
+- `vllm-0.32-cpu`: a real vLLM 0.32 CPU server (tests/engines/vllm_server.py: its flags and
+  layout), judged by the whole suite, the tests that break it last;
+- `openai-transformers-serve`: `transformers serve` of the reference base (a plain
+  OpenAI-compatible server).
+
+tests/engines/test_engines_page.py keeps the page in sync with the reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from pytest_rlrollout.remote.polling import wait_until
+from pytest_rlrollout.snapshot import tiny_moe
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "docs" / "engines"
+PAGE = ROOT / "docs" / "engines"  # the page's stem: docs/engines.md and docs/engines.html
+
+
+def suite(report: Path, *args: str) -> None:
+    """The whole installed suite, in a process of its own, writing `report` (its verdicts are the
+    point: a failing run is not an error here)."""
+    subprocess.run([sys.executable, "-m", "pytest", str(CONFORMANCE), "-p", "no:randomly", "-p", "no:cacheprovider",
+                    "-q", f"--rl-report={report}", *args], cwd=report.parent, check=False)  # fmt: skip
+    if not report.is_file():
+        raise SystemExit(f"the run wrote no report ({report})")
+
+
+def reference(engine: str) -> Callable[[Path, Path], None]:
+    return lambda report, base: suite(report, f"--rl-engine={engine}")
+
+
+def real_vllm(report: Path, base: Path) -> None:
+    from tests.engines.vllm_server import STREAM_TOKENS, vllm_server
+
+    bucket = base.parent
+    with vllm_server(base, report.parent / "vllm.log") as server:
+        suite(report, f"--rl-base-url={server.url}", f"--rl-model={server.model}", f"--rl-api-key={server.key}",
+              "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}",
+              f"--rl-long-stream-tokens={STREAM_TOKENS}", "--rl-exchange-timeout=20")  # fmt: skip
+
+
+@contextlib.contextmanager
+def transformers_serve(base: Path, log: Path) -> Iterator[str]:
+    command = shutil.which("transformers")
+    if command is None:
+        raise SystemExit("transformers serve is not installed (pip install 'transformers[serving]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([command, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                                 str(base)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"transformers serve exited {proc.returncode}; see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        return False
+
+    try:
+        wait_until(healthy, timeout=180, interval=0.25, what="transformers serve answering /health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def openai_transformers(report: Path, base: Path) -> None:
+    with transformers_serve(base, report.parent / "serve.log") as url:
+        suite(report, f"--rl-base-url={url}", f"--rl-model={base}")
+
+
+RUNS: dict[str, Callable[[Path, Path], None]] = {
+    "fireworks-reference": reference("fireworks"),
+    "vllm-reference": reference("vllm"),
+    "vllm-0.32-cpu": real_vllm,
+    "openai-transformers-serve": openai_transformers,
+}
+
+
+def publish(name: str) -> None:
+    """Run `name` in a scratch directory; keep its JSON report (compact) and its Markdown report
+    with the pictures it links to."""
+    with tempfile.TemporaryDirectory(prefix=f"rlrollout-{name}-") as scratch:
+        work = Path(scratch)
+        base = tiny_moe.make_base(work / "bucket" / tiny_moe.BASE_IDENTITY)
+        report = work / f"{name}.json"
+        RUNS[name](report, base)
+        for old in REPORTS.glob(f"{name}.*"):
+            old.unlink()
+        doc = json.loads(report.read_text())
+        (REPORTS / report.name).write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n")
+        for kept in (report.with_suffix(".md"), *work.glob(f"{name}.numerics-*.png")):
+            shutil.copy(kept, REPORTS / kept.name)
+
+
+def main(names: list[str]) -> int:
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise SystemExit(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    for name in names or list(RUNS):
+        publish(name)
+    from pytest_rlrollout.cli import main as rlrollout
+
+    return rlrollout(["matrix", *map(str, sorted(REPORTS.glob("*.json"))), "--out", str(PAGE)])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

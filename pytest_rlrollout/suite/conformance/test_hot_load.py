@@ -375,11 +375,13 @@ def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_obser
     never_served(rl_deployment, built.identity, before, rl_observe)
 
 
-# Last in the module: on a deployment that never reports a failed load, replicas stay "loading"
-# and every later swap test would first wait out the swap timeout.
+# A load made to fail may leave a deployment broken (a real engine has died of one) or, one that
+# never reports a failed load, with replicas "loading" that every later swap test would wait out:
+# it runs with the breaking tests, after every other test (last of them: last in the module).
 
 
 @swaps
+@breaks
 @clause("HL-GET-3")
 def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("get-3")

@@ -26,7 +26,6 @@ import httpx
 
 from pytest_rlrollout.contract.catalogue import Engine
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
-from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
 from pytest_rlrollout.remote.stream import (
@@ -517,45 +516,6 @@ class DeploymentClient:
     def served_identities(self) -> list[str | None]:
         """current_snapshot_identity of every replica."""
         return [r.get("current_snapshot_identity") for r in self.replicas()]
-
-    def wait(
-        self,
-        identity: str,
-        *,
-        timeout: float,
-        poll: float,
-        lora: bool = False,
-        progress: Callable[[list[dict[str, Any]]], None] | None = None,
-        stalled_after: float | None = None,
-    ) -> Waited:
-        """Poll the status (backing off from 10 ms to `poll`) until every replica serves `identity`
-        (LoRA: lists it as loaded), a replica reports stage 'error' for it, or the deadline
-        passes. With `stalled_after`, also give up once some replicas serve it and no replica has
-        been loading for that long (a rollout that stopped part-way)."""
-        replicas: list[dict[str, Any]] = []
-        stalled_since: float | None = None
-        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
-            r = self.status()
-            if r.status_code != 200:
-                continue
-            doc = json_object(r) or {}
-            if not isinstance(doc.get("replicas"), list):
-                return Waited(False, elapsed, [], "the status has no 'replicas' list (HL-GET-1)")
-            replicas = [x for x in doc["replicas"] if isinstance(x, dict)]
-            if progress is not None:
-                progress(replicas)
-            if replicas and all(serves(x, identity, lora) for x in replicas):
-                return Waited(True, elapsed, replicas)
-            for x in replicas:
-                state = as_object(x.get("loading_state"))
-                if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
-                    return Waited(False, elapsed, replicas, str(state.get("error") or "load failed"))
-            partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
-            stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
-            if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
-                behind = [x.get("current_snapshot_identity") for x in replicas if not serves(x, identity, lora)]
-                return Waited(False, elapsed, replicas, f"the rollout stopped: replicas still serve {behind}")
-        return Waited(False, timeout, replicas, f"not served within {timeout} s")
 
     # ----------------------------------------------------------------------- inference
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.drivers import FireworksDriver
 from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.sse import SSEDecoder
 from pytest_rlrollout.remote.stream import Stream
@@ -579,8 +580,8 @@ def test_a_status_of_the_wrong_shape_reads_as_no_replicas_never_raises(case):
     answer = cut_after(head("200 OK", "content-type: application/json", f"content-length: {len(body)}"), body)
     with Budget("client", f"status: {case}", seconds=5, rss_mb=50, inputs=3):
         replicas = ask(answer, DeploymentClient.replicas, LIMITS)
-        waited = ask(answer, lambda c: c.wait("snap", timeout=0.2, poll=0.05), LIMITS)
-        lora = ask(answer, lambda c: c.wait("snap", timeout=0.2, poll=0.05, lora=True), LIMITS)
+        waited = ask(answer, lambda c: FireworksDriver(c).wait("snap", timeout=0.2, poll=0.05), LIMITS)
+        lora = ask(answer, lambda c: FireworksDriver(c).wait("snap", timeout=0.2, poll=0.05, lora=True), LIMITS)
     assert isinstance(replicas, list) and all(isinstance(r, dict) for r in replicas), replicas
     assert not waited.ok and not lora.ok, (waited, lora)
 

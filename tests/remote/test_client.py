@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.drivers import FireworksDriver
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.snapshot import build, tiny_moe
 
@@ -68,7 +69,7 @@ def test_hot_load_and_wait_with_progress(dep, bucket):
     with client_for(dep) as c:
         assert c.served_identities() == [BASE, BASE]
         assert c.hot_load({"identity": "step-1"}).status_code == 200
-        waited = c.wait("step-1", timeout=20, poll=0.01, progress=seen.append)
+        waited = FireworksDriver(c).wait("step-1", timeout=20, poll=0.01, progress=seen.append)
         assert waited.ok and waited.error is None and len(waited.replicas) == 2
         assert seen and all(len(s) == 2 for s in seen)
         assert c.served_identities() == ["step-1", "step-1"]
@@ -81,9 +82,9 @@ def test_wait_reports_a_failed_load_and_a_deadline(start, bucket):
     with client_for(dep) as c:
         assert c.hot_load({"identity": "step-1"}).status_code == 200
         (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")
-        failed = c.wait("step-1", timeout=20, poll=0.01)
+        failed = FireworksDriver(c).wait("step-1", timeout=20, poll=0.01)
         assert not failed.ok and "step-1" not in c.served_identities()
-        never = c.wait("never-signalled", timeout=0.2, poll=0.01)
+        never = FireworksDriver(c).wait("never-signalled", timeout=0.2, poll=0.01)
         assert not never.ok and "within" in never.error
 
 

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
+from pytest_rlrollout.remote.polling import ticks
+from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as_object
 
 if TYPE_CHECKING:
     import httpx
@@ -116,8 +117,37 @@ class Driver(ABC):
         progress: Callable[[list[dict[str, Any]]], None] | None = None,
         stalled_after: float | None = None,
     ) -> Waited:
-        """Until every replica serves `identity`, a replica reports its load failed, or the time is up."""
-        raise self.unbound("waiting for a snapshot to serve")
+        """Poll `status()` (backing off from 10 ms to `poll`) until every replica serves `identity`
+        (LoRA: lists it as loaded), a replica reports stage 'error' for it, or the deadline passes.
+        An answer other than 200 is polled past (a deployment may not answer while it swaps); a
+        200 whose replicas cannot be read ends the wait (HL-GET-1). With `stalled_after`, also
+        give up once some replicas serve it and no replica has been loading for that long (a
+        rollout that stopped part-way)."""
+        from pytest_rlrollout.remote.client import FIRST_POLL, Waited, busy, serves
+
+        replicas: list[dict[str, Any]] = []
+        stalled_since: float | None = None
+        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
+            status = self.status()
+            if status.response.status_code != 200:
+                continue
+            if not status.replicas and status.problems:
+                return Waited(False, elapsed, [], f"{'; '.join(status.problems)} (HL-GET-1)")
+            replicas = status.replicas
+            if progress is not None:
+                progress(replicas)
+            if replicas and all(serves(x, identity, lora) for x in replicas):
+                return Waited(True, elapsed, replicas)
+            for x in replicas:
+                state = as_object(x.get("loading_state"))
+                if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
+                    return Waited(False, elapsed, replicas, str(state.get("error") or "load failed"))
+            partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
+            stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
+            if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
+                behind = [x.get("current_snapshot_identity") for x in replicas if not serves(x, identity, lora)]
+                return Waited(False, elapsed, replicas, f"the rollout stopped: replicas still serve {behind}")
+        return Waited(False, timeout, replicas, f"not served within {timeout} s")
 
     # ----------------------------------------------------------------------- changing what is served
 

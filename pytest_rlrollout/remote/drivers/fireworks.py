@@ -23,8 +23,6 @@ from pytest_rlrollout.remote.stream import json_object
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.remote.client import Waited
-
 
 class FireworksDriver(Driver):
     engine = "fireworks"
@@ -39,19 +37,6 @@ class FireworksDriver(Driver):
         if not isinstance(replicas, list):
             return Status(r, [], found or ["the status has no 'replicas' list"])
         return Status(r, [x for x in replicas if isinstance(x, dict)], found)
-
-    def wait(
-        self,
-        identity: str,
-        *,
-        timeout: float,
-        poll: float,
-        lora: bool = False,
-        progress: Callable[[list[dict[str, Any]]], None] | None = None,
-        stalled_after: float | None = None,
-    ) -> Waited:
-        return self.client.wait(identity, timeout=timeout, poll=poll, lora=lora, progress=progress,
-                                stalled_after=stalled_after)  # fmt: skip
 
     def load(
         self,

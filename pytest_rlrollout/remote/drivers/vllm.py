@@ -41,7 +41,6 @@ from numpy.lib import format as npy
 
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status
-from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import Reading, Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -284,21 +283,9 @@ class VLLMDriver(Driver):
         progress: Callable[[list[dict[str, Any]]], None] | None = None,
         stalled_after: float | None = None,
     ) -> Waited:
-        from pytest_rlrollout.remote.client import FIRST_POLL, Waited
-
         if lora:
             raise self.unbound("LoRA adapters")
-        replicas: list[dict[str, Any]] = []
-        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
-            status = self.status()
-            if status.problems:  # what is served cannot be read: nothing to wait for
-                return Waited(False, elapsed, [], f"{'; '.join(status.problems)} (HL-GET-1)")
-            replicas = status.replicas
-            if progress is not None:
-                progress(replicas)
-            if replicas and all(r.get("current_snapshot_identity") == identity for r in replicas):
-                return Waited(True, elapsed, replicas)
-        return Waited(False, timeout, replicas, f"/weight_info did not name {identity} within {timeout} s")
+        return super().wait(identity, timeout=timeout, poll=poll, progress=progress, stalled_after=stalled_after)
 
     # ----------------------------------------------------------------------- loading
 

@@ -166,6 +166,7 @@ def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr,
     """The SDK's full -> delta -> delta chain leaves every replica serving the weights the trainer
     holds: the same numbers as those weights hot-loaded whole under another identity."""
     from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.drivers import FireworksDriver
     from pytest_rlrollout.remote.fingerprint import sweep
 
     d, m, replicas = dep.settings.deployment_id, dep.model, dep.settings.replicas
@@ -189,7 +190,7 @@ def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr,
         mgr.hotload(d, m, whole)
         assert mgr.wait_for_hotload(d, m, whole)
         # the SDK's wait may return while the last replica is still swapping: every replica, before the sweep
-        assert c.wait(whole, timeout=30, poll=0.01).ok, c.served_identities()
+        assert FireworksDriver(c).wait(whole, timeout=30, poll=0.01).ok, c.served_identities()
         full = prints("full", base.sessions)
     assert set(base.prints) == set(chained.prints) == set(full.prints)
     for replica, fp in sorted(full.prints.items()):

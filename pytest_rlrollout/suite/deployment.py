@@ -596,7 +596,7 @@ def _rl_requirements(request: pytest.FixtureRequest) -> None:
     if unbound:  # the test's verdict is every clause's it is tagged with: each must mean something here
         bound = sorted({e for c in unbound for e in c.engines})
         not_applicable(f"{', '.join(c.id for c in unbound)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
-                       f"this is a {dep.engine} deployment ({dep.capabilities.decided})")  # fmt: skip
+                       f"the deployment's engine is {dep.engine} ({dep.capabilities.decided})")  # fmt: skip
     if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
         inconclusive("read-only: pass --rl-allow-hot-load to let this test hot-load snapshots")
     must = any(c.level == "MUST" for c in clauses)

@@ -27,6 +27,9 @@ SHORT = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "inconclusive": "inco
          "not-applicable": "n/a"}  # fmt: skip
 
 
+TITLE = 200  # characters of a cell's evidence shown on hover
+
+
 class MatrixError(ValueError):
     """Reports that cannot make one matrix (what, and which file)."""
 
@@ -143,8 +146,13 @@ def _md_cell(c: Column, clause_id: str) -> str:
     outcome = c.outcomes.get(clause_id)
     if outcome is None:
         return "—"
-    link = c.link(clause_id)
-    return f"[{SHORT.get(outcome, outcome)}]({link})" if link else SHORT.get(outcome, outcome)
+    link, word = c.link(clause_id), SHORT.get(outcome, outcome)
+    if link is None:
+        return word
+    # the evidence as the link's title (shown on hover), one line, escaped for a title in a table cell
+    said = " ".join(c.evidence.get(clause_id, "").split())[:TITLE]
+    said = said.replace("\\", "\\\\").replace('"', '\\"').replace("|", "\\|")
+    return f'[{word}]({link} "{said}")' if said else f"[{word}]({link})"
 
 
 HTML = """<!doctype html>

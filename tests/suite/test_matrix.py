@@ -65,13 +65,23 @@ def test_markdown_heads_each_area_links_each_cell_and_totals_each_column(tmp_pat
     assert [r for r in rows if r.startswith("| **")] == [f"| **{a}** — {v['title']} | | | |"
                                                           for a, v in catalogue().areas.items()]  # fmt: skip
     # the clause in the HTML report; the Markdown report has no anchor per clause; no report: no link
-    assert "| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1) | [FAIL](b.md) | FAIL |" in rows
-    assert "| HL-AUTH-1 (MUST) | [FAIL](a.html#HL-AUTH-1) | — | — |" in rows
+    # (the evidence as each link's title)
+    assert ('| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1 "observed: INF-SSE-1") | [FAIL](b.md "observed: INF-SSE-1") '
+            "| FAIL |") in rows  # fmt: skip
+    assert '| HL-AUTH-1 (MUST) | [FAIL](a.html#HL-AUTH-1 "observed: HL-AUTH-1") | — | — |' in rows
     assert "| *fail* | 1 | 1 | 1 |" in rows and "| *pass* | 1 | 0 | 0 |" in rows
     assert "| *unsupported* | 1 | 0 | 0 |" in rows
     assert len([r for r in rows if re.match(r"\| [A-Z0-9]+-[A-Za-z0-9-]+ \((MUST|SHOULD|MAY)\)", r)]) == len(
         catalogue()
     )
+
+
+def test_a_cells_evidence_is_its_links_title_on_one_escaped_line(tmp_path):
+    doc = report(outcomes={"INF-SSE-1": "fail"})
+    doc["clauses"]["INF-SSE-1"]["evidence"] = 'chunk 7 said "x" | then\n' + "y" * 400 + "\\"
+    [col] = load([write(tmp_path, "e", doc)], page=tmp_path)
+    row = next(r for r in markdown([col]).splitlines() if r.startswith("| INF-SSE-1 "))
+    assert row == f'| INF-SSE-1 (MUST) | [FAIL](e.html#INF-SSE-1 "chunk 7 said \\"x\\" \\| then {"y" * 176}") |'
 
 
 def test_html_is_one_self_contained_escaped_page(tmp_path):
@@ -131,5 +141,5 @@ def test_a_report_of_the_suite_makes_a_column(pytester, tmp_path, capsys):
     assert "the reference deployment's vllm dialect (not a real vllm engine)" in text
     # linked from where the page is, to the HTML report the run wrote beside its JSON
     linked = os.path.relpath(pytester.path / "vllm-reference.html", pages)
-    assert f"| INF-SSE-1 (MUST) | [pass]({linked}#INF-SSE-1) |" in text
+    assert f"| INF-SSE-1 (MUST) | [pass]({linked}#INF-SSE-1 " in text
     assert (pages / "engines.html").read_text().startswith("<!doctype html>")

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
-Engine = Literal["fireworks", "vllm", "openai"]
-ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "openai")
+Engine = Literal["fireworks", "vllm", "coreweave", "openai"]
+ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "coreweave", "openai")
 DATA = Path(__file__).parent / "data"
 
 

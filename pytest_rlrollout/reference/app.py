@@ -1,10 +1,11 @@
 """The reference deployment's HTTP app: one engine core (`controller.Deployment`) behind the router
 of the dialect it speaks (`Settings.engine`): Fireworks' hot-load API (`fireworks_app`) or vLLM's
-RL routes (`vllm_app`)."""
+RL routes (`vllm_app`), or CoreWeave's hot-load API and gateway (`coreweave_app`)."""
 
 from __future__ import annotations
 
 from pytest_rlrollout.reference.controller import Deployment
+from pytest_rlrollout.reference.coreweave_app import create_coreweave_app
 from pytest_rlrollout.reference.fireworks_app import create_fireworks_app
 from pytest_rlrollout.reference.vllm_app import create_vllm_app
 from pytest_rlrollout.reference.wire import Guarded
@@ -12,4 +13,5 @@ from pytest_rlrollout.reference.wire import Guarded
 
 def create_app(dep: Deployment) -> Guarded:
     """The ASGI app of `dep`, in its dialect."""
-    return create_vllm_app(dep) if dep.settings.engine == "vllm" else create_fireworks_app(dep)
+    create = {"vllm": create_vllm_app, "coreweave": create_coreweave_app}.get(dep.settings.engine, create_fireworks_app)
+    return create(dep)

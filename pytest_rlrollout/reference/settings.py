@@ -11,8 +11,9 @@ from pytest_rlrollout.snapshot import tiny_moe
 
 Transition = Literal["ASYNC", "SYNC"]
 # The wire the deployment speaks: Fireworks' hot-load API, or vLLM's RL routes over one engine.
-Dialect = Literal["fireworks", "vllm"]
-DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm")
+Dialect = Literal["fireworks", "vllm", "coreweave"]
+DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm", "coreweave")
+COREWEAVE_DEPLOYMENT = "3f2b8c1e-6d0a-4e6b-9a55-0c1d2e3f4a5b"  # CoreWeave names deployments by UUID
 VLLM_VERSION = "0.32.0"  # what GET /version says in the vLLM dialect (the release measured)
 FIRST_LABEL = "default"  # vLLM's weight version until one is set
 # What a vLLM dialect changes unless the caller says otherwise: one server is one engine, the
@@ -22,6 +23,8 @@ FIRST_LABEL = "default"  # vLLM's weight version until one is set
 DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
     "fireworks": {},
     "vllm": {"replicas": 1, "model": "tiny", "block_size": 128, "api_key": None},
+    # CoreWeave's gateway runs vLLM (under NVIDIA Dynamo): the vLLM dialect's answers and blocks
+    "coreweave": {"model": "tiny", "block_size": 128, "deployment_id": COREWEAVE_DEPLOYMENT},
 }
 # A pace at which swaps can be observed from outside: streams last long enough, and loads and
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).

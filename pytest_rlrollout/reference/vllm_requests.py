@@ -218,7 +218,7 @@ class VllmReader:
         if echo and max_tokens == 0:
             raise rejected("echo with max_tokens 0 is not implemented by the reference deployment", "max_tokens", 0)
         return self._request("completions", b, model, prompt, prompt_text, max_tokens, logprobs, prompt_logprobs, echo,
-                             b.str("cache_salt"), None, "text")  # fmt: skip
+                             self._openai_salt(b), None, "text")  # fmt: skip
 
     def chat(self, doc: Any) -> VllmRequest:
         b = Fields(doc)
@@ -229,7 +229,7 @@ class VllmReader:
             self._logprob_count(logprobs, "top_logprobs", "sample")
         b.unsupported({"echo": False, "prompt_logprobs": None})
         max_tokens = b.int("max_completion_tokens", b.int("max_tokens"))
-        return self._request("chat", b, model, prompt, "", max_tokens, logprobs, None, False, b.str("cache_salt"), None,
+        return self._request("chat", b, model, prompt, "", max_tokens, logprobs, None, False, self._openai_salt(b), None,
                              "text")  # fmt: skip
 
     def generate(self, doc: Any) -> VllmRequest:
@@ -322,6 +322,12 @@ class VllmReader:
         if model is not None and model != self.served:
             raise not_served(model, self.served)
         return model
+
+    @staticmethod
+    def _openai_salt(b: Fields) -> str | None:
+        """`cache_salt`, or NVIDIA Dynamo's `nvext.cache_salt` (CoreWeave's gateway)."""
+        salt = b.str("cache_salt")
+        return salt if salt is not None else b.object("nvext").str("cache_salt")
 
     def _salt(self, b: Fields) -> str | None:
         salt = b.str("cache_salt")

@@ -314,7 +314,7 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
         target = Target(name, dep.base_url, dep.model, dep.api_key, engine=engine)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-            driver = driver_for(engine, client, bucket=str(bucket.resolve()))
+            driver = driver_for(engine, client, bucket=str(bucket.resolve()), deployment=dep.settings.deployment_id)
             yield RLDeployment(driver, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
                                local=dep)  # fmt: skip
 

@@ -237,7 +237,8 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
         except ValueError as e:
             _usage(f"--rl-local-fault: {e}")
     common["transition"] = common["transition"] or "ASYNC"
-    engine = "vllm" if config.getoption("rl_engine") == "vllm" else "fireworks"  # the bundled deployment's dialect
+    given = config.getoption("rl_engine")
+    engine = given if given in ("vllm", "coreweave") else "fireworks"  # the bundled deployment's dialect
     return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
                      allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
@@ -249,6 +250,9 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
         _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
     if engine == "fireworks" and deployment is None:
         _usage("--rl-engine=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
+    if engine == "coreweave":  # its control plane and gateway are two hosts with keys of their own
+        _usage("--rl-engine=coreweave judges the bundled reference deployment's CoreWeave dialect only (drop "
+               "--rl-base-url); a live CoreWeave deployment (control-plane URL and key) is not supported yet")  # fmt: skip
     if get("rl_local_fault"):
         _usage(
             f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment or get('rl_base_url')}"

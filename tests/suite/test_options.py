@@ -55,6 +55,10 @@ CASES = {
     "NaN logprob tolerance": (["--rl-logprob-tolerance=nan"], "--rl-logprob-tolerance must be positive"),
     "no numerics tokens": (["--rl-numerics-tokens=0"], "--rl-numerics-tokens must be positive"),
     "route agreement above 1": (["--rl-min-route-agreement=99"], "--rl-min-route-agreement is a fraction in [0, 1]"),
+    "a live CoreWeave deployment": (
+        ["--rl-engine=coreweave", "--rl-base-url=http://x", "--rl-model=m", "--rl-api-key=k"],
+        "a live CoreWeave deployment (control-plane URL and key) is not supported yet",
+    ),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_rlrollout.remote.drivers.base import PAUSE_MODES, Driver, Status, Unbound
+from pytest_rlrollout.remote.drivers.coreweave import CoreWeaveDriver
 from pytest_rlrollout.remote.drivers.fireworks import FireworksDriver
 from pytest_rlrollout.remote.drivers.openai import OpenAIDriver
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
@@ -13,16 +14,21 @@ if TYPE_CHECKING:
     from pytest_rlrollout.contract.catalogue import Engine
     from pytest_rlrollout.remote.client import DeploymentClient
 
-DRIVERS: dict[str, type[Driver]] = {d.engine: d for d in (FireworksDriver, VLLMDriver, OpenAIDriver)}
+DRIVERS: dict[str, type[Driver]] = {d.engine: d for d in (FireworksDriver, VLLMDriver, OpenAIDriver, CoreWeaveDriver)}
 
 
-def driver_for(engine: Engine, client: DeploymentClient, *, bucket: str | None = None) -> Driver:
+def driver_for(
+    engine: Engine, client: DeploymentClient, *, bucket: str | None = None, deployment: str | None = None
+) -> Driver:
     """The driver of `engine` over `client`; `bucket` is where the engine reads snapshots from
-    (a directory the server sees), for engines whose load API takes a path."""
+    (a directory the server sees), for engines whose load API takes a path; `deployment` the
+    deployment's ID, for engines whose control plane serves many (CoreWeave)."""
     if engine == "vllm":
         return VLLMDriver(client, bucket=bucket)
+    if engine == "coreweave":
+        return CoreWeaveDriver(client, deployment=deployment)
     return DRIVERS[engine](client)
 
 
-__all__ = ["DRIVERS", "PAUSE_MODES", "Driver", "FireworksDriver", "OpenAIDriver", "Status", "Unbound", "VLLMDriver",
-           "driver_for"]  # fmt: skip
+__all__ = ["DRIVERS", "PAUSE_MODES", "CoreWeaveDriver", "Driver", "FireworksDriver", "OpenAIDriver", "Status",
+           "Unbound", "VLLMDriver", "driver_for"]  # fmt: skip

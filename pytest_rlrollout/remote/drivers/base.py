@@ -51,6 +51,8 @@ class Status:
     response: httpx.Response
     replicas: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # why nothing could be read though nothing is wrong (CoreWeave before its first hot-load)
+    unread: str | None = None
 
 
 class Driver(ABC):

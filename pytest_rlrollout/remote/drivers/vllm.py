@@ -243,9 +243,7 @@ class VLLMDriver(Driver):
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
         on_status: Callable[[int], None] | None = None,
     ) -> Stream:
-        headers = dict(headers or {})
-        salt = headers.pop(ISOLATION_HEADER, None) or body.get("prompt_cache_isolation_key")
-        sent = {k: v for k, v in body.items() if k not in UNBOUND_FIELDS}
+        sent, headers, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
         prompt = body.get("prompt")
@@ -255,7 +253,7 @@ class VLLMDriver(Driver):
             return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
                                         url=self._url(GENERATE), reading=reading)  # fmt: skip
         if not chat:
-            sent = _legacy_body(sent)
+            sent = legacy_body(sent)
         return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
                                     reading=self.reading)  # fmt: skip
 
@@ -420,6 +418,14 @@ class VLLMDriver(Driver):
         return d
 
 
+def bound(body: dict[str, Any], headers: dict[str, str] | None) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """A contract completion without what vLLM has no binding for: the body less the Fireworks
+    extensions, the headers less the isolation key, and that key (header or body field)."""
+    headers = dict(headers or {})
+    salt = headers.pop(ISOLATION_HEADER, None) or body.get("prompt_cache_isolation_key")
+    return {k: v for k, v in body.items() if k not in UNBOUND_FIELDS}, headers, salt
+
+
 def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
     """A contract completion body on vLLM's generate route: token ids in, the sampling fields in
     `sampling_params`, logprobs as a count (`logprobs: true` is the sampled token's alone),
@@ -443,7 +449,7 @@ def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _legacy_body(body: dict[str, Any]) -> dict[str, Any]:
+def legacy_body(body: dict[str, Any]) -> dict[str, Any]:
     """A contract completion body on `/v1/completions`: logprobs as a count, ids back, usage on
     the last streamed chunk."""
     out = dict(body)

@@ -49,7 +49,9 @@ class Fingerprints:
         dep = self.deployment
         self.taken += 1
         try:
-            s = sweep(dep.driver, max(1, dep.capabilities.replicas), dep.salted(f"{self.name}-iso-{self.taken}"),
+            # CoreWeave names its replicas once a hot-load was made, not at discovery
+            replicas = max(1, dep.capabilities.replicas or len(dep.replicas()))
+            s = sweep(dep.driver, replicas, dep.salted(f"{self.name}-iso-{self.taken}"),
                       key=lambda n: dep.salted(f"{self.name}-replica-{n}"), sessions=self.sessions,
                       vocab=(dep.base_config or {}).get("vocab_size"))  # fmt: skip
         except FingerprintError as e:

@@ -100,6 +100,8 @@ def served_identities(rl_deployment) -> list:
 @clause("HL-GET-1")
 def test_status_lists_replicas(rl_deployment, rl_observe):
     status = rl_deployment.status()
+    if status.unread:
+        inconclusive(status.unread)
     assert not status.problems, status.problems
     assert status.replicas, f"no replica in the status: {status.response.text[:300]!r}"
     rl_observe(len(status.replicas), "replicas with readiness and current_snapshot_identity")

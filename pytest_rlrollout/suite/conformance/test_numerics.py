@@ -61,12 +61,20 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
         not_applicable("the served model is dense (its config.json declares no experts)")
     per_prompt = -(-opts.tokens // PROMPTS)
     prompts = [rl_deployment.prompt(f"num-{i}", 16).ids for i in range(PROMPTS)]
+    versioned = rl_deployment.capabilities.has("policy_version")
+    served = set() if versioned else set(rl_deployment.served_identities())  # the policy, where answers name none
     try:
         rollouts = sample(rl_deployment.driver, prompts, per_prompt, headers=rl_deployment.session("num"),
                           shape=(shape.layers, shape.k) if routing and shape else None)  # fmt: skip
     except RolloutError as e:
         inconclusive(f"the rollouts cannot be compared: {e} (see INF-LOGPROBS-1, R3-STREAM-1)")
-    policies = {v for r in rollouts for v in r.versions}
+    policies = {v for r in rollouts for v in r.versions if v is not None}
+    if not policies and not versioned:
+        # no policy version on completions: what every replica served before and after sampling
+        if len(served) != 1 or set(rl_deployment.served_identities()) != served:
+            inconclusive(f"the answers name no policy version, and the replicas served {sorted(served)} before "
+                         f"sampling and {sorted(rl_deployment.served_identities())} after")  # fmt: skip
+        policies = served
     if len(policies) != 1:
         inconclusive(f"the rollouts name {len(policies)} policy versions ({sorted(policies)[:4]}; see VER-STREAM-1)")
     weights, adapter = local_weights(rl_deployment, _rl_snapshots, policies.pop())

@@ -1,0 +1,163 @@
+"""The CoreWeave binding: a Dedicated Inference deployment (RL Rollouts, v1alpha1 preview) loaded
+through CoreWeave's hot-load API, sampled through its OpenAI-compatible gateway.
+
+- Load a snapshot: `POST /v1alpha1/inference/hotLoads {deploymentId, identity, type:
+  SNAPSHOT_TYPE_FULL | SNAPSHOT_TYPE_INCREMENTAL, hotLoadId, promptCachePolicy,
+  incrementalSnapshotMetadata {previousSnapshotIdentity, compressionFormat: COMPRESSION_FORMAT_ZSTD,
+  checksumFormat: CHECKSUM_FORMAT_ADLER32}}`: the contract's ARC2 diffs are that encoding (XOR,
+  zstd, Adler-32). `reset_prompt_cache` 'all' is `PROMPT_CACHE_POLICY_RESET_ALL`, 'none'
+  `PROMPT_CACHE_POLICY_PRESERVE` (CoreWeave's default, unlike the contract's); 'new_session' has
+  no binding. Every hot-load carries a fresh `hotLoadId`.
+- What is served: `GET …/hotLoads/{id}/replicas` of the newest hot-load (CoreWeave lists
+  replicas per hot-load; before the first one there is nothing to read: the status says so), in
+  the hot-load status's shape: READY is `readiness`, `currentSnapshotIdentity` the identity,
+  ERROR a failed load (`loading_state.stage` 'error' with the replica's `errorReason`).
+- Inference: the gateway's `/v1/completions` and `/v1/chat/completions` (vLLM behind NVIDIA
+  Dynamo), read as vLLM's legacy answers; the isolation key becomes `nvext.cache_salt`.
+  No policy version is said on completions (none is documented).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.drivers.vllm import VLLM_READING, bound, legacy_body
+from pytest_rlrollout.remote.stream import Stream, as_object, json_object
+
+if TYPE_CHECKING:
+    import httpx
+
+    from pytest_rlrollout.remote.client import DeploymentClient
+
+PREFIX = "/v1alpha1/inference"
+POLICIES = {"all": "PROMPT_CACHE_POLICY_RESET_ALL", "none": "PROMPT_CACHE_POLICY_PRESERVE"}
+STAGES = {"READY": "ready", "UPDATING": "loading", "PENDING_UPDATE": "pending", "ERROR": "error"}
+
+
+class CoreWeaveDriver(Driver):
+    engine = "coreweave"
+    reading = VLLM_READING
+    transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
+
+    def __init__(self, client: DeploymentClient, *, deployment: str | None = None, control_url: str | None = None):
+        super().__init__(client)
+        self.deployment = deployment  # the deployment's UUID
+        self.control_url = (control_url or client.target.base_url).rstrip("/")
+        self.hot_loads: dict[str, str] = {}  # identity -> the id of the hot-load that loaded it
+        self.newest: str | None = None
+
+    def _control(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+        sent = self.client.auth_headers() | (headers or {})
+        return self.client.request(method, f"{self.control_url}{PREFIX}{path}", headers=sent, **kw)
+
+    # ----------------------------------------------------------------------- inference
+
+    def complete(
+        self,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
+    ) -> Stream:
+        sent, headers, salt = bound(body, headers)
+        if salt is not None:
+            sent["nvext"] = {**as_object(sent.get("nvext")), "cache_salt": salt}
+        if not chat:
+            sent = legacy_body(sent)
+        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
+                                    reading=self.reading)  # fmt: skip
+
+    # ----------------------------------------------------------------------- what is served
+
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        newest = self.newest
+        if newest is None:  # the deployment's own newest hot-load, if another client made one
+            listed = self._control("GET", "/hotLoads", headers=headers, params={"parentDeploymentId": self.deployment})
+            if listed.status_code != 200:
+                return Status(listed, [], [f"GET hotLoads: HTTP {listed.status_code} {listed.text[:200]!r}"])
+            items = (json_object(listed) or {}).get("hotLoads")
+            first = as_object(items[0]) if isinstance(items, list) and items else {}
+            newest = as_object(first.get("spec")).get("id")
+            if not isinstance(newest, str):
+                return Status(listed, [], [], unread="no hot-load yet: CoreWeave lists replicas per hot-load")
+        r = self._control("GET", f"/hotLoads/{newest}/replicas", headers=headers)
+        doc = json_object(r) if r.status_code == 200 else None
+        rows = doc.get("replicas") if doc is not None else None
+        if not isinstance(rows, list):
+            return Status(r, [], [f"GET hotLoads/{newest}/replicas: HTTP {r.status_code}, no 'replicas' list: "
+                                  f"{r.text[:200]!r}"])  # fmt: skip
+        target = self._target(newest)
+        replicas = []
+        for row in map(as_object, rows):
+            state = row.get("state")
+            stage = STAGES.get(state) if isinstance(state, str) else None
+            loading = {"stage": stage or str(state), "target_snapshot_identity": target}
+            if state == "ERROR":
+                loading["error"] = row.get("errorReason") or "load failed"
+            replicas.append({"name": row.get("name"), "readiness": state == "READY",
+                             "current_snapshot_identity": row.get("currentSnapshotIdentity"),
+                             "loading_state": loading})  # fmt: skip
+        return Status(r, replicas)
+
+    def _target(self, hot_load_id: str) -> str | None:
+        return next((i for i, h in self.hot_loads.items() if h == hot_load_id), None)
+
+    # ----------------------------------------------------------------------- loading
+
+    def load(
+        self,
+        signal: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        midway: Callable[[], None] | None = None,
+    ) -> httpx.Response:
+        """One POST; the deployment swaps its replicas on its own after it (one at a time)."""
+        policy = signal.get("reset_prompt_cache", "all")
+        policy = {True: "all", False: "none", None: "all"}.get(policy, policy)
+        if policy not in POLICIES:
+            raise self.unbound(f"reset_prompt_cache {policy!r}")
+        body: dict[str, Any] = {"deploymentId": self.deployment, "identity": signal.get("identity"),
+                                "type": "SNAPSHOT_TYPE_FULL", "hotLoadId": str(uuid.uuid4()),
+                                "promptCachePolicy": POLICIES[policy]}  # fmt: skip
+        meta = signal.get("incremental_snapshot_metadata")
+        if meta:
+            body["type"] = "SNAPSHOT_TYPE_INCREMENTAL"
+            body["incrementalSnapshotMetadata"] = {"previousSnapshotIdentity": as_object(meta).get(
+                "previous_snapshot_identity"), "compressionFormat": "COMPRESSION_FORMAT_ZSTD",
+                "checksumFormat": "CHECKSUM_FORMAT_ADLER32"}  # fmt: skip
+        r = self._control("POST", "/hotLoads", headers=headers, json=body)
+        if r.status_code == 200:
+            self.hot_loads[str(signal.get("identity"))] = body["hotLoadId"]
+            self.newest = body["hotLoadId"]
+        return r
+
+    # ----------------------------------------------------------------------- discovery
+
+    def discover(self, *, transition: str | None, decided: str) -> Discovery:
+        d = Discovery("coreweave", decided, transition=transition or self.transition)
+        inference_probes(self, d)
+        auth_probe(self, d)
+        listed = self._control("GET", "/hotLoads", params={"parentDeploymentId": self.deployment})
+        mark(d, "hot_load_api", listed.status_code == 200, f"GET {PREFIX}/hotLoads: HTTP {listed.status_code}")
+        mark(d, "incremental", listed.status_code == 200, "type SNAPSHOT_TYPE_INCREMENTAL (XOR, zstd, Adler-32)")
+        mark(d, "transition", True, "TRANSITION_MODE_ASYNC, the only mode CoreWeave documents")
+        d.replicas = len(self.replicas())
+        for name in ("pause", "cache_reset", "ledger", "hint", "lora", "raw_output", "perf_metrics", "routing_matrix",
+                     "policy_version", "nonstream_version"):  # fmt: skip
+            mark(d, name, False, "no CoreWeave binding")
+        ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
+        mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
+        logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
+        lps = logprobs.entries
+        mark(d, "logprobs", bool(lps) and all("token_id" in e for e in lps), f"{len(lps)} logprobs entries")
+        echoed = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True, "echo": True})
+        mark(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token")
+        back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
+        mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list), "choices[].token_ids")
+        return d

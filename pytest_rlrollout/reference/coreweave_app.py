@@ -26,7 +26,9 @@ documented).
 What the reference decided where CoreWeave's documents are silent: one API key for the control
 plane and the gateway; replicas are named `replica-N` in one zone; a snapshot is validated when
 the hot-load is created (every SNAP MUST clause) and refused then with invalid_argument, naming
-the rule; a load that fails later fails the hot-load (FAILED, the replica's `errorReason`).
+the rule; a load that fails later fails the hot-load (FAILED, the replica's `errorReason`); an
+identity hot-loaded before is refused (already_exists), as the engine core refuses it on every
+wire, although CoreWeave documents that several hot-loads may target one identity.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ class HotLoadError(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
+class LoadInProgress(HotLoadError):
+    """A signal while another load is still in progress (409 on the Fireworks wire)."""
+
+
 @dataclass(frozen=True)
 class Admission:
     """A snapshot the deployment will load."""

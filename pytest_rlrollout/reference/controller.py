@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_rlrollout.contract.identity import identity_problem
 from pytest_rlrollout.reference import validator
-from pytest_rlrollout.reference.admission import HotLoadError, admit
+from pytest_rlrollout.reference.admission import HotLoadError, LoadInProgress, admit
 from pytest_rlrollout.reference.admission import finding as _finding
 from pytest_rlrollout.reference.model import Lora, Model
 from pytest_rlrollout.reference.replica import PAUSE_MODES, PendingSwap, Replica
@@ -187,7 +187,7 @@ class Deployment:
             raise HotLoadError(400, "incremental_snapshot_metadata must be an object")
         with self._lock:
             if self.loading is not None:
-                raise HotLoadError(409, f"snapshot {self.loading} is still loading; signal again once it is ready")
+                raise LoadInProgress(409, f"snapshot {self.loading} is still loading; signal again once it is ready")
             if any(e["identity"] == identity for e in self.ledger):
                 raise HotLoadError(
                     409, f"identity {identity} is already in the ledger; every snapshot needs a new identity"

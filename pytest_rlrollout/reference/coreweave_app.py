@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pytest_rlrollout.reference.admission import LoadInProgress
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.inference_request import BadRequest, decode_json
 from pytest_rlrollout.reference.vllm_app import VllmRoutes, guard_error
@@ -109,9 +110,9 @@ class CoreWeaveRoutes:
         try:
             spec, signal = self._signal(body)
             await off_loop(lambda: self.dep.hot_load(signal), self.dep.signals)
+        except LoadInProgress as e:
+            return connect_error("failed_precondition", f"a hot-load is already in progress: {e}")
         except HotLoadError as e:
-            if e.status == 409 and "still loading" in str(e):
-                return connect_error("failed_precondition", f"a hot-load is already in progress: {e}")
             return connect_error(CODES.get(e.status, "internal" if e.status >= 500 else "invalid_argument"), str(e))
         self.hot_loads[spec["id"]] = spec
         self.created[spec["id"]] = _now()

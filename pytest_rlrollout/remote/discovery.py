@@ -82,7 +82,7 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
         engine, decided = requested, f"--rl-engine={requested}"
     elif hot_load_api or control_plane:
         engine, decided = "fireworks", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"
-    elif (version := _vllm_version(client)) is not None:
+    elif (version := vllm_version(client)) is not None:
         engine, decided = "vllm", f"auto: GET /version answers vLLM {version}"
     else:
         engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
@@ -93,7 +93,7 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
     return engine, decided
 
 
-def _vllm_version(client: DeploymentClient) -> str | None:
+def vllm_version(client: DeploymentClient) -> str | None:
     """vLLM's version, when a vLLM server answers `GET /version` (every vLLM OpenAI server routes it)."""
     r = _get(client, client.target.base_url.rstrip("/") + "/version", client.auth_headers(), "--rl-base-url")
     version = (json_object(r) or {}).get("version") if r.status_code == 200 else None

@@ -72,8 +72,12 @@ def column(path: Path, doc: dict[str, Any], page: Path | None = None) -> Column:
 def _column(path: Path, doc: dict[str, Any]) -> Column:
     engine, provenance, clauses = doc["engine"], doc["provenance"], doc["clauses"]
     name = str(engine["name"])
-    if provenance.get("mode") == "local":
+    version = str(engine.get("version") or "—")
+    if provenance.get("mode") == "local":  # the reference's own version, and the engine's it imitates
         how = f"the reference deployment's {name} dialect (not a real {name} engine)"
+        version = f"pytest-rlrollout {provenance.get('suite_version', '?')}" + (
+            f" ({name} {engine['version']} dialect)" if engine.get("version") else ""
+        )
     elif provenance.get("mode") == "replay":
         how = f"a replay of a recording ({engine.get('decided', '')})"
     else:
@@ -83,11 +87,6 @@ def _column(path: Path, doc: dict[str, Any]) -> Column:
         flag = CAPABILITIES[cap["name"]].flag(name) if cap.get("name") in CAPABILITIES else None
         if flag is not None:
             on[flag] = on.get(flag, False) or bool(cap.get("has"))
-    version = str(engine.get("version") or "—")
-    if provenance.get("mode") == "local":  # the reference's own version, and the engine's it imitates
-        version = f"pytest-rlrollout {provenance.get('suite_version', '?')}" + (
-            f" ({name} {engine['version']} dialect)" if engine.get("version") else ""
-        )
     return Column(name=path.stem, engine=name, version=version,
                   flags=tuple(f"{flag}: {'on' if v else 'off'}" for flag, v in on.items()),
                   date=str(provenance.get("finished") or "—")[:10], how=how,
@@ -109,7 +108,7 @@ def load(paths: list[Path], page: Path | None = None) -> list[Column]:
     for path, doc in docs:
         if not isinstance(doc, dict):
             raise MatrixError(f"{path}: not a report of the suite (--rl-report): not a JSON object")
-        got = (doc.get("contract") or {}).get("version") if isinstance(doc.get("contract"), dict) else None
+        got = doc["contract"].get("version") if isinstance(doc.get("contract"), dict) else None
         if got != ours:
             raise MatrixError(f"{path}: judged by contract version {got or '(none: an older report)'}, not "
                               f"{ours} (this catalogue's); run the suite again to compare")  # fmt: skip

@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 PAUSE_MODES = ("abort", "wait", "keep")  # what in-flight requests do while generation is paused
 
 
+def reset_policy(signal: dict[str, Any]) -> Any:
+    """A signal's reset_prompt_cache as the contract names it: 'all' when absent, the official
+    SDK's booleans as 'all' / 'none'; any other value as it is (the engine's binding decides)."""
+    policy = signal.get("reset_prompt_cache", "all")
+    return {True: "all", False: "none", None: "all"}.get(policy, policy)
+
+
 class Unbound(NotImplementedError):
     """The engine has no binding for this intent."""
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
-from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
 from pytest_rlrollout.remote.drivers.vllm import VLLM_READING, bound, legacy_body
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
@@ -47,8 +47,8 @@ class CoreWeaveDriver(Driver):
         super().__init__(client)
         self.deployment = deployment  # the deployment's UUID
         self.control_url = (control_url or client.target.base_url).rstrip("/")
-        self.hot_loads: dict[str, str] = {}  # identity -> the id of the hot-load that loaded it
-        self.newest: str | None = None
+        self.targets: dict[str, str] = {}  # hot-load id -> the identity it loads
+        self.newest: str | None = None  # the id of the newest hot-load
 
     def _control(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
         sent = self.client.auth_headers() | (headers or {})
@@ -82,17 +82,19 @@ class CoreWeaveDriver(Driver):
             if listed.status_code != 200:
                 return Status(listed, [], [f"GET hotLoads: HTTP {listed.status_code} {listed.text[:200]!r}"])
             items = (json_object(listed) or {}).get("hotLoads")
-            first = as_object(items[0]) if isinstance(items, list) and items else {}
-            newest = as_object(first.get("spec")).get("id")
+            spec = as_object(as_object(items[0] if isinstance(items, list) and items else None).get("spec"))
+            newest = spec.get("id")
             if not isinstance(newest, str):
                 return Status(listed, [], [], unread="no hot-load yet: CoreWeave lists replicas per hot-load")
+            if isinstance(spec.get("identity"), str):
+                self.targets[newest] = spec["identity"]
         r = self._control("GET", f"/hotLoads/{newest}/replicas", headers=headers)
         doc = json_object(r) if r.status_code == 200 else None
         rows = doc.get("replicas") if doc is not None else None
         if not isinstance(rows, list):
             return Status(r, [], [f"GET hotLoads/{newest}/replicas: HTTP {r.status_code}, no 'replicas' list: "
                                   f"{r.text[:200]!r}"])  # fmt: skip
-        target = self._target(newest)
+        target = self.targets.get(newest)
         replicas = []
         for row in map(as_object, rows):
             state = row.get("state")
@@ -105,9 +107,6 @@ class CoreWeaveDriver(Driver):
                              "loading_state": loading})  # fmt: skip
         return Status(r, replicas)
 
-    def _target(self, hot_load_id: str) -> str | None:
-        return next((i for i, h in self.hot_loads.items() if h == hot_load_id), None)
-
     # ----------------------------------------------------------------------- loading
 
     def load(
@@ -118,8 +117,7 @@ class CoreWeaveDriver(Driver):
         midway: Callable[[], None] | None = None,
     ) -> httpx.Response:
         """One POST; the deployment swaps its replicas on its own after it (one at a time)."""
-        policy = signal.get("reset_prompt_cache", "all")
-        policy = {True: "all", False: "none", None: "all"}.get(policy, policy)
+        policy = reset_policy(signal)
         if policy not in POLICIES:
             raise self.unbound(f"reset_prompt_cache {policy!r}")
         body: dict[str, Any] = {"deploymentId": self.deployment, "identity": signal.get("identity"),
@@ -133,7 +131,7 @@ class CoreWeaveDriver(Driver):
                 "checksumFormat": "CHECKSUM_FORMAT_ADLER32"}  # fmt: skip
         r = self._control("POST", "/hotLoads", headers=headers, json=body)
         if r.status_code == 200:
-            self.hot_loads[str(signal.get("identity"))] = body["hotLoadId"]
+            self.targets[body["hotLoadId"]] = str(signal.get("identity"))
             self.newest = body["hotLoadId"]
         return r
 

@@ -39,8 +39,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib import format as npy
 
-from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
-from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.discovery import (
+    PROBE_IDS,
+    Discovery,
+    auth_probe,
+    inference_probes,
+    mark,
+    said,
+    vllm_version,
+)
+from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
 from pytest_rlrollout.remote.stream import Reading, Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -302,8 +310,7 @@ class VLLMDriver(Driver):
         if self.bucket is None:
             raise ValueError("loading a snapshot into vLLM needs the directory it reads them from (--rl-bucket-url)")
         identity = signal.get("identity")
-        policy = signal.get("reset_prompt_cache", "all")
-        policy = {True: "all", False: "none", None: "all"}.get(policy, policy)
+        policy = reset_policy(signal)
         if policy not in ("all", "none"):
             raise self.unbound(f"reset_prompt_cache {policy!r}")
         paused = self._post("/pause", headers=headers, mode="keep", clear_cache=False)
@@ -378,9 +385,7 @@ class VLLMDriver(Driver):
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
         d = Discovery("vllm", decided, transition=transition or self.transition)
-        answered = self._get("/version")
-        version = (json_object(answered) or {}).get("version") if answered.status_code == 200 else None
-        d.version = version[:40] if isinstance(version, str) and version else None
+        d.version = vllm_version(self.client) or None
         inference_probes(self, d)
         auth_probe(self, d)
         mark(d, "transition", True, f"{d.transition}: the load pauses generation in keep mode")

@@ -46,7 +46,7 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "hot_load_api",
             "an API that loads snapshots into the running deployment",
-            "GET /hot_load/v1/models/hot_load (Fireworks), GET /weight_info (vLLM)",
+            "GET /hot_load/v1/models/hot_load (Fireworks), GET /weight_info (vLLM), GET /model_info (SGLang)",
             FIREWORKS,
             flags={"vllm": DEV_MODE},
         ),
@@ -56,12 +56,12 @@ CAPABILITIES: dict[str, Capability] = {
             "API keys checked (a request under a wrong key refused)",
             "a one-token completion under a wrong key",
             FIREWORKS,
-            flags={"vllm": "--api-key"},
+            flags={"vllm": "--api-key", "sglang": "--api-key"},
         ),
         Capability(
             "pause",
             "generation paused and resumed on request (abort, wait and keep modes)",
-            "GET /is_paused",
+            "GET /is_paused (SGLang: POST /continue_generation is routed)",
             flags={"vllm": DEV_MODE},
         ),
         Capability(
@@ -102,14 +102,17 @@ CAPABILITIES: dict[str, Capability] = {
             "routing_matrix",
             "a routing_matrix on every logprobs entry (required of MoE models, told by the served config)",
             "include_routing_matrix: true on a streamed completion (vLLM: routed_experts of a completion)",
-            flags={"vllm": "--enable-return-routed-experts (vLLM's GPU model runner)"},
+            flags={
+                "vllm": "--enable-return-routed-experts (vLLM's GPU model runner)",
+                "sglang": "--enable-return-routed-experts",
+            },
         ),
         Capability(
             "cached_tokens",
             "cached prompt tokens reported (usage, header or perf_metrics)",
             "usage.prompt_tokens_details.cached_tokens, fireworks-cached-prompt-tokens",
             FIREWORKS,
-            flags={"vllm": "--enable-prompt-tokens-details"},
+            flags={"vllm": "--enable-prompt-tokens-details", "sglang": "--enable-cache-report (the OpenAI routes)"},
         ),
         Capability("perf_metrics", "perf_metrics on the answer", "perf_metrics_in_response: true", FIREWORKS),
         Capability(

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
-Engine = Literal["fireworks", "vllm", "coreweave", "openai"]
-ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "coreweave", "openai")
+Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "openai"]
+ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "sglang", "coreweave", "openai")
 DATA = Path(__file__).parent / "data"
 
 

@@ -72,7 +72,7 @@ class Deployment:
         model = Model.load(base)
         self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
         # vLLM: tokens are versioned by a label set apart from the weights, "default" at start
-        self.labelled = settings.engine == "vllm"
+        self.labelled = settings.engine in ("vllm", "sglang")
         for replica in self.replicas:
             replica.label = FIRST_LABEL if self.labelled else None
         self.info_label = FIRST_LABEL  # what GET /weight_info reads (HL-GET-2 fault: never updated)
@@ -431,10 +431,11 @@ class Deployment:
             for replica in self.replicas:
                 replica.end_in_flight(("end", "abort"))
 
-    def pause(self, mode: str, clear_cache: bool) -> None:
+    def pause(self, mode: str, clear_cache: bool, recompute: bool | None = None) -> None:
         """vLLM's /pause: `mode` one of PAUSE_MODES (ValueError otherwise); returns once the
         pause took hold (wait: once the requests in flight finished). `clear_cache` resets the
-        prefix cache after it; in keep mode the frozen requests also recompute their KV."""
+        prefix cache after it; in keep mode the frozen requests also recompute their KV (or as
+        `recompute` says: SGLang's retract recomputes and keeps the cache)."""
         f = self.settings.fault
         if mode not in PAUSE_MODES:
             if not f("CTL-PAUSE-5"):
@@ -450,7 +451,7 @@ class Deployment:
             return
         held = "keep" if mode == "wait" and f("CTL-PAUSE-4") else mode
         for replica in self.replicas:
-            replica.pause(held, recompute=clear_cache)
+            replica.pause(held, recompute=clear_cache if recompute is None else recompute)
         for replica in self.replicas:
             replica.settle()
         if clear_cache:  # vLLM preempts what still runs so that the reset cannot fail

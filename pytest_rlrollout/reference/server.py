@@ -31,13 +31,13 @@ class Running:
 
     @property
     def engine(self) -> str:
-        """The wire it speaks: fireworks or vllm."""
+        """The wire it speaks: fireworks, vllm, sglang or coreweave."""
         return self.settings.engine
 
     @property
     def inference_url(self) -> str:
-        """Where /v1/completions is: under /inference on Fireworks, at the base URL on vLLM."""
-        return self.base_url if self.engine == "vllm" else self.base_url + "/inference"
+        """Where /v1/completions is: under /inference on Fireworks, at the base URL on the other engines."""
+        return self.base_url + "/inference" if self.engine == "fireworks" else self.base_url
 
     @property
     def name(self) -> str:

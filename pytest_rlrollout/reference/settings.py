@@ -11,10 +11,11 @@ from pytest_rlrollout.snapshot import tiny_moe
 
 Transition = Literal["ASYNC", "SYNC"]
 # The wire the deployment speaks: Fireworks' hot-load API, or vLLM's RL routes over one engine.
-Dialect = Literal["fireworks", "vllm", "coreweave"]
-DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm", "coreweave")
+Dialect = Literal["fireworks", "vllm", "sglang", "coreweave"]
+DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm", "sglang", "coreweave")
 COREWEAVE_DEPLOYMENT = "3f2b8c1e-6d0a-4e6b-9a55-0c1d2e3f4a5b"  # CoreWeave names deployments by UUID
 VLLM_VERSION = "0.32.0"  # what GET /version says in the vLLM dialect (the release measured)
+SGLANG_VERSION = "0.5.23"  # what GET /server_info says in the SGLang dialect (the release read, not run)
 FIRST_LABEL = "default"  # vLLM's weight version until one is set
 # What a vLLM dialect changes unless the caller says otherwise: one server is one engine, the
 # model is served under a short name (vLLM's --served-model-name), no API key is asked for (a
@@ -23,6 +24,9 @@ FIRST_LABEL = "default"  # vLLM's weight version until one is set
 DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
     "fireworks": {},
     "vllm": {"replicas": 1, "model": "tiny", "block_size": 128, "api_key": None},
+    # SGLang as an RL stack starts it: one server, --served-model-name, no key; its radix cache
+    # matches any prefix (page size 1): the reference's smallest sensible block stands in for it
+    "sglang": {"replicas": 1, "model": "tiny", "block_size": 16, "api_key": None},
     # CoreWeave's gateway runs vLLM (under NVIDIA Dynamo): the vLLM dialect's answers and blocks
     "coreweave": {"model": "tiny", "block_size": 128, "deployment_id": COREWEAVE_DEPLOYMENT},
 }

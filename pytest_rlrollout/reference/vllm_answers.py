@@ -211,9 +211,18 @@ class VllmRun(Run):
         return out
 
     def routed_experts(self, streamed: bool) -> str | None:
+        """`routed_rows` as vLLM encodes them: base64 of a `.npy` array."""
+        rows = self.routed_rows(streamed)
+        if rows is None:
+            return None
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(rows), allow_pickle=False)
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    def routed_rows(self, streamed: bool) -> np.ndarray | None:
         """Every fed position's experts (the prompt's, then each output token's but the last),
-        as vLLM encodes them; None without the flag or before any forward pass. The R3 and
-        NUM-ROUTE-1 faults act on the array as the Fireworks dialect's act on its matrices."""
+        int32 [positions, layers, k]; None without the flag or before any forward pass. The R3
+        and NUM-ROUTE-1 faults act on the array as the Fireworks dialect's act on its matrices."""
         if not self.dep.settings.routed_experts or self.prompt_routing is None or not self.tokens:
             return None
         if not streamed and self.f("R3-COMP-1"):  # the fault: non-streamed answers carry none
@@ -229,9 +238,7 @@ class VllmRun(Run):
             rows = rows[:, ::-1]
         if self.f("R3-SHAPE-1"):  # one expert short in every row
             rows = rows[:, :, :-1]
-        buffer = io.BytesIO()
-        np.save(buffer, np.ascontiguousarray(rows), allow_pickle=False)
-        return base64.b64encode(buffer.getvalue()).decode()
+        return rows
 
     def output_ids(self) -> list[int]:
         ids = [t.id for t in self.tokens]

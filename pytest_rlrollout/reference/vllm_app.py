@@ -123,6 +123,8 @@ UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's answer without the key (--api
 class VllmRoutes:
     """The handlers, over one deployment."""
 
+    run_class: type[VllmRun] = VllmRun  # what answers a request (a dialect on vLLM's runs answers in its shapes)
+
     def __init__(self, dep: Deployment):
         self.dep, self.s = dep, dep.settings
         base = dep.full_dirs[self.s.base_identity]
@@ -190,7 +192,7 @@ class VllmRoutes:
                     raise VllmError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
                                     kind="Bad Request")  # fmt: skip
                 req = await off_loop(lambda: parse(raw), dep.workers)
-                run = VllmRun(dep, self.vt, req, {k.lower(): v for k, v in request.headers.items()})
+                run = self.run_class(dep, self.vt, req, {k.lower(): v for k, v in request.headers.items()})
             except BadRequest as e:
                 return refused_body(e)
             except VllmError as e:

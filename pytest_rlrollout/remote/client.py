@@ -558,7 +558,7 @@ class DeploymentClient:
                 if doc is None:
                     out.problems.append(f"the 200 answer is not a JSON object: {self._shown(r.text)!r}")
                 else:
-                    out.chunks.append(doc)
+                    out.chunks.append(reading.chunk(doc, out.chunks))
             return out
         out = Stream(0, {}, reading=reading)
         with self._exchange("POST", url) as clock:
@@ -638,6 +638,7 @@ class DeploymentClient:
         if not isinstance(chunk, dict):
             out.problems.append(f"event {len(out.events)} is not a JSON object: {self._shown(data)!r}")
             return False
+        chunk = out.reading.chunk(chunk, out.chunks)
         out.chunks.append(chunk)
         if on_chunk is not None:
             on_chunk(chunk)

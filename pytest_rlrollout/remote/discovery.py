@@ -84,10 +84,18 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
         engine, decided = "fireworks", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"
     elif (version := vllm_version(client)) is not None:
         engine, decided = "vllm", f"auto: GET /version answers vLLM {version}"
+    elif (label := sglang_label(client)) is not None:
+        engine, decided = "sglang", f"auto: GET /model_info answers SGLang's weight_version {label!r}"
+    elif coreweave_hot_loads(client):
+        engine, decided = "coreweave", "auto: GET /v1alpha1/inference/hotLoads answers CoreWeave's hot-load list"
     else:
         engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
     if engine == "fireworks":
         _fireworks_names(t, status, hot_load_api, control_plane)
+    if engine == "coreweave":
+        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}); a live CoreWeave deployment is "
+                             "not supported yet (the bundled reference deployment's dialect is: --rl-engine=coreweave "
+                             "without --rl-base-url)")  # fmt: skip
     client.target = _with_engine(t, engine)
     _inference_answers(client)
     return engine, decided
@@ -98,6 +106,20 @@ def vllm_version(client: DeploymentClient) -> str | None:
     r = _get(client, client.target.base_url.rstrip("/") + "/version", client.auth_headers(), "--rl-base-url")
     version = (json_object(r) or {}).get("version") if r.status_code == 200 else None
     return version[:40] if isinstance(version, str) else None
+
+
+def sglang_label(client: DeploymentClient) -> str | None:
+    """The served label, when an SGLang server answers `GET /model_info` with its weight_version."""
+    r = _get(client, client.target.base_url.rstrip("/") + "/model_info", client.auth_headers(), "--rl-base-url")
+    label = (json_object(r) or {}).get("weight_version") if r.status_code == 200 else None
+    return label[:80] if isinstance(label, str) else None
+
+
+def coreweave_hot_loads(client: DeploymentClient) -> bool:
+    """Whether CoreWeave's hot-load API answers `GET /v1alpha1/inference/hotLoads` with its list."""
+    url = client.target.base_url.rstrip("/") + "/v1alpha1/inference/hotLoads"
+    r = _get(client, url, client.auth_headers(), "--rl-base-url")
+    return r.status_code == 200 and isinstance((json_object(r) or {}).get("hotLoads"), list)
 
 
 def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, control_plane: bool) -> None:

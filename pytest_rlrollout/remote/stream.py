@@ -103,6 +103,12 @@ class Reading:
                   and c.get(name) is not None]  # fmt: skip
         return values[-1] if values else None
 
+    def chunk(self, doc: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk as it arrived, laid out as the contract's chunks are (`choices`, `usage`),
+        given the chunks before it: for an engine whose native answers have no choices (SGLang's
+        /generate). It adds keys and keeps the engine's own, never invents a value."""
+        return doc
+
 
 CONTRACT_READING = Reading()
 

@@ -238,7 +238,7 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
             _usage(f"--rl-local-fault: {e}")
     common["transition"] = common["transition"] or "ASYNC"
     given = config.getoption("rl_engine")
-    engine = given if given in ("vllm", "coreweave") else "fireworks"  # the bundled deployment's dialect
+    engine = given if given in ("vllm", "sglang", "coreweave") else "fireworks"  # the bundled deployment's dialect
     return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
                      allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 

@@ -8,13 +8,16 @@ from pytest_rlrollout.remote.drivers.base import PAUSE_MODES, Driver, Status, Un
 from pytest_rlrollout.remote.drivers.coreweave import CoreWeaveDriver
 from pytest_rlrollout.remote.drivers.fireworks import FireworksDriver
 from pytest_rlrollout.remote.drivers.openai import OpenAIDriver
+from pytest_rlrollout.remote.drivers.sglang import SGLangDriver
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
 
 if TYPE_CHECKING:
     from pytest_rlrollout.contract.catalogue import Engine
     from pytest_rlrollout.remote.client import DeploymentClient
 
-DRIVERS: dict[str, type[Driver]] = {d.engine: d for d in (FireworksDriver, VLLMDriver, OpenAIDriver, CoreWeaveDriver)}
+DRIVERS: dict[str, type[Driver]] = {
+    d.engine: d for d in (FireworksDriver, VLLMDriver, SGLangDriver, OpenAIDriver, CoreWeaveDriver)
+}
 
 
 def driver_for(
@@ -25,10 +28,23 @@ def driver_for(
     deployment's ID, for engines whose control plane serves many (CoreWeave)."""
     if engine == "vllm":
         return VLLMDriver(client, bucket=bucket)
+    if engine == "sglang":
+        return SGLangDriver(client, bucket=bucket)
     if engine == "coreweave":
         return CoreWeaveDriver(client, deployment=deployment)
     return DRIVERS[engine](client)
 
 
-__all__ = ["DRIVERS", "PAUSE_MODES", "CoreWeaveDriver", "Driver", "FireworksDriver", "OpenAIDriver", "Status",
-           "Unbound", "VLLMDriver", "driver_for"]  # fmt: skip
+__all__ = [
+    "DRIVERS",
+    "PAUSE_MODES",
+    "CoreWeaveDriver",
+    "Driver",
+    "FireworksDriver",
+    "OpenAIDriver",
+    "SGLangDriver",
+    "Status",
+    "Unbound",
+    "VLLMDriver",
+    "driver_for",
+]  # fmt: skip

@@ -136,7 +136,7 @@ class VLLMReading(Reading):
         rows = routed_experts(self.choice_field(chunks, "routed_experts"))
         generated = sum(len(_list(_choice(c).get("token_ids"))) for c in chunks)
         if rows is not None and isinstance(prompt, list) and 0 < generated <= len(out):
-            _lay_routing(out, rows, len(prompt), generated)
+            lay_routing(out, rows, len(prompt), generated)
         return out
 
 
@@ -195,7 +195,7 @@ def routed_experts(value: Any) -> np.ndarray | None:
     return np.frombuffer(raw, dtype=dtype, offset=f.tell()).reshape(shape, order="F" if fortran else "C")
 
 
-def _lay_routing(entries: list[dict[str, Any]], rows: np.ndarray, prompt: int, generated: int) -> None:
+def lay_routing(entries: list[dict[str, Any]], rows: np.ndarray, prompt: int, generated: int) -> None:
     """Put each position's row on its entries (in place): the last `generated` entries are the
     output tokens, those before them the prompt's last ones. The rows end at the position before
     the last output token (it was never fed), whatever position they start from. A row that does

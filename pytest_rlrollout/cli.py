@@ -245,13 +245,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print("\n".join(f"{name:{width}}  {what}" for name, what in switches.items()))
         return EXIT_OK
     faults = _check_faults(args.fault)  # before anything is built, bound or created
-    vllm = args.engine == "vllm"
+    vllm = args.engine in ("vllm", "sglang")  # a self-hosted engine: one server, swapped through its RL routes
     if vllm and args.transition.upper() != "ASYNC":
-        raise UsageError("--engine vllm: the swap pauses generation in keep mode (ASYNC); --transition sync is "
-                         "a Fireworks setting")  # fmt: skip
+        raise UsageError(f"--engine {args.engine}: the swap pauses generation and the requests in flight continue "
+                         "(ASYNC); --transition sync is a Fireworks setting")  # fmt: skip
     if args.enable_return_routed_experts and not vllm:
-        raise UsageError("--enable-return-routed-experts is vLLM's flag (--engine vllm); the Fireworks dialect "
-                         "returns routing matrices when a request asks for them")  # fmt: skip
+        raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
+                         "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
 
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, VLLM_VERSION
@@ -295,7 +295,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         base = bucket / dep.settings.base_identity
         if vllm:
             named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
-            command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine=vllm --rl-allow-hot-load"
+            command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={args.engine} --rl-allow-hot-load"
                        f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
                        + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
             serving = f"vLLM {VLLM_VERSION}'s dialect"
@@ -624,14 +624,14 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
-    sv.add_argument("--engine", choices=["fireworks", "vllm"], default="fireworks",
-                    help="the wire it speaks: Fireworks' hot-load API, or vLLM 0.32's RL routes (one engine, the "
-                         "model served as 'tiny')")  # fmt: skip
-    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks), 1 (vllm)")
+    sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang"], default="fireworks",
+                    help="the wire it speaks: Fireworks' hot-load API, or vLLM 0.32's or SGLang 0.5.23's RL routes "
+                         "(one engine, the model served as 'tiny')")  # fmt: skip
+    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks), 1 (vllm, sglang)")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
-    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks), none asked for (vllm)")
+    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks), none asked for (vllm, sglang)")
     sv.add_argument("--enable-return-routed-experts", action="store_true",
-                    help="vllm: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
+                    help="vllm, sglang: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
                          "none, and neither has this dialect by default)")  # fmt: skip
     sv.add_argument(
         "--fault",

@@ -6,7 +6,7 @@ Each run writes its report into `docs/engines/` (the JSON, compact, and the Mark
 its pictures); the page is then rendered from every report there (`rlrollout matrix`). NAMEs
 choose runs (default: all of them):
 
-- `coreweave-reference`, `fireworks-reference`, `vllm-reference`: the bundled reference
+- `coreweave-reference`, `fireworks-reference`, `sglang-reference`, `vllm-reference`: the bundled reference
   deployment in that dialect (not a real engine; every column says so);
 - `vllm-0.32-cpu`: a real vLLM 0.32 CPU server (tests/engines/vllm_server.py: its flags and
   layout), judged by the whole suite, the tests that break it last;
@@ -98,6 +98,7 @@ def openai_transformers(report: Path, base: Path) -> None:
 RUNS: dict[str, Callable[[Path, Path], None]] = {
     "coreweave-reference": reference("coreweave"),
     "fireworks-reference": reference("fireworks"),
+    "sglang-reference": reference("sglang"),
     "vllm-reference": reference("vllm"),
     "vllm-0.32-cpu": real_vllm,
     "openai-transformers-serve": openai_transformers,

@@ -99,6 +99,26 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
 
 
+def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester):
+    """The reference deployment's SGLang dialect through the SGLang driver: every clause SGLang
+    binds passes, but the routing ones, which say the server flag they need; every other clause
+    of a deployment is not-applicable."""
+    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-engine=sglang")
+    assert doc["engine"]["name"] == "sglang"
+    bound = {c.id for c in catalogue() if c.binds("sglang")}
+    assert {k: v for k, v in got.items() if k in bound and v != "pass"} == dict.fromkeys(ROUTING & bound, "unsupported")
+    deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
+    assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
+
+
+def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_experts):
+    """With --enable-return-routed-experts, every routing clause SGLang binds passes through its driver."""
+    got = run_suite(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
+                    "--rl-engine=sglang")  # fmt: skip
+    bound = {c.id for c in catalogue() if c.binds("sglang") and c.id in ROUTING}
+    assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
+
+
 def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
@@ -135,7 +155,7 @@ def test_every_switch_and_variant_is_in_the_matrix():
 UNSEEN = {"coreweave": {"FID-SWAP-1:one"}}
 ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("fireworks"))] + [
     pytest.param(f, engine, id=f"{engine}-{f}")
-    for engine in ("vllm", "coreweave")
+    for engine in ("vllm", "sglang", "coreweave")
     for f in sorted(switches_for(engine))
     if f not in UNSEEN.get(engine, set())
 ]
@@ -143,11 +163,14 @@ ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("firewor
 
 @pytest.fixture
 def routed_experts(monkeypatch):
-    """The vLLM dialect started as a server with --enable-return-routed-experts (a flag of vLLM's
-    GPU runner: off by default, as on the CPU build)."""
+    """The vLLM and SGLang dialects started as servers with --enable-return-routed-experts (off by
+    default on both; vLLM's CPU build cannot turn it on)."""
     from pytest_rlrollout.reference import settings
 
-    monkeypatch.setitem(settings.DIALECT_DEFAULTS, "vllm", settings.DIALECT_DEFAULTS["vllm"] | {"routed_experts": True})
+    for dialect in ("vllm", "sglang"):
+        monkeypatch.setitem(
+            settings.DIALECT_DEFAULTS, dialect, settings.DIALECT_DEFAULTS[dialect] | {"routed_experts": True}
+        )
 
 
 # Faults whose violation, on vLLM's wire, also breaks other clauses by the contract's own logic.
@@ -162,6 +185,16 @@ VLLM_COLLATERAL = {
 }
 
 
+# Faults whose violation, on SGLang's wire, also breaks other clauses by the contract's own logic.
+SGLANG_COLLATERAL = {
+    **COLLATERAL,
+    # serving unvalidated snapshots serves the violating variant of every rule the binding checks
+    "HL-POST-5": {"SNAP-SAFETENSORS-1", "SNAP-COVER-1"},
+    # SGLang's default swap ('all') flushes the cache: a flush that breaks streams breaks the swap too
+    "SWAP-KV-1": {"SWAP-ASYNC-1"},
+}
+
+
 # Faults whose violation, on CoreWeave's wire, also breaks other clauses by the contract's own logic.
 COREWEAVE_COLLATERAL = {**COLLATERAL}
 # CoreWeave lists replicas per hot-load: before the first one, what is served cannot be read. The
@@ -172,7 +205,7 @@ AFTER_A_HOT_LOAD = {"HL-GET-1": "test_fidelity.py", "NUM-LOGPROB-1": "test_hot_l
 @pytest.mark.parametrize(("fault", "engine"), ROWS)
 def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
     clause = clause_of(fault)
-    if engine == "vllm" and clause in ROUTING:
+    if engine in ("vllm", "sglang") and clause in ROUTING:
         request.getfixturevalue("routed_experts")
     area = clause.split("-")[0]
     modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
@@ -190,7 +223,8 @@ def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
         assert got.get(also) == "fail", f"{fault} must also fail {also}: {got}"
     others = {k for k, v in got.items() if v == "fail"} - {clause}
     # a SNAP rule not enforced at hot-load time serves that rule's violating variant (HL-POST-5)
-    collateral = {"fireworks": COLLATERAL, "vllm": VLLM_COLLATERAL, "coreweave": COREWEAVE_COLLATERAL}[engine]
+    collateral = {"fireworks": COLLATERAL, "vllm": VLLM_COLLATERAL, "sglang": SGLANG_COLLATERAL,
+                  "coreweave": COREWEAVE_COLLATERAL}[engine]  # fmt: skip
     allowed = collateral.get(fault, {"HL-POST-5"} if area == "SNAP" else set())
     assert others <= allowed, f"{fault} also fails {sorted(others)}"
     # a failure shows its case: the assertion's message and the exchange behind it

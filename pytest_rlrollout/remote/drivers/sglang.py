@@ -84,18 +84,21 @@ def _entries(rows: Any) -> list[dict[str, Any]]:
     return out
 
 
-def routed_rows(value: Any, positions: int) -> np.ndarray | None:
-    """SGLang's routed_experts, base64 of int32 with no header, as one row of `layers * k` values
-    per fed position; None when absent or when it does not split into `positions` rows."""
-    if not isinstance(value, str) or positions <= 0:
+def routed_rows(value: Any, width: int | None) -> np.ndarray | None:
+    """SGLang's routed_experts, base64 of int32 with no header, as rows of `width` (layers * k)
+    values, one per fed position; None when absent, when the width is unknown, or when the array
+    does not split into such rows. The array names no shape: the width is measured once
+    (`SGLangDriver.row_width`), and the rows are laid from the last fed position backwards, so an
+    array that leaves positions out shows as entries without routing."""
+    if not isinstance(value, str) or not width:
         return None
     try:
         raw = base64.b64decode(value, validate=True)
     except (ValueError, binascii.Error):
         return None
-    if not raw or len(raw) % (4 * positions):
+    if not raw or len(raw) % (4 * width):
         return None
-    return np.frombuffer(raw, dtype="<i4").reshape(positions, -1)
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, width)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,9 @@ class SGLangReading(VLLMReading):
     """Where SGLang's native answers say what the contract talks about (see the module's doc):
     chunks laid out with `choices` and `usage`; entries from the last chunk's cumulative
     `input_token_logprobs` and `output_token_logprobs`; versions from the finished chunk's spans,
-    else each chunk's `weight_version`."""
+    else each chunk's `weight_version`. `width`: the values of one routed_experts row."""
+
+    width: int | None = None
 
     def chunk(self, doc: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:
         if "meta_info" not in doc or "choices" in doc:
@@ -145,14 +150,13 @@ class SGLangReading(VLLMReading):
         out = scored + _entries(meta.get("output_token_logprobs"))
         generated = sum(len(_list(c["choices"][0].get("token_ids"))) for c in chunks if c.get("choices"))
         size = meta.get("prompt_tokens")
-        rows = routed_rows(meta.get("routed_experts"), size + generated - 1) if isinstance(size, int) else None
-        if rows is not None and 0 < generated <= len(out):
+        rows = routed_rows(meta.get("routed_experts"), self.width)
+        if rows is not None and isinstance(size, int) and 0 < generated <= len(out):
             lay_routing(out, rows, size, generated)
         return out
 
 
 SGLANG_READING = SGLangReading()
-STREAMED_ECHO = SGLangReading(echo=True)
 
 
 class SGLangDriver(Driver):
@@ -163,6 +167,27 @@ class SGLangDriver(Driver):
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)
         self.bucket = bucket  # where the server reads snapshots: <bucket>/<identity>
+        self._width: int | None = None
+
+    def row_width(self) -> int | None:
+        """The values of one routed_experts row (layers * k), measured once, from what one more
+        generated token adds to the array (whatever positions a server leaves out, each new
+        token adds one row); None when the server returns no routing."""
+        if self._width is None:
+            sizes = []
+            for tokens in (2, 3):
+                probe = {"prompt": PROBE_IDS, "max_tokens": tokens, "ignore_eos": True, "stream": True,
+                         "include_routing_matrix": True}  # fmt: skip
+                s = self.client.complete(native_body(probe, None), url=self._url(GENERATE), reading=self.reading)
+                value = _meta(s.chunks[-1] if s.chunks else {}).get("routed_experts")
+                try:
+                    sizes.append(len(base64.b64decode(value, validate=True)) if isinstance(value, str) else 0)
+                except (ValueError, binascii.Error):
+                    sizes.append(0)
+            grown = sizes[1] - sizes[0]
+            if all(sizes) and grown > 0 and grown % 4 == 0:
+                self._width = grown // 4
+        return self._width
 
     def _url(self, path: str) -> str:
         return self.target.base_url.rstrip("/") + path
@@ -196,9 +221,10 @@ class SGLangDriver(Driver):
             return self.client.complete(sent, chat=True, headers=headers, on_chunk=on_chunk, on_status=on_status,
                                         reading=self.reading)  # fmt: skip
         native = native_body(body, salt)
-        streamed_echo = bool(body.get("echo") and body.get("stream"))
+        width = self.row_width() if body.get("include_routing_matrix") else None
+        reading = SGLangReading(echo=bool(body.get("echo") and body.get("stream")), width=width)
         return self.client.complete(native, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                    url=self._url(GENERATE), reading=STREAMED_ECHO if streamed_echo else self.reading)  # fmt: skip
+                                    url=self._url(GENERATE), reading=reading)  # fmt: skip
 
     # ----------------------------------------------------------------------- what is served
 

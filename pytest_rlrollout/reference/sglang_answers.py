@@ -132,13 +132,7 @@ class SglangRun(VllmRun):
             self.job.cancelled.set()
 
     async def native_body(self) -> dict[str, Any]:
-        try:
-            async for _ in self.deltas():
-                pass
-        except Cut:
-            pass
-        finally:
-            self.job.cancelled.set()
+        await self.drain()
         return self.answer(self.finish or "stop", False)
 
 

@@ -479,8 +479,8 @@ class VllmRun(Run):
 
     # ----------------------------------------------------------------------- bodies
 
-    async def body(self) -> dict[str, Any]:
-        """The whole answer (VllmError when the engine failed the request)."""
+    async def drain(self) -> None:
+        """Run the request to its end (VllmError when the engine failed it)."""
         try:
             async for _ in self.deltas():
                 pass
@@ -488,6 +488,10 @@ class VllmRun(Run):
             pass
         finally:
             self.job.cancelled.set()
+
+    async def body(self) -> dict[str, Any]:
+        """The whole answer (VllmError when the engine failed the request)."""
+        await self.drain()
         req = self.req
         positions = [self.position(i) for i in range(len(self.tokens))] if req.logprobs is not None else []
         finish = self.finish or "stop"

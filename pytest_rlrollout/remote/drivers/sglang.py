@@ -40,7 +40,7 @@ import numpy as np
 
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
-from pytest_rlrollout.remote.drivers.vllm import REPLICA, VLLMReading, bound, lay_routing
+from pytest_rlrollout.remote.drivers.vllm import VLLMReading, bound, labelled_status, lay_routing
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -229,16 +229,7 @@ class SGLangDriver(Driver):
     # ----------------------------------------------------------------------- what is served
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        r = self._get("/model_info", headers=headers)
-        doc = json_object(r) if r.status_code == 200 else None
-        if doc is None:
-            return Status(r, [], [f"GET /model_info: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
-        label = doc.get("weight_version")
-        if not isinstance(label, str):
-            return Status(r, [], [f"GET /model_info: weight_version is {label!r}, not a string"])
-        state = {"stage": "ready", "target_snapshot_identity": label}
-        return Status(r, [{"name": REPLICA, "readiness": True, "current_snapshot_identity": label,
-                           "loading_state": state}])  # fmt: skip
+        return labelled_status(self._get("/model_info", headers=headers), "GET /model_info")
 
     # ----------------------------------------------------------------------- loading
 

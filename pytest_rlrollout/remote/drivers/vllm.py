@@ -268,16 +268,7 @@ class VLLMDriver(Driver):
     # ----------------------------------------------------------------------- what is served
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        r = self._get("/weight_info", headers=headers)
-        doc = json_object(r) if r.status_code == 200 else None
-        if doc is None:
-            return Status(r, [], [f"GET /weight_info: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
-        label = doc.get("weight_version")
-        if not isinstance(label, str):
-            return Status(r, [], [f"GET /weight_info: weight_version is {label!r}, not a string"])
-        state = {"stage": "ready", "target_snapshot_identity": label}
-        return Status(r, [{"name": REPLICA, "readiness": True, "current_snapshot_identity": label,
-                           "loading_state": state}])  # fmt: skip
+        return labelled_status(self._get("/weight_info", headers=headers), "GET /weight_info")
 
     def wait(
         self,
@@ -421,6 +412,19 @@ class VLLMDriver(Driver):
         back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
         mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list), "choices[].token_ids")
         return d
+
+
+def labelled_status(r: httpx.Response, route: str) -> Status:
+    """One server's status from the answer of the route that names its label (`weight_version`)."""
+    doc = json_object(r) if r.status_code == 200 else None
+    if doc is None:
+        return Status(r, [], [f"{route}: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
+    label = doc.get("weight_version")
+    if not isinstance(label, str):
+        return Status(r, [], [f"{route}: weight_version is {label!r}, not a string"])
+    state = {"stage": "ready", "target_snapshot_identity": label}
+    return Status(r, [{"name": REPLICA, "readiness": True, "current_snapshot_identity": label,
+                       "loading_state": state}])  # fmt: skip
 
 
 def bound(body: dict[str, Any], headers: dict[str, str] | None) -> tuple[dict[str, Any], dict[str, str], str | None]:

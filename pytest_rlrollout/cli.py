@@ -249,12 +249,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if vllm and args.transition.upper() != "ASYNC":
         raise UsageError(f"--engine {args.engine}: the swap pauses generation and the requests in flight continue "
                          "(ASYNC); --transition sync is a Fireworks setting")  # fmt: skip
+    if args.engine == "coreweave" and args.transition.upper() != "ASYNC":
+        raise UsageError("--engine coreweave: CoreWeave documents TRANSITION_MODE_ASYNC only")
+    if args.control_api_key is not None and args.engine != "coreweave":
+        raise UsageError("--control-api-key is the key of CoreWeave's hot-load API (--engine coreweave)")
     if args.enable_return_routed_experts and not vllm:
         raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
                          "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
 
     from pytest_rlrollout.reference import reference_deployment
-    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, VLLM_VERSION
+    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, SGLANG_VERSION, VLLM_VERSION
 
     options = dict(
         engine=args.engine,
@@ -265,7 +269,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
     # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
-    options |= {k: v for k, v in (("replicas", args.replicas), ("api_key", args.api_key)) if v is not None}
+    given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
+    options |= {k: v for k, v in given if v is not None}
     if not vllm:
         options.setdefault("api_key", "rl-reference-key")
     # the built-in key is public; a key of the user's own is never echoed
@@ -298,7 +303,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={args.engine} --rl-allow-hot-load"
                        f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
                        + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
-            serving = f"vLLM {VLLM_VERSION}'s dialect"
+            serving = (f"vLLM {VLLM_VERSION}'s dialect" if args.engine == "vllm"
+                       else f"SGLang {SGLANG_VERSION}'s dialect")  # fmt: skip
+        elif args.engine == "coreweave":
+            # the gateway and the hot-load API on one host here; a real deployment has two
+            control_key = options.get("control_api_key") or key
+            shown_control = control_key if control_key == "rl-reference-key" else "<the --control-api-key you chose>"
+            deployment = dep.settings.deployment_id
+            named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
+                     f"model:      {dep.model}", f"bucket:     {bucket}"]  # fmt: skip
+            command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} --rl-control-url={dep.base_url}"
+                       f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
+                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                       " --rl-long-stream-tokens=64 --rl-swap-timeout=10")  # fmt: skip
+            named.append(f"environment: COREWEAVE_API_KEY={shown_control}")
+            serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
         else:
             named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
                      f"bucket:     {bucket}"]  # fmt: skip
@@ -624,12 +643,14 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
-    sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang"], default="fireworks",
-                    help="the wire it speaks: Fireworks' hot-load API, or vLLM 0.32's or SGLang 0.5.23's RL routes "
-                         "(one engine, the model served as 'tiny')")  # fmt: skip
-    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks), 1 (vllm, sglang)")
+    sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang", "coreweave"], default="fireworks",
+                    help="the wire it speaks: Fireworks' hot-load API, vLLM 0.32's or SGLang 0.5.23's RL routes "
+                         "(one engine, the model served as 'tiny'), or CoreWeave's v1alpha1 hot-load API beside an "
+                         "OpenAI-compatible gateway")  # fmt: skip
+    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks, coreweave), 1 (vllm, sglang)")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
-    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks), none asked for (vllm, sglang)")
+    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks, coreweave), none asked for (vllm, sglang)")
+    sv.add_argument("--control-api-key", help="coreweave: a key of its own for the hot-load API (default: --api-key)")
     sv.add_argument("--enable-return-routed-experts", action="store_true",
                     help="vllm, sglang: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
                          "none, and neither has this dialect by default)")  # fmt: skip

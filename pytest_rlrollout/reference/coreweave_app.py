@@ -24,7 +24,7 @@ gateway's own shapes were not measured). No policy version is said on completion
 documented).
 
 What the reference decided where CoreWeave's documents are silent: one API key for the control
-plane and the gateway; replicas are named `replica-N` in one zone; a snapshot is validated when
+plane and the gateway unless the hot-load API is given one of its own (`control_api_key`); replicas are named `replica-N` in one zone; a snapshot is validated when
 the hot-load is created (every SNAP MUST clause) and refused then with invalid_argument, naming
 the rule; a load that fails later fails the hot-load (FAILED, the replica's `errorReason`); an
 identity hot-loaded before is refused (already_exists), as the engine core refuses it on every
@@ -90,7 +90,8 @@ class CoreWeaveRoutes:
     # ----------------------------------------------------------------------- who may call
 
     def authorized(self, request: Request) -> bool:
-        return self.s.api_key is None or request.headers.get("authorization") == f"Bearer {self.s.api_key}"
+        key = self.s.control_api_key or self.s.api_key
+        return key is None or request.headers.get("authorization") == f"Bearer {key}"
 
     def control(self, handler: Any) -> Any:
         async def checked(request: Request) -> Response:

@@ -43,6 +43,8 @@ class Settings:
     deployment_id: str = "reference"
     model: str = tiny_moe.MODEL_NAME
     api_key: str | None = "rl-reference-key"  # None: no key asked for (the vLLM dialect's default)
+    # CoreWeave's hot-load API, where it has a key of its own; None: api_key
+    control_api_key: str | None = None
     replicas: int = 2
     transition: Transition = "ASYNC"
     base_identity: str = tiny_moe.BASE_IDENTITY

@@ -66,12 +66,17 @@ class Target:
     api_key: Secret = field(repr=False)
     inference_url: str = ""  # as given; empty: see `inference_base`
     engine: Engine = "fireworks"
+    # a control plane of its own (CoreWeave's hot-load API), with a key of its own; empty: the base URL and key
+    control_url: str = ""
+    control_key: Secret | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.engine == "fireworks" and not _is_deployment_name(self.deployment):
             raise ValueError(f"{self.deployment!r} is not accounts/<account>/deployments/<deployment>")
         if not isinstance(self.api_key, Secret):
             object.__setattr__(self, "api_key", Secret(self.api_key))
+        if self.control_key is not None and not isinstance(self.control_key, Secret):
+            object.__setattr__(self, "control_key", Secret(self.control_key))
 
     @property
     def inference_base(self) -> str:
@@ -81,15 +86,26 @@ class Target:
         return (self.inference_url or (base + "/inference" if self.engine == "fireworks" else base)).rstrip("/")
 
     @property
+    def control_base(self) -> str:
+        """Where the control plane lives: as given, else the base URL."""
+        return (self.control_url or self.base_url).rstrip("/")
+
+    @property
     def name(self) -> str:
         """What to call the deployment in reports: its name, else the model at its URL."""
         return self.deployment or f"{self.model} at {self.base_url}"
 
     @property
+    def by_name(self) -> bool:
+        """Whether requests name the deployment (Fireworks: its name is the inference `model` and
+        a header); a CoreWeave deployment's UUID names it on the hot-load API only."""
+        return self.engine == "fireworks" and self.deployment is not None
+
+    @property
     def body_model(self) -> str:
         """The `model` of an inference request: the deployment's name on Fireworks (what the
         official SDK sends), the served model's name on an OpenAI-compatible server."""
-        return self.deployment if self.engine == "fireworks" and self.deployment else self.model
+        return self.deployment if self.by_name and self.deployment else self.model
 
     @property
     def account(self) -> str:
@@ -468,6 +484,11 @@ class DeploymentClient:
     def auth_headers(self) -> dict[str, str]:
         """The Authorization header; its value (`Redacted`) never shows in a repr or a report."""
         return {"Authorization": self.target.api_key.bearer()} if self.target.api_key else {}
+
+    def control_headers(self) -> dict[str, str]:
+        """The control plane's Authorization header: its own key where it has one."""
+        key = self.target.control_key
+        return {"Authorization": key.bearer()} if key else self.auth_headers()
 
     def hot_load_headers(self) -> dict[str, str]:
         names = {"fireworks-model": self.target.model}

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pytest_rlrollout.remote.drivers.base import Driver
 
 PROBE_TEXT = "Hello"
+COREWEAVE_HOT_LOADS = "/v1alpha1/inference/hotLoads"
 PROBE_IDS = [1, 2, 3]
 
 
@@ -78,8 +79,14 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
     _authorized(accounts, "GET /v1/accounts")
     hot_load_api = status.status_code == 200 and json_object(status) is not None
     control_plane = accounts.status_code == 200 and isinstance((json_object(accounts) or {}).get("accounts"), list)
+    hot_loads = _coreweave_control(client) if requested == "coreweave" or t.control_url else None
     if requested is not None:
         engine, decided = requested, f"--rl-engine={requested}"
+    elif hot_loads is not None:  # a CoreWeave UUID and its control plane were named: asked first (checked below)
+        engine, decided = (
+            "coreweave",
+            f"auto: GET {t.control_base}{COREWEAVE_HOT_LOADS} answers CoreWeave's hot-load list",
+        )
     elif hot_load_api or control_plane:
         engine, decided = "fireworks", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"
     elif (version := vllm_version(client)) is not None:
@@ -87,15 +94,13 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
     elif (label := sglang_label(client)) is not None:
         engine, decided = "sglang", f"auto: GET /model_info answers SGLang's weight_version {label!r}"
     elif coreweave_hot_loads(client):
-        engine, decided = "coreweave", "auto: GET /v1alpha1/inference/hotLoads answers CoreWeave's hot-load list"
+        engine, decided = "coreweave", f"auto: GET {COREWEAVE_HOT_LOADS} answers CoreWeave's hot-load list"
     else:
         engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
     if engine == "fireworks":
         _fireworks_names(t, status, hot_load_api, control_plane)
     if engine == "coreweave":
-        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}); a live CoreWeave deployment is "
-                             "not supported yet (the bundled reference deployment's dialect is: --rl-engine=coreweave "
-                             "without --rl-base-url)")  # fmt: skip
+        _coreweave_names(t, hot_loads if hot_loads is not None else _coreweave_control(client))
     client.target = _with_engine(t, engine)
     _inference_answers(client)
     return engine, decided
@@ -116,10 +121,40 @@ def sglang_label(client: DeploymentClient) -> str | None:
 
 
 def coreweave_hot_loads(client: DeploymentClient) -> bool:
-    """Whether CoreWeave's hot-load API answers `GET /v1alpha1/inference/hotLoads` with its list."""
-    url = client.target.base_url.rstrip("/") + "/v1alpha1/inference/hotLoads"
-    r = _get(client, url, client.auth_headers(), "--rl-base-url")
+    """Whether CoreWeave's hot-load API answers `GET /v1alpha1/inference/hotLoads` with its list
+    at the base URL (a server of both the control plane and the gateway)."""
+    url = client.target.base_url.rstrip("/") + COREWEAVE_HOT_LOADS
+    return _lists_hot_loads(_get(client, url, client.auth_headers(), "--rl-base-url"))
+
+
+def _coreweave_control(client: DeploymentClient) -> httpx.Response:
+    """The deployment's hot-loads, asked of the control plane with its own key."""
+    t = client.target
+    url = t.control_base + COREWEAVE_HOT_LOADS
+    option = "--rl-control-url" if t.control_url else "--rl-base-url"
+    try:
+        return client.request("GET", url, headers=client.control_headers(), params={"parentDeploymentId": t.deployment})
+    except (httpx.HTTPError, LimitExceeded) as e:
+        raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check {option}") from None
+
+
+def _lists_hot_loads(r: httpx.Response) -> bool:
     return r.status_code == 200 and isinstance((json_object(r) or {}).get("hotLoads"), list)
+
+
+def _coreweave_names(t: Target, hot_loads: httpx.Response) -> None:
+    said = f"GET {t.control_base}{COREWEAVE_HOT_LOADS}: HTTP {hot_loads.status_code} {_excerpt(hot_loads)}"
+    if t.deployment is None:
+        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API: pass --rl-deployment=<the deployment's UUID> "
+                             "and set COREWEAVE_API_KEY (--rl-control-url where the hot-load API has a host of its own)")  # fmt: skip
+    if hot_loads.status_code in (401, 403):
+        raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")
+    if hot_loads.status_code == 404:
+        raise PreflightError(
+            f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
+        )
+    if not _lists_hot_loads(hot_loads):
+        raise PreflightError(f"no CoreWeave hot-load API at {t.control_base} ({said}): check --rl-control-url")
 
 
 def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, control_plane: bool) -> None:

@@ -310,11 +310,12 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
     with reference_deployment(bucket, engine=engine, faults=opts.local_faults, transition=opts.transition,
                               api_key=LOCAL_KEY) as dep:  # fmt: skip
-        name = dep.name if engine == "fireworks" else None  # a vLLM server is addressed by its URL alone
+        # a vLLM or SGLang server is addressed by its URL alone; CoreWeave's hot-loads name the deployment's UUID
+        name = {"fireworks": dep.name, "coreweave": dep.settings.deployment_id}.get(engine)
         target = Target(name, dep.base_url, dep.model, dep.api_key, engine=engine)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-            driver = driver_for(engine, client, bucket=str(bucket.resolve()), deployment=dep.settings.deployment_id)
+            driver = driver_for(engine, client, bucket=str(bucket.resolve()))
             yield RLDeployment(driver, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
                                local=dep)  # fmt: skip
 
@@ -328,7 +329,7 @@ def connect(opts: RLOptions, engine: Engine, transport: httpx.BaseTransport | No
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
-                    engine=engine)  # fmt: skip
+                    engine=engine, control_url=opts.control_url or "", control_key=opts.control_key)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
         yield driver_for(engine, client, bucket=served_path(opts.bucket_url))
 

@@ -23,6 +23,7 @@ from pytest_rlrollout.remote.secret import Secret
 
 Mode = Literal["local", "live", "replay"]
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
+DEFAULT_CONTROL_URL = "https://api.coreweave.com"  # CoreWeave's hot-load API (v1alpha1)
 SUITE = Path(__file__).parent
 CONFORMANCE = SUITE / "conformance"
 SHIPPED_CASSETTES = SUITE / "cassettes"
@@ -78,6 +79,9 @@ class RLOptions:
     inference_url: str | None  # as given
     model: str | None
     api_key: Secret | None = None
+    # CoreWeave: the hot-load API's URL and key (the gateway's are base_url and api_key)
+    control_url: str | None = None
+    control_key: Secret | None = None
     engine: Engine | None = "fireworks"  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
     bucket_url: str | None = None
@@ -116,16 +120,18 @@ class RLOptions:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlrollout", "RL-rollout deployment contract")
     add = group.addoption
-    add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d> (default: start the bundled "
-        "reference deployment)")  # fmt: skip
+    add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d>, or a CoreWeave deployment's UUID "
+        "(default: start the bundled reference deployment)")  # fmt: skip
     add("--rl-engine", choices=["auto", *ENGINES],
         help="whose wire the deployment speaks: a Fireworks hot-load deployment, a vLLM server through its RL API "
              "(VLLM_SERVER_DEV_MODE=1), a plain OpenAI-compatible server, or auto (the default: decided from what "
              "answers, and said)")  # fmt: skip
     add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
     add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
+    add("--rl-control-url", metavar="URL", help=f"CoreWeave: the hot-load API (default {DEFAULT_CONTROL_URL}; its "
+        "key: $COREWEAVE_API_KEY); --rl-base-url is then the deployment's OpenAI-compatible gateway")  # fmt: skip
     add("--rl-model", metavar="NAME", help="the model the deployment serves (fireworks-model)")
-    add("--rl-api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
+    add("--rl-api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY (CoreWeave: the gateway's key, no default)")
     add("--rl-allow-hot-load", action="store_true", default=False,
         help="allow state changes (hot-loads, ledger resets) on a live deployment")  # fmt: skip
     add("--rl-bucket-url", metavar="URL",
@@ -209,8 +215,8 @@ def read_options(config: pytest.Config) -> RLOptions:
 
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
-    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_bucket_url", "rl_local_fault",
-                   "rl_engine")  # fmt: skip
+    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_control_url", "rl_bucket_url",
+                   "rl_local_fault", "rl_engine")  # fmt: skip
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -225,7 +231,7 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
-    stray = _given(config, "rl_inference_url", "rl_model", "rl_bucket_url", "rl_api_key")
+    stray = _given(config, "rl_inference_url", "rl_control_url", "rl_model", "rl_bucket_url", "rl_api_key")
     if stray:
         _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
     faults = frozenset(config.getoption("rl_local_fault"))
@@ -246,13 +252,18 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:
     get = config.getoption
     engine: Engine | None = None if get("rl_engine") in (None, "auto") else get("rl_engine")
-    if deployment is not None and not _is_deployment_name(deployment):
-        _usage(f"--rl-deployment {deployment!r} is not accounts/<account>/deployments/<deployment>")
+    coreweave = engine == "coreweave" or (engine is None and _is_uuid(deployment))
+    if deployment is not None and not (_is_uuid(deployment) if coreweave else _is_deployment_name(deployment)):
+        _usage(f"--rl-deployment {deployment!r} is not "
+               + ("a CoreWeave deployment's UUID" if coreweave else "accounts/<account>/deployments/<deployment>"))  # fmt: skip
     if engine == "fireworks" and deployment is None:
         _usage("--rl-engine=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
-    if engine == "coreweave":  # its control plane and gateway are two hosts with keys of their own
-        _usage("--rl-engine=coreweave judges the bundled reference deployment's CoreWeave dialect only (drop "
-               "--rl-base-url); a live CoreWeave deployment (control-plane URL and key) is not supported yet")  # fmt: skip
+    if get("rl_control_url") and not coreweave:
+        _usage("--rl-control-url is CoreWeave's hot-load API: also pass --rl-engine=coreweave (or auto) and "
+               "--rl-deployment=<the deployment's UUID>")  # fmt: skip
+    control: dict[str, Any] = {}
+    if coreweave:  # its control plane and gateway are two hosts with keys of their own
+        control = _coreweave_control(config, deployment)
     if get("rl_local_fault"):
         _usage(
             f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment or get('rl_base_url')}"
@@ -262,8 +273,8 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
         _usage(
             f"{_flag('rl_deployment') if deployment else _flag('rl_base_url')}: also pass --rl-model (the model it serves)"
         )
-    key = get("rl_api_key") or os.environ.get("FIREWORKS_API_KEY")
-    if not key and (engine == "fireworks" or (engine is None and deployment is not None)):
+    key = get("rl_api_key") or (None if coreweave else os.environ.get("FIREWORKS_API_KEY"))
+    if not key and (engine == "fireworks" or (engine is None and deployment is not None and not coreweave)):
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
     bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
     if allow and not bucket_url:
@@ -281,7 +292,34 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
                      inference_url=get("rl_inference_url"), allow_hot_load=allow, bucket_url=bucket_url,
-                     engine=engine, timeouts=_timeouts(config, LIVE), **common)  # fmt: skip
+                     engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
+
+
+def _coreweave_control(config: pytest.Config, deployment: str | None) -> dict[str, Any]:
+    """CoreWeave's control plane: its URL and its own key (never an option: a key typed on a
+    command line stays in the shell's history and the process list)."""
+    if deployment is None:
+        _usage("--rl-engine=coreweave: also pass --rl-deployment=<the deployment's UUID> (what its hot-loads name)")
+    what = (
+        "--rl-engine=coreweave"
+        if config.getoption("rl_engine") == "coreweave"
+        else f"--rl-deployment {deployment} (CoreWeave)"
+    )
+    if not config.getoption("rl_base_url"):
+        _usage(f"{what}: also pass --rl-base-url (the deployment's OpenAI-compatible gateway)")
+    key = os.environ.get("COREWEAVE_API_KEY")
+    if not key:
+        _usage(f"{what}: set COREWEAVE_API_KEY (the hot-load API's key)")
+    if config.getoption("rl_record") and key != (config.getoption("rl_api_key") or ""):
+        # a cassette keeps one key out of what it holds; two would leave one to chance
+        _usage("--rl-record: recording a CoreWeave deployment whose gateway and hot-load API have different keys "
+               "is not supported")  # fmt: skip
+    url = (config.getoption("rl_control_url") or DEFAULT_CONTROL_URL).rstrip("/")
+    return {"control_url": url, "control_key": Secret(key)}
+
+
+def _is_uuid(name: str | None) -> bool:
+    return name is not None and re.fullmatch(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", name) is not None
 
 
 def _is_deployment_name(name: str) -> bool:

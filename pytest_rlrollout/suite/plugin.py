@@ -68,7 +68,9 @@ def _preflight(config: pytest.Config) -> Discovery:
     from pytest_rlrollout.suite.deployment import connect, fingerprint_start, served_path
 
     o = options(config)
-    with connect(o, o.engine or ("fireworks" if o.deployment else "openai")) as probing:
+    # before the preflight decides: the engine the names given point to (a CoreWeave UUID comes with a control plane)
+    guess = "coreweave" if o.control_url else "fireworks" if o.deployment else "openai"
+    with connect(o, o.engine or guess) as probing:
         try:
             engine, decided = preflight(probing.client, o.engine)
             driver = driver_for(engine, probing.client, bucket=served_path(o.bucket_url))

@@ -136,6 +136,35 @@ def test_weight_fidelity_and_numerics_against_rlrollout_serve(pytester, tmp_path
     assert all(u["uploaded"] == 0 < u["copied"] for u in uploads if u["kind"] == "full"), uploads
 
 
+def test_a_live_coreweave_deployment_through_its_hot_load_api(pytester, tmp_path, monkeypatch):
+    """`rlrollout serve --engine coreweave` in another process, its hot-load API under a key of
+    its own: named by its UUID, its gateway and its control plane, the suite recognises CoreWeave
+    by the hot-load list (and says so), sends each key only where it belongs (a key in the wrong
+    place is refused by the server, and every bound clause would fail), and every clause CoreWeave
+    binds passes but the two a header-less gateway cannot judge on two replicas."""
+    monkeypatch.setenv("COREWEAVE_API_KEY", "the-hot-load-key")
+    proc, printed = serve(tmp_path / "bucket", "--engine", "coreweave", "--control-api-key", "the-hot-load-key")
+    try:
+        assert "COREWEAVE_API_KEY=<the --control-api-key you chose>" in printed  # a key of the user's never shows
+        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
+        command = ["--rl-engine=auto" if c == "--rl-engine=coreweave" else c for c in command]
+        result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", *command, "--rl-report=r.json")
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert doc["engine"]["name"] == "coreweave"
+    assert doc["engine"]["decided"].startswith("auto: GET http://127.0.0.1:"), doc["engine"]
+    assert doc["engine"]["decided"].endswith("/v1alpha1/inference/hotLoads answers CoreWeave's hot-load list")
+    got = {k: v["outcome"] for k, v in doc["clauses"].items()}
+    bound = {c.id for c in catalogue() if c.binds("coreweave")}
+    across = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
+    assert {k: got[k] for k in bound if got[k] != "pass"} == dict.fromkeys(across, "inconclusive")
+    assert {got[k] for k in set(got) - bound} == {"not-applicable"}
+    assert "the-hot-load-key" not in (pytester.path / "r.json").read_text()
+
+
 def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     """The wheel carries everything the suite needs: tests, catalogue, schemas, shipped cassettes."""
     dist = tmp_path / "dist"

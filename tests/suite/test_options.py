@@ -6,6 +6,7 @@ import json
 import pytest
 
 ACCOUNT = "accounts/a/deployments/d"
+UUID = "3f2b8c1e-6d0a-4e6b-9a55-0c1d2e3f4a5b"  # CoreWeave names deployments by UUID
 
 
 def setup_files(pytester):
@@ -55,16 +56,49 @@ CASES = {
     "NaN logprob tolerance": (["--rl-logprob-tolerance=nan"], "--rl-logprob-tolerance must be positive"),
     "no numerics tokens": (["--rl-numerics-tokens=0"], "--rl-numerics-tokens must be positive"),
     "route agreement above 1": (["--rl-min-route-agreement=99"], "--rl-min-route-agreement is a fraction in [0, 1]"),
-    "a live CoreWeave deployment": (
+    "CoreWeave without its UUID": (
         ["--rl-engine=coreweave", "--rl-base-url=http://x", "--rl-model=m", "--rl-api-key=k"],
-        "a live CoreWeave deployment (control-plane URL and key) is not supported yet",
+        "--rl-engine=coreweave: also pass --rl-deployment=<the deployment's UUID>",
     ),
+    "CoreWeave named like Fireworks": (
+        ["--rl-engine=coreweave", f"--rl-deployment={ACCOUNT}", "--rl-base-url=http://x", "--rl-model=m"],
+        "is not a CoreWeave deployment's UUID",
+    ),
+    "CoreWeave without its hot-load key": (
+        [f"--rl-deployment={UUID}", "--rl-base-url=http://x", "--rl-model=m", "--rl-api-key=k"],
+        f"--rl-deployment {UUID} (CoreWeave): set COREWEAVE_API_KEY",
+    ),
+    "CoreWeave without its gateway": (
+        [f"--rl-deployment={UUID}", "--rl-model=m"],
+        "also pass --rl-base-url (the deployment's OpenAI-compatible gateway)",
+    ),
+    "a control plane for another engine": (
+        ["--rl-engine=vllm", "--rl-base-url=http://x", "--rl-control-url=http://y", "--rl-model=m"],
+        "--rl-control-url is CoreWeave's hot-load API",
+    ),
+    "a control plane for the bundled deployment": (["--rl-control-url=http://y"], "describe a live deployment"),
 }
+
+
+def test_recording_coreweave_with_two_keys_is_refused(pytester, monkeypatch):
+    """A cassette keeps one key out of what it holds: two keys would leave one to chance."""
+    monkeypatch.setenv("COREWEAVE_API_KEY", "the-hot-load-key")
+    pytester.makepyfile(test_user="def test_x(rl_deployment): pass")
+    result = pytester.runpytest_inprocess(f"--rl-deployment={UUID}", "--rl-base-url=http://x", "--rl-model=m",
+                                          "--rl-api-key=the-gateway-key", "--rl-record=rec")  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert errors == ["ERROR: --rl-record: recording a CoreWeave deployment whose gateway and hot-load API have "
+                      "different keys is not supported"], result.errlines  # fmt: skip
+    assert not any(
+        "the-hot-load-key" in line or "the-gateway-key" in line for line in result.outlines + result.errlines
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_misconfiguration_ends_the_run_before_collection(pytester, monkeypatch, case):
     monkeypatch.delenv("FIREWORKS_API_KEY", raising=False)
+    monkeypatch.delenv("COREWEAVE_API_KEY", raising=False)
     setup_files(pytester)
     pytester.makepyfile(test_user="def test_x(rl_deployment): pass")
     args, message = CASES[case]

@@ -20,18 +20,13 @@ DRIVERS: dict[str, type[Driver]] = {
 }
 
 
-def driver_for(
-    engine: Engine, client: DeploymentClient, *, bucket: str | None = None, deployment: str | None = None
-) -> Driver:
+def driver_for(engine: Engine, client: DeploymentClient, *, bucket: str | None = None) -> Driver:
     """The driver of `engine` over `client`; `bucket` is where the engine reads snapshots from
-    (a directory the server sees), for engines whose load API takes a path; `deployment` the
-    deployment's ID, for engines whose control plane serves many (CoreWeave)."""
+    (a directory the server sees), for engines whose load API takes a path."""
     if engine == "vllm":
         return VLLMDriver(client, bucket=bucket)
     if engine == "sglang":
         return SGLangDriver(client, bucket=bucket)
-    if engine == "coreweave":
-        return CoreWeaveDriver(client, deployment=deployment)
     return DRIVERS[engine](client)
 
 

@@ -13,8 +13,11 @@ through CoreWeave's hot-load API, sampled through its OpenAI-compatible gateway.
   the hot-load status's shape: READY is `readiness`, `currentSnapshotIdentity` the identity,
   ERROR a failed load (`loading_state.stage` 'error' with the replica's `errorReason`).
 - Inference: the gateway's `/v1/completions` and `/v1/chat/completions` (vLLM behind NVIDIA
-  Dynamo), read as vLLM's legacy answers; the isolation key becomes `nvext.cache_salt`.
-  No policy version is said on completions (none is documented).
+  Dynamo), read as vLLM's legacy answers (cached tokens in `usage.prompt_tokens_details` where
+  the gateway reports them); the isolation key becomes `nvext.cache_salt` (Dynamo's cache
+  namespace). No policy version is said on completions (none is documented).
+- Two hosts, two keys: the hot-load API is the target's control plane (`--rl-control-url`,
+  `COREWEAVE_API_KEY`), the gateway its base URL and API key.
 """
 
 from __future__ import annotations
@@ -43,16 +46,15 @@ class CoreWeaveDriver(Driver):
     reading = VLLM_READING
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
 
-    def __init__(self, client: DeploymentClient, *, deployment: str | None = None, control_url: str | None = None):
+    def __init__(self, client: DeploymentClient):
         super().__init__(client)
-        self.deployment = deployment  # the deployment's UUID
-        self.control_url = (control_url or client.target.base_url).rstrip("/")
+        self.deployment = client.target.deployment  # the deployment's UUID
         self.targets: dict[str, str] = {}  # hot-load id -> the identity it loads
         self.newest: str | None = None  # the id of the newest hot-load
 
     def _control(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
-        sent = self.client.auth_headers() | (headers or {})
-        return self.client.request(method, f"{self.control_url}{PREFIX}{path}", headers=sent, **kw)
+        sent = self.client.control_headers() | (headers or {})
+        return self.client.request(method, f"{self.client.target.control_base}{PREFIX}{path}", headers=sent, **kw)
 
     # ----------------------------------------------------------------------- inference
 

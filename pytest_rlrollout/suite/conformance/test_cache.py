@@ -119,7 +119,8 @@ CELLS.append(pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=cl
 
 def session_on(rl_deployment, host, name):
     """Headers of a session nobody used yet that lands on replica `host`."""
-    if rl_deployment.capabilities.replicas == 1:
+    # CoreWeave lists replicas per hot-load: before the first one, discovery counted none
+    if (rl_deployment.capabilities.replicas or len(rl_deployment.replicas())) == 1:
         return rl_deployment.session(f"{name}-fresh")
     if host is None:
         inconclusive("several replicas and no fireworks-backend-host header: a new session may land anywhere")
@@ -148,8 +149,9 @@ def primed(rl_deployment, name):
 def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy, who, reuse):
     name = f"{request.node.name}-{rl_deployment.serving()}"
     prompt, owner, host = primed(rl_deployment, name)
-    headers = owner if who == "same" else session_on(rl_deployment, host, name)
     rl_swap("matrix", **({} if policy is None else {"reset_prompt_cache": policy}))
+    # a new session is found after the swap (its probes share no prefix with the prompt)
+    headers = owner if who == "same" else session_on(rl_deployment, host, name)
     after = ask(rl_deployment, prompt, headers)
     landed = after.headers.get("fireworks-backend-host")
     if host is not None and landed is not None and landed != host:

@@ -135,7 +135,7 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
         "no API key": ({"Authorization": ""}, (401, 403)),
         "wrong API key": ({"Authorization": "Bearer not-the-key"}, (401, 403)),
     }
-    if rl_deployment.target.deployment is not None:  # a deployment addressed by name: wrong names too
+    if rl_deployment.target.by_name:  # a deployment addressed by name: wrong names too
         bad |= {
             "wrong deployment": ({"fireworks-deployment": "accounts/nobody/deployments/nothing"}, range(400, 500)),
             "wrong model": ({"fireworks-model": "accounts/nobody/models/nothing"}, range(400, 500)),

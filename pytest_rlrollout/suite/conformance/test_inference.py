@@ -175,7 +175,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_requests_get_4xx_json(rl_deployment, rl_observe, case):
     make, by_name = MALFORMED[case]
-    if by_name and rl_deployment.target.deployment is None:
+    if by_name and not rl_deployment.target.by_name:
         not_applicable(f"only a deployment addressed by name (--rl-deployment) must refuse {case}")
     try:
         r = rl_deployment.post_inference(make(rl_deployment))

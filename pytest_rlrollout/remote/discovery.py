@@ -100,7 +100,7 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
     if engine == "fireworks":
         _fireworks_names(t, status, hot_load_api, control_plane)
     if engine == "coreweave":
-        _coreweave_names(t, hot_loads if hot_loads is not None else _coreweave_control(client))
+        _coreweave_names(t, hot_loads if hot_loads is not None else _coreweave_control(client), decided)
     client.target = _with_engine(t, engine)
     _inference_answers(client)
     return engine, decided
@@ -142,10 +142,10 @@ def _lists_hot_loads(r: httpx.Response) -> bool:
     return r.status_code == 200 and isinstance((json_object(r) or {}).get("hotLoads"), list)
 
 
-def _coreweave_names(t: Target, hot_loads: httpx.Response) -> None:
+def _coreweave_names(t: Target, hot_loads: httpx.Response, decided: str) -> None:
     said = f"GET {t.control_base}{COREWEAVE_HOT_LOADS}: HTTP {hot_loads.status_code} {_excerpt(hot_loads)}"
     if t.deployment is None:
-        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API: pass --rl-deployment=<the deployment's UUID> "
+        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
                              "and set COREWEAVE_API_KEY (--rl-control-url where the hot-load API has a host of its own)")  # fmt: skip
     if hot_loads.status_code in (401, 403):
         raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")

@@ -2,6 +2,7 @@
 test, with pytest's usage-error exit code (4) and one message saying what to fix, in seconds.
 Against the reference deployment, a real HTTP server in this process."""
 
+import re
 import socket
 import time
 
@@ -60,3 +61,42 @@ def test_preflight_prints_the_engine_and_capabilities(pytester, dep):
         "  hot_load_api*yes*replica(s) in the status",
         "  backend_host*yes*fireworks-backend-host: *",
     ])  # fmt: skip
+
+
+# dialect -> (how the run names it, the probe that must decide, as `decided` says it)
+AUTO = {
+    "fireworks": ("by name", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"),
+    "vllm": ("by URL", "auto: GET /version answers vLLM 0.32.0"),
+    "sglang": ("by URL", "auto: GET /model_info answers SGLang's weight_version 'default'"),
+    "coreweave": ("by UUID", "auto: GET {base}/v1alpha1/inference/hotLoads answers CoreWeave's hot-load list"),
+    "coreweave-one-host": ("by URL", "auto: GET /v1alpha1/inference/hotLoads answers CoreWeave's hot-load list"),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(AUTO))
+def test_auto_recognises_each_dialect_and_names_the_probe(tmp_path, dialect):
+    """--rl-engine=auto decides from what answers, asks nothing that changes state, and says
+    which probe decided; a CoreWeave deployment named by its UUID is asked on the control plane
+    it names (with that plane's key), one known by its URL alone where the URL answers both."""
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.discovery import PreflightError, preflight
+
+    engine = dialect.removesuffix("-one-host")
+    naming, decided = AUTO[dialect]
+    settings = {"control_api_key": "the-hot-load-key"} if dialect == "coreweave" else {}
+    with reference_deployment(tmp_path, engine=engine, api_key="k", **settings) as dep:
+        target = {
+            "by name": Target(dep.name, dep.base_url, dep.model, "k"),
+            "by URL": Target(None, dep.base_url, dep.model, "k", engine="openai"),
+            "by UUID": Target(dep.settings.deployment_id, dep.base_url, dep.model, "k", engine="coreweave",
+                              control_url=dep.base_url, control_key="the-hot-load-key"),  # fmt: skip
+        }[naming]
+        with DeploymentClient(target) as client:
+            if dialect == "coreweave-one-host":  # recognised; judged once named by its UUID
+                with pytest.raises(PreflightError, match=re.escape(f"({decided}): pass --rl-deployment=<the")):
+                    preflight(client, None)
+            else:
+                assert preflight(client, None) == (engine, decided.format(base=dep.base_url))
+                assert client.target.engine == engine
+        assert all(method == "GET" or "/completions" in path for method, path in dep.deployment.requests)

@@ -89,8 +89,15 @@ def test_auto_recognises_each_dialect_and_names_the_probe(tmp_path, dialect):
         target = {
             "by name": Target(dep.name, dep.base_url, dep.model, "k"),
             "by URL": Target(None, dep.base_url, dep.model, "k", engine="openai"),
-            "by UUID": Target(dep.settings.deployment_id, dep.base_url, dep.model, "k", engine="coreweave",
-                              control_url=dep.base_url, control_key="the-hot-load-key"),  # fmt: skip
+            "by UUID": Target(
+                dep.settings.deployment_id,
+                dep.base_url,
+                dep.model,
+                "k",
+                engine="coreweave",
+                control_url=dep.base_url,
+                control_key="the-hot-load-key",
+            ),
         }[naming]
         with DeploymentClient(target) as client:
             if dialect == "coreweave-one-host":  # recognised; judged once named by its UUID

@@ -88,3 +88,18 @@ def test_the_suite_judges_transformers_serve_as_an_openai_server(pytester, trans
     assert got["CACHE-HIT-1"] == got["CACHE-RPT-1"] == "unsupported"  # it reports no cached tokens
     # nothing was judged on the suite's own snapshots
     assert not [c for c in got if c.startswith("SNAP") and got[c] != "not-applicable"]
+
+
+def test_its_fails_reproduce_outside_the_suite(transformers_serve):
+    """The second observation of each fail, as curl would make it (plain httpx, none of the
+    suite's client, reader or SSE decoder): the raw stream has no `data: [DONE]`, and a negative
+    max_tokens or a string temperature gets a 500 with no JSON error."""
+    url, model = transformers_serve
+    body = {"model": model, "prompt": "Hello", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        raw = b"".join(r.iter_raw())
+    assert r.status_code == 200 and raw.count(b"data: {") >= 1, raw[:300]
+    assert b"[DONE]" not in raw, raw[-300:]  # INF-SSE-1: a stream that just stops
+    for bad in ({"max_tokens": -1}, {"max_tokens": 1, "temperature": "hot"}):  # INF-ERR-1
+        r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "Hello", **bad}, timeout=60)
+        assert r.status_code == 500, (bad, r.status_code, r.text[:200])

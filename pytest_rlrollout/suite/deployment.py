@@ -71,6 +71,7 @@ class RLDeployment:
         self._local = local  # the bundled reference deployment, when it runs in this process
         self.discovery: Discovery | None = None  # what it is and offers; set before any test
         self.run_id = "run"  # unique per run (the recording's in replay); set before any test
+        driver.served_config = self.base_config
 
     @property
     def target(self) -> Target:

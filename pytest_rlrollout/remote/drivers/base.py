@@ -74,6 +74,9 @@ class Driver(ABC):
 
     def __init__(self, client: DeploymentClient):
         self.client = client
+        # the served model's config.json, when the run has a local copy (--rl-base-snapshot):
+        # engines whose routing rows cover every hidden layer keep the MoE layers' by it
+        self.served_config: dict[str, Any] | None = None
 
     @property
     def target(self) -> Target:

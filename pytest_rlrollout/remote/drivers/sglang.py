@@ -17,7 +17,9 @@ deployment's SGLang dialect, whose shapes follow the same sources.
   `return_prompt_token_ids`, `cache_salt`, `return_routed_experts`); chat to
   `/v1/chat/completions`. The native answer's `meta_info` says the label (`weight_version`), the
   spans of the finished output (`weight_versions`), the cached tokens, the token logprobs
-  `[logprob, id, text]` and the routed experts (base64 int32 `[positions, layers, k]`, no header).
+  `[logprob, id, text]` and the routed experts (base64 int32 `[positions, num_hidden_layers, k]`,
+  no header; a dense layer's values are 0: with the served config known, only the MoE layers'
+  values make the contract's matrices, as the contract decides for such engines).
   Streamed, every chunk repeats the output so far (SGLang's default): `SGLangReading.chunk` lays
   each chunk out as the contract's (`choices[0]` with the new text and ids, `usage` at the end).
 - Pause: `POST /pause_generation {"mode": abort | in_place | retract}` (the contract's abort,
@@ -32,12 +34,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_rlrollout.contract.moe import moe_layers
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
 from pytest_rlrollout.remote.drivers.vllm import VLLMReading, bound, labelled_status, lay_routing
@@ -84,6 +87,19 @@ def _entries(rows: Any) -> list[dict[str, Any]]:
     return out
 
 
+def moe_columns(config: Mapping[str, Any] | None, width: int | None) -> tuple[int, ...] | None:
+    """The values of a routed_experts row that belong to MoE layers, when the row covers every
+    hidden layer (SGLang's capture buffer is num_hidden_layers deep; a dense layer routes nothing
+    and its values stay 0); None when the config is unknown or the row has another width."""
+    layers = moe_layers(config or {})
+    if not config or not layers or width is None:
+        return None
+    hidden, k = config.get("num_hidden_layers"), config.get("num_experts_per_tok")
+    if not isinstance(hidden, int) or not isinstance(k, int) or width != hidden * k or len(layers) == hidden:
+        return None
+    return tuple(layer * k + j for layer in layers for j in range(k))
+
+
 def routed_rows(value: Any, width: int | None) -> np.ndarray | None:
     """SGLang's routed_experts, base64 of int32 with no header, as rows of `width` (layers * k)
     values, one per fed position; None when absent, when the width is unknown, or when the array
@@ -106,9 +122,11 @@ class SGLangReading(VLLMReading):
     """Where SGLang's native answers say what the contract talks about (see the module's doc):
     chunks laid out with `choices` and `usage`; entries from the last chunk's cumulative
     `input_token_logprobs` and `output_token_logprobs`; versions from the finished chunk's spans,
-    else each chunk's `weight_version`. `width`: the values of one routed_experts row."""
+    else each chunk's `weight_version`. `width`: the values of one routed_experts row; `keep`:
+    those of MoE layers, where the row covers dense layers too (the matrices are the MoE layers')."""
 
     width: int | None = None
+    keep: tuple[int, ...] | None = None
 
     def chunk(self, doc: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:
         if "meta_info" not in doc or "choices" in doc:
@@ -151,6 +169,8 @@ class SGLangReading(VLLMReading):
         generated = sum(len(_list(c["choices"][0].get("token_ids"))) for c in chunks if c.get("choices"))
         size = meta.get("prompt_tokens")
         rows = routed_rows(meta.get("routed_experts"), self.width)
+        if rows is not None and self.keep is not None:
+            rows = rows[:, list(self.keep)]
         if rows is not None and isinstance(size, int) and 0 < generated <= len(out):
             lay_routing(out, rows, size, generated)
         return out
@@ -222,7 +242,8 @@ class SGLangDriver(Driver):
                                         reading=self.reading)  # fmt: skip
         native = native_body(body, salt)
         width = self.row_width() if body.get("include_routing_matrix") else None
-        reading = SGLangReading(echo=bool(body.get("echo") and body.get("stream")), width=width)
+        reading = SGLangReading(echo=bool(body.get("echo") and body.get("stream")), width=width,
+                                keep=moe_columns(self.served_config, width))  # fmt: skip
         return self.client.complete(native, headers=headers, on_chunk=on_chunk, on_status=on_status,
                                     url=self._url(GENERATE), reading=reading)  # fmt: skip
 

@@ -124,8 +124,9 @@ def add_options(parser: pytest.Parser) -> None:
         "(default: start the bundled reference deployment)")  # fmt: skip
     add("--rl-engine", choices=["auto", *ENGINES],
         help="whose wire the deployment speaks: a Fireworks hot-load deployment, a vLLM server through its RL API "
-             "(VLLM_SERVER_DEV_MODE=1), a plain OpenAI-compatible server, or auto (the default: decided from what "
-             "answers, and said)")  # fmt: skip
+             "(VLLM_SERVER_DEV_MODE=1), an SGLang server through its RL routes, a CoreWeave deployment (hot-load API "
+             "and gateway), a plain OpenAI-compatible server, or auto (the default: decided from what answers, and "
+             "said)")  # fmt: skip
     add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
     add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
     add("--rl-control-url", metavar="URL", help=f"CoreWeave: the hot-load API (default {DEFAULT_CONTROL_URL}; its "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import json
 import threading
 import time
@@ -127,14 +128,29 @@ def _is_deployment_name(name: str | None) -> bool:
     return len(parts) == 4 and parts[0] == "accounts" and parts[2] == "deployments" and all(parts)
 
 
+class WaitEnd(enum.Enum):
+    """How a wait for a snapshot ended; verdicts branch on this, never on the message's words."""
+
+    SERVED = "served"  # every replica serves it
+    UNREADABLE = "unreadable"  # the status answered 200 but its replicas cannot be read (HL-GET-1)
+    FAILED = "failed"  # a replica reported stage 'error' for it
+    STALLED = "stalled"  # some replicas serve it and none is loading any more (a rollout that stopped)
+    TIMED_OUT = "timed out"  # not served everywhere by the deadline
+
+
 @dataclass(frozen=True)
 class Waited:
-    """How a wait for a snapshot ended: served everywhere (`ok`), failed, or out of time."""
+    """How a wait for a snapshot ended (`end`), after how long, the replicas as last read, and
+    what to tell a person when it was not served (`error`)."""
 
-    ok: bool
+    end: WaitEnd
     seconds: float
     replicas: list[dict[str, Any]]
     error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.end is WaitEnd.SERVED
 
 
 class ExchangeFailed(httpx.TransportError):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_rlrollout.remote.client import loading_state
+from pytest_rlrollout.remote.client import WaitEnd, loading_state
 from pytest_rlrollout.remote.fingerprint import Continuation, FingerprintError, continuation
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
@@ -326,9 +326,9 @@ def expect_loaded(result: SwapResult, *, own: bool = False) -> None:
     assert w is not None
     if w.ok:
         return
-    if "(HL-GET-1)" in (w.error or ""):
+    if w.end is WaitEnd.UNREADABLE:
         inconclusive(f"the status cannot be read, so the load cannot be followed: {w.error}")
-    if not own and "rollout stopped" in (w.error or ""):
+    if not own and w.end is WaitEnd.STALLED:
         inconclusive(f"{w.error} (see HL-GET-2)")
     raise AssertionError(f"{result.built.identity} was not served on every replica: {w.error}; {w.replicas}")
 

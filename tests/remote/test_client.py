@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.drivers import FireworksDriver
+from pytest_rlrollout.remote.client import DeploymentClient, Target, WaitEnd
+from pytest_rlrollout.remote.drivers import FireworksDriver, Status
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.snapshot import build, tiny_moe
 
@@ -83,9 +83,45 @@ def test_wait_reports_a_failed_load_and_a_deadline(start, bucket):
         assert c.hot_load({"identity": "step-1"}).status_code == 200
         (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")
         failed = FireworksDriver(c).wait("step-1", timeout=20, poll=0.01)
-        assert not failed.ok and "step-1" not in c.served_identities()
+        assert failed.end is WaitEnd.FAILED and not failed.ok and "step-1" not in c.served_identities()
         never = FireworksDriver(c).wait("never-signalled", timeout=0.2, poll=0.01)
-        assert not never.ok and "within" in never.error
+        assert never.end is WaitEnd.TIMED_OUT and not never.ok and "within" in never.error
+
+
+def replica(identity, stage="ready"):
+    return {"name": identity, "readiness": True, "current_snapshot_identity": identity,
+            "loading_state": {"stage": stage, "target_snapshot_identity": "new"}}  # fmt: skip
+
+
+class Scripted(FireworksDriver):
+    """A driver whose status reads are given: each wait ending from what the replicas say."""
+
+    def __init__(self, reads):
+        super().__init__(DeploymentClient(Target(None, "http://x", "m", "", engine="openai")))
+        self.reads = iter(reads)
+
+    def status(self, *, headers=None):
+        import httpx
+
+        replicas, problems = next(self.reads)
+        return Status(httpx.Response(200), replicas, problems)
+
+
+@pytest.mark.parametrize(
+    ("reads", "end"),
+    [
+        ([([replica("old")], []), ([replica("new"), replica("new")], [])], WaitEnd.SERVED),
+        ([([], ["GET status: no 'replicas' list"])], WaitEnd.UNREADABLE),
+        ([([replica("new"), replica("old", "error")], [])], WaitEnd.FAILED),
+        ([([replica("new"), replica("old")], [])] * 1000, WaitEnd.STALLED),
+    ],
+    ids=["served", "unreadable", "failed", "stalled"],
+)
+def test_each_wait_ending_is_typed(reads, end):
+    """Verdicts branch on how a wait ended, never on its message's words."""
+    waited = Scripted(reads).wait("new", timeout=5, poll=0.001, stalled_after=0.01)
+    assert waited.end is end and waited.ok == (end is WaitEnd.SERVED)
+    assert (waited.error is None) == waited.ok
 
 
 def test_streams_are_parsed_into_contract_terms(dep):

@@ -4,6 +4,7 @@ in another process, and runnable from a wheel in a fresh virtual environment."""
 
 import json
 import re
+import site
 import subprocess
 import sys
 import venv
@@ -172,8 +173,13 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
                     str(ROOT)], check=True, timeout=600)  # fmt: skip
     wheel = next(dist.glob("pytest_rlrollout-*.whl"))
     env_dir = tmp_path / "venv"
-    # dependencies come from this interpreter's site-packages; the package itself only from the wheel
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    # dependencies come from the running interpreter's site-packages, the package itself only from
+    # the wheel. Not system_site_packages: inside a virtualenv that is the base interpreter's, which
+    # has not what this one has installed. A path line in a .pth is appended after the venv's own
+    # site-packages, and the .pth files found there are not run (an editable install stays out).
+    venv.create(env_dir, with_pip=True)
+    running = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (next(env_dir.glob("lib/python3*/site-packages")) / "running-interpreter.pth").write_text("\n".join(running) + "\n")
     py = env_dir / "bin" / "python"
     subprocess.run([py, "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=600)
     outside = tmp_path / "elsewhere"

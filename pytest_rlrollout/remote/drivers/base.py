@@ -135,7 +135,7 @@ class Driver(ABC):
         200 whose replicas cannot be read ends the wait (HL-GET-1). With `stalled_after`, also
         give up once some replicas serve it and no replica has been loading for that long (a
         rollout that stopped part-way)."""
-        from pytest_rlrollout.remote.client import FIRST_POLL, Waited, busy, serves
+        from pytest_rlrollout.remote.client import FIRST_POLL, Waited, WaitEnd, busy, serves
 
         replicas: list[dict[str, Any]] = []
         stalled_since: float | None = None
@@ -144,22 +144,22 @@ class Driver(ABC):
             if status.response.status_code != 200:
                 continue
             if not status.replicas and status.problems:
-                return Waited(False, elapsed, [], f"{'; '.join(status.problems)} (HL-GET-1)")
+                return Waited(WaitEnd.UNREADABLE, elapsed, [], f"{'; '.join(status.problems)} (HL-GET-1)")
             replicas = status.replicas
             if progress is not None:
                 progress(replicas)
             if replicas and all(serves(x, identity, lora) for x in replicas):
-                return Waited(True, elapsed, replicas)
+                return Waited(WaitEnd.SERVED, elapsed, replicas)
             for x in replicas:
                 state = as_object(x.get("loading_state"))
                 if state.get("stage") == "error" and state.get("target_snapshot_identity") == identity:
-                    return Waited(False, elapsed, replicas, str(state.get("error") or "load failed"))
+                    return Waited(WaitEnd.FAILED, elapsed, replicas, str(state.get("error") or "load failed"))
             partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
             stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
             if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
                 behind = [x.get("current_snapshot_identity") for x in replicas if not serves(x, identity, lora)]
-                return Waited(False, elapsed, replicas, f"the rollout stopped: replicas still serve {behind}")
-        return Waited(False, timeout, replicas, f"not served within {timeout} s")
+                return Waited(WaitEnd.STALLED, elapsed, replicas, f"the rollout stopped: replicas still serve {behind}")
+        return Waited(WaitEnd.TIMED_OUT, timeout, replicas, f"not served within {timeout} s")
 
     # ----------------------------------------------------------------------- changing what is served
 

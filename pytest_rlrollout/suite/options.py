@@ -8,7 +8,6 @@ before collection with one message.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -362,13 +361,12 @@ def _gate_options(config: pytest.Config) -> dict[str, Any]:
     get = config.getoption
     signal = None
     if get("rl_signal"):
-        path = Path(get("rl_signal"))
-        try:
-            signal = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            _usage(f"--rl-signal {path}: cannot read a JSON body ({e})")
-        if not isinstance(signal, dict):
-            _usage(f"--rl-signal {path}: a hot-load signal is a JSON object, not {type(signal).__name__}")
+        from pytest_rlrollout.snapshot.validate import load_signal
+
+        try:  # read as untrusted: a regular file, bounded in size and in JSON depth
+            signal = load_signal(get("rl_signal"))
+        except (OSError, ValueError) as e:
+            _usage(f"--rl-signal: cannot read a JSON body ({e})")
     return dict(
         snapshot=_directory(get("rl_snapshot"), "--rl-snapshot"),
         parent=_directory(get("rl_parent"), "--rl-parent"),

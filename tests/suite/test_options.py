@@ -14,6 +14,7 @@ def setup_files(pytester):
     (pytester.path / "empty-session").mkdir()
     (pytester.path / "empty-session" / "_session.json").write_text("[1, 2]")
     (pytester.path / "signal.json").write_text("{not json")
+    (pytester.path / "list.json").write_text("[1, 2]")
     (pytester.path / "base").mkdir()
     (pytester.path / "base" / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
 
@@ -51,6 +52,11 @@ CASES = {
     "live options without a deployment": (["--rl-model=m"], "also pass --rl-deployment"),
     "snapshot that is not a directory": (["--rl-snapshot=nowhere"], "--rl-snapshot nowhere: not a directory"),
     "signal that is not JSON": (["--rl-snapshot=base", "--rl-signal=signal.json"], "cannot read a JSON body"),
+    "signal that is not an object": (
+        ["--rl-snapshot=base", "--rl-signal=list.json"],
+        "a hot-load signal is a JSON object",
+    ),
+    "signal that is not a file": (["--rl-snapshot=base", "--rl-signal=base"], "--rl-signal: cannot read a JSON body"),
     "negative swap timeout": (["--rl-swap-timeout=-1"], "--rl-swap-timeout must be positive"),
     "zero fingerprint tolerance": (["--rl-fingerprint-tolerance=0"], "--rl-fingerprint-tolerance must be positive"),
     "NaN logprob tolerance": (["--rl-logprob-tolerance=nan"], "--rl-logprob-tolerance must be positive"),

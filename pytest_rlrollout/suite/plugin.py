@@ -31,9 +31,11 @@ pytest_plugins = [
     "pytest_rlrollout.suite.gate",
 ]
 
+# fixtures whose users change what the deployment serves: their tests are rl_swaps tests
+STATEFUL = frozenset({"rl_swap"})
 MARKERS = (
     "rl_clause(*ids): the contract clauses a test judges (IDs from `rlrollout clauses`)",
-    "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets)",
+    "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets); implied by the rl_swap fixture",
     "rl_requires(*capabilities): optional features the test needs",
     "rl_breaks: the test signals a snapshot that may leave the deployment unable to serve; it runs after the others",
 )
@@ -109,6 +111,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda i: i.get_closest_marker("rl_breaks") is not None)
     cat = catalogue()
     for item in items:
+        # a test given the means to change the deployment changes it: exclusive, and only with
+        # --rl-allow-hot-load on a live deployment (no marker to forget)
+        if STATEFUL & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("rl_swaps") is None:
+            item.add_marker(pytest.mark.rl_swaps)
         for mark in item.iter_markers("rl_clause"):
             unknown = [c for c in mark.args if c not in cat]
             if unknown or not mark.args:

@@ -91,3 +91,26 @@ def test_the_fixture_api_is_explicit_and_typed():
         assert inspect.signature(getattr(RLDeployment, name)).return_annotation != inspect.Signature.empty, name
     target = Target("accounts/a/deployments/d", "http://x", "m", "sk-secret-123")
     assert "sk-secret-123" not in repr(target) and "sk-secret-123" not in str(target.api_key)
+
+
+def test_rl_swap_implies_the_rl_swaps_marker(pytester, dep):
+    """A test that requests `rl_swap` changes the deployment: read-only, it is inconclusive saying
+    so, with no marker written by hand; a test that does not keeps running."""
+    pytester.makepyfile(
+        test_user="""
+def test_swapping(rl_swap, request):
+    assert request.node.get_closest_marker("rl_swaps") is not None
+    raise AssertionError("a read-only run must not get here")
+
+
+def test_reading(rl_deployment, request):
+    assert request.node.get_closest_marker("rl_swaps") is None
+"""
+    )
+    result = pytester.runpytest_inprocess(f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}",
+                                          f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}", "-rs")  # fmt: skip
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*inconclusive: read-only: pass --rl-allow-hot-load*"])
+    local = pytester.runpytest_inprocess("-k", "swapping")
+    local.assert_outcomes(failed=1)  # locally it runs (and reaches the assertion after the marker check)
+    local.stdout.fnmatch_lines(["*a read-only run must not get here*"])

@@ -143,7 +143,6 @@ def primed(rl_deployment, name):
     return prompt, owner, second.headers.get("fireworks-backend-host")
 
 
-@pytest.mark.rl_swaps
 @requires("cached_tokens")
 @pytest.mark.parametrize(("cell", "policy", "who", "reuse"), CELLS)
 def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy, who, reuse):
@@ -162,7 +161,6 @@ def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy,
     rl_observe(1, f"{who}-session request after a swap with reset_prompt_cache={policy!r}: {n} cached")
 
 
-@pytest.mark.rl_swaps
 @clause("CACHE-NOSESSION-1")
 @requires("cached_tokens")
 def test_no_session_is_a_new_session(rl_deployment, rl_swap, rl_observe):

@@ -250,7 +250,6 @@ def scored(rl_deployment, ids: list[int], isolation: str) -> list[float]:
         inconclusive(f"the prompt's logprobs cannot be read: {e} (see FID-DECODE-1)")
 
 
-@swaps
 @clause("CTL-LABEL-1")
 @requires("logprobs", "echo", "token_id_prompts")
 def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, rl_observe):
@@ -304,7 +303,6 @@ def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_obser
                                f"{f.stream.finish_reason!r}")  # fmt: skip
 
 
-@swaps
 @clause("CTL-CACHE-1")
 @requires("cache_reset", "logprobs", "token_id_prompts", "cached_tokens")
 def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_swap, rl_observe):

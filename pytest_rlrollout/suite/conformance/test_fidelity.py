@@ -30,7 +30,6 @@ from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 clause = pytest.mark.rl_clause
-swaps = pytest.mark.rl_swaps
 scored = pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 LOAD_STREAMS = 3  # FID-BATCH-1: requests decoding beside the one judged
 
@@ -82,7 +81,6 @@ def replicas_agree(s: Sweep, what: str, tolerance: float) -> None:
         )
 
 
-@swaps
 @clause("FID-SAME-1")
 @scored
 def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_swap, fid, rl_observe):
@@ -141,7 +139,6 @@ def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_
                f"max |Δ| {worst:.2g} (changing the experts of {len(experts)} layers moved them by {moved:.2g})")  # fmt: skip
 
 
-@swaps
 @clause("FID-SWAP-1")
 @scored
 def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_swap, fid, rl_observe):
@@ -176,7 +173,6 @@ def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tup
         inconclusive(f"the prompt's logprobs cannot be read: {e} (see R3-ECHO-1)")
 
 
-@swaps
 @clause("FID-CACHE-1")
 @pytest.mark.rl_requires("logprobs", "token_id_prompts", "cached_tokens")
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_observe):

@@ -126,7 +126,6 @@ def test_status_has_loading_state(rl_deployment, rl_observe):
 # --------------------------------------------------------------------------- signals
 
 
-@swaps
 @clause("HL-AUTH-1")
 @pytest.mark.rl_requires("auth")
 def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap, rl_observe):
@@ -151,7 +150,6 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
     never_served(rl_deployment, built.identity, before, rl_observe)
 
 
-@swaps
 @clause("HL-POST-1")
 def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap, rl_observe):
     built = rl_snapshot_factory.full("post-1")
@@ -165,7 +163,6 @@ def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, 
     rl_observe(1, f"full snapshot signal answered 200 {result.response.text[:80]}")
 
 
-@swaps
 @clause("HL-POST-2")
 def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2")
@@ -174,7 +171,6 @@ def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
     rl_observe(1, "signal with an unknown field refused 400")
 
 
-@swaps
 @clause("HL-POST-2a")
 def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2a")
@@ -185,7 +181,6 @@ def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
     rl_observe(1, "400 naming the field with the documented wording")
 
 
-@swaps
 @clause("HL-POST-3")
 def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-3")
@@ -204,7 +199,6 @@ def signal_accepted(rl_swap, label: str, reset_prompt_cache) -> None:
     assert r.status_code == 200, f"reset_prompt_cache={reset_prompt_cache!r}: {r.status_code} {r.text[:200]}"
 
 
-@swaps
 @clause("HL-POST-3a")
 def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
     for value in (True, False):
@@ -222,7 +216,6 @@ def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
     rl_observe(len(identities), "identities that are not one path segment refused 4xx")
 
 
-@swaps
 @clause("SNAP-ID-1")
 def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("nested")
@@ -245,7 +238,6 @@ def _variants():
     ]
 
 
-@swaps
 @breaks
 @clause("HL-POST-5")
 @pytest.mark.parametrize("violated", _variants())
@@ -278,7 +270,6 @@ def test_violating_snapshot_is_never_served(
     still_serves(rl_deployment, weights, rl_observe)
 
 
-@swaps
 @clause("HL-POST-5a")
 def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     key = numeric_key(rl_deployment)
@@ -294,7 +285,6 @@ def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot
 # --------------------------------------------------------------------------- loading
 
 
-@swaps
 @clause("HL-GET-2")
 def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_observe):
     result = rl_swap.signal(rl_swap.build("get-2"))
@@ -305,7 +295,6 @@ def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_obser
     rl_observe(len(replicas), f"replicas ready and serving {result.built.identity}")
 
 
-@swaps
 @clause("HL-GET-2")
 @pytest.mark.rl_requires("lora")
 def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
@@ -335,7 +324,6 @@ def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_sn
         rl_observe(1, f"refusal saying {wording!r}")
 
 
-@swaps
 @clause("HL-CONFIG-2")
 def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     key = numeric_key(rl_deployment)
@@ -345,7 +333,6 @@ def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_s
         rl_observe(1, f"snapshot differing in {field} loaded with extra_fields_ignore")
 
 
-@swaps
 @clause("HL-LEDGER-1")
 @pytest.mark.rl_requires("ledger")
 def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
@@ -364,7 +351,6 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     rl_observe(1, "full snapshot loaded after the reset")
 
 
-@swaps
 @clause("HL-HINT-1")
 @pytest.mark.rl_requires("hint")
 def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_observe):
@@ -383,7 +369,6 @@ def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_obser
 # it runs with the breaking tests, after every other test (last of them: last in the module).
 
 
-@swaps
 @breaks
 @clause("HL-GET-3")
 def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):

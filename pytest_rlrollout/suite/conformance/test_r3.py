@@ -214,7 +214,6 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
     rl_observe(cached, "cached prefix positions routed as when computed")
 
 
-@pytest.mark.rl_swaps
 @clause("R3-CHANGE-1")
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):

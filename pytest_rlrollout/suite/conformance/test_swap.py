@@ -15,7 +15,6 @@ from pytest_rlrollout.suite.observe import WHITELIST, across_swap, parting, prob
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 clause = pytest.mark.rl_clause
-swaps = pytest.mark.rl_swaps
 requires = pytest.mark.rl_requires
 
 
@@ -45,7 +44,6 @@ def judge_completion(c, rl_observe) -> None:
     rl_observe(streamed, f"tokens of a stream across the swap, ended {s.finish_reason!r} and [DONE]")
 
 
-@swaps
 @clause("SWAP-ASYNC-1")
 @requires("transition:ASYNC", "logprobs")
 def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
@@ -55,7 +53,6 @@ def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
     judge_completion(c, rl_observe)
 
 
-@swaps
 @clause("SWAP-ASYNC-2")
 @requires("transition:ASYNC", "policy_version")
 def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
@@ -119,7 +116,6 @@ def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
                            f"{c.new} by the spans")  # fmt: skip
 
 
-@swaps
 @clause("SWAP-ASYNC-3")
 @requires("transition:ASYNC")
 def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap, rl_observe):
@@ -134,7 +130,6 @@ def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap, rl_ob
 DRAIN = 0.01  # seconds: the drain timeout the probes carry
 
 
-@swaps
 @clause("SWAP-ASYNC-4")
 @requires("transition:ASYNC")
 def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
@@ -157,7 +152,6 @@ def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
     rl_observe(len(waited), f"requests waiting past a drain timeout of {DRAIN} s, refused 425")
 
 
-@swaps
 @clause("SWAP-SYNC-1")
 @requires("transition:SYNC", "logprobs", "policy_version")
 def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_observe):
@@ -172,7 +166,6 @@ def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_obs
     rl_observe(len(v), f"chunks all naming {c.old}, the snapshot of the stream's start")
 
 
-@swaps
 @clause("SWAP-SYNC-2")
 @requires("transition:SYNC")
 def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_swap, rl_observe):
@@ -190,7 +183,6 @@ def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_sw
     rl_observe(len(judged), "requests refused 425 during the swap and answered 200 on retry")
 
 
-@swaps
 @clause("SWAP-NEW-1")
 @requires("policy_version")
 def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe):
@@ -207,7 +199,6 @@ def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe)
     rl_observe(len(versions), f"chunks of 8 requests after the swap naming {new}")
 
 
-@swaps
 @clause("SWAP-KV-1")
 @requires("logprobs")
 @pytest.mark.parametrize("policy", ["all", "new_session", "none"])

@@ -49,7 +49,6 @@ def test_streamed_chunks_carry_the_served_identity(rl_deployment, rl_observe, ch
     rl_observe(len(s.chunks), f"chunks naming a loaded snapshot ({', '.join(sorted(seen))})")
 
 
-@pytest.mark.rl_swaps
 @clause("VER-STREAM-1")
 @requires("policy_version")
 def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_swap, rl_observe):
@@ -89,7 +88,6 @@ def test_non_streaming_responses_carry_the_version(rl_deployment, rl_observe):
     rl_observe(1, f"non-streaming response naming {version}")
 
 
-@pytest.mark.rl_swaps
 @clause("VER-NONSTREAM-1")
 @requires("nonstream_version")
 def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, rl_observe):
@@ -123,7 +121,6 @@ def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
     rl_observe(n, f"output tokens covered once by {len(spans)} span(s) naming {', '.join(sorted(named))}")
 
 
-@pytest.mark.rl_swaps
 @clause("VER-SPAN-1")
 @requires("policy_version", "logprobs")
 def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_swap, rl_observe):

@@ -1,6 +1,7 @@
-"""What every hostile-input test asserts besides its outcome: bounded wall time and bounded
-memory, and a row for the corpus summary (`build/hostile.{json,md}`: inputs per target, the
-worst time and RSS seen)."""
+"""What every hostile-input test asserts besides its outcome: bounded work (CPU time), no hang
+(wall time within a multiple of the same bound: a machine busy with other tests stretches wall
+time, never CPU time), bounded memory, and a row for the corpus summary (`build/hostile.{json,md}`:
+inputs per target, the worst time and RSS seen)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import psutil
 
 ROWS = Path(__file__).resolve().parents[2] / "build" / "hostile"
 SAMPLE = 0.005  # seconds between RSS samples
+HANG = 3  # wall time past this many times the CPU budget is a hang, however busy the machine
 
 
 class Budget:
     """`with Budget("validator", "nested header", seconds=5, rss_mb=200):` fails the test when
-    the block takes longer than `seconds` or grows this process's RSS by more than `rss_mb`
+    the block uses more than `seconds` of this process's CPU time, lasts more than HANG times
+    that, or grows this process's RSS by more than `rss_mb`
     (sampled every 5 ms: a spike shorter than that can slip through), and records one row.
     `inputs` counts the hostile inputs the block fed (a generator may feed many at once)."""
 
@@ -27,7 +30,7 @@ class Budget:
         self.target, self.case, self.seconds, self.rss_mb, self.inputs = target, case, seconds, rss_mb, inputs
         self._process = psutil.Process()
         self._done = threading.Event()
-        self.elapsed = 0.0
+        self.elapsed = self.cpu = 0.0
         self.peak_mb = 0.0
 
     def __enter__(self) -> Budget:
@@ -35,7 +38,7 @@ class Budget:
         self._peak = self._start_rss
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
-        self._t0 = time.monotonic()
+        self._t0, self._cpu0 = time.monotonic(), time.process_time()
         return self
 
     def _sample(self) -> None:
@@ -44,18 +47,21 @@ class Budget:
 
     def __exit__(self, *exc: object) -> None:
         self.elapsed = time.monotonic() - self._t0
+        self.cpu = time.process_time() - self._cpu0
         self._done.set()
         self._sampler.join()
         self._peak = max(self._peak, self._process.memory_info().rss)
         self.peak_mb = (self._peak - self._start_rss) / 2**20
         self._write_row()
         if exc[0] is None:
-            assert self.elapsed <= self.seconds, f"{self.case}: {self.elapsed:.2f} s > {self.seconds} s"
+            assert self.cpu <= self.seconds, f"{self.case}: {self.cpu:.2f} s of CPU > {self.seconds} s"
+            assert self.elapsed <= HANG * self.seconds, f"{self.case}: {self.elapsed:.2f} s > {HANG} × {self.seconds} s"
             assert self.peak_mb <= self.rss_mb, f"{self.case}: RSS grew {self.peak_mb:.0f} MB > {self.rss_mb} MB"
 
     def _write_row(self) -> None:
         ROWS.mkdir(parents=True, exist_ok=True)
         row = {"target": self.target, "case": self.case, "inputs": self.inputs, "seconds": round(self.elapsed, 3),
+               "cpu_seconds": round(self.cpu, 3),
                "rss_mb": round(self.peak_mb, 1), "pid": os.getpid()}  # fmt: skip
         (ROWS / f"{uuid.uuid4().hex}.json").write_text(json.dumps(row))
 

@@ -22,6 +22,16 @@ _EXPORTS = {
     "Report": "pytest_rlrollout.snapshot.validate",
     "validate": "pytest_rlrollout.snapshot.validate",
     "reference_deployment": "pytest_rlrollout.reference",
+    # for tests of one's own: the fixtures' types, the outcome helpers, the driver protocol
+    "RLDeployment": "pytest_rlrollout.suite.deployment",
+    "not_applicable": "pytest_rlrollout.suite.outcomes",
+    "unsupported": "pytest_rlrollout.suite.outcomes",
+    "inconclusive": "pytest_rlrollout.suite.outcomes",
+    "Driver": "pytest_rlrollout.remote.drivers",
+    "Stream": "pytest_rlrollout.remote.stream",
+    "Target": "pytest_rlrollout.remote.client",
+    "Waited": "pytest_rlrollout.remote.client",
+    "WaitEnd": "pytest_rlrollout.remote.client",
 }
 __all__ = ["__version__", *_EXPORTS]
 

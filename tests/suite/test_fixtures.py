@@ -114,3 +114,24 @@ def test_reading(rl_deployment, request):
     local = pytester.runpytest_inprocess("-k", "swapping")
     local.assert_outcomes(failed=1)  # locally it runs (and reaches the assertion after the marker check)
     local.stdout.fnmatch_lines(["*a read-only run must not get here*"])
+
+
+def test_public_names_at_the_package_top():
+    """What a test of one's own needs is importable from the package itself, each name the one
+    the module that defines it holds, and every fixture the plugin defines is in the README."""
+    import re
+    from pathlib import Path
+
+    import pytest_rlrollout
+    from pytest_rlrollout.suite import outcomes
+    from pytest_rlrollout.suite.deployment import RLDeployment
+
+    assert pytest_rlrollout.RLDeployment is RLDeployment
+    assert pytest_rlrollout.inconclusive is outcomes.inconclusive
+    assert {"not_applicable", "unsupported", "inconclusive", "Driver", "WaitEnd", "validate"} <= set(
+        pytest_rlrollout.__all__
+    )
+    package = Path(pytest_rlrollout.__file__).parent / "suite"
+    fixtures = set(re.findall(r"^def (rl_\w+)\(", "".join(p.read_text() for p in package.glob("*.py")), re.M))
+    readme = (Path(pytest_rlrollout.__file__).parents[1] / "README.md").read_text()
+    assert fixtures and {f for f in fixtures if f"`{f}`" not in readme} == set()

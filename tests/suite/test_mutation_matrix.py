@@ -119,6 +119,10 @@ def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_expe
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
 
 
+# The reset-matrix cells judged on a new session: it must land on the replica holding the prefix.
+ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
+
+
 def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
@@ -172,10 +176,6 @@ ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("firewor
     for f in sorted(switches_for(engine))
     if f not in UNSEEN.get(engine, set())
 ]
-
-
-# The reset-matrix cells judged on a new session: it must land on the replica holding the prefix.
-ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
 
 
 @pytest.fixture

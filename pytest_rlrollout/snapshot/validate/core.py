@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlrollout.contract import Level, Outcome, Verdict, catalogue, schemas
+from pytest_rlrollout.contract.schemas import is_plain_shard_name
 from pytest_rlrollout.snapshot import dtypes, untrusted
 from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC, Kind, SnapshotDir, UnsafePath
@@ -341,6 +342,16 @@ class Subject:
         if not (isinstance(value, dict) and isinstance(value.get("weight_map"), dict)):
             return None
         return {k: v for k, v in value["weight_map"].items() if isinstance(v, str)}
+
+    @cached_property
+    def shards(self) -> dict[str, list[str]]:
+        """The weight_map's plain shard names, each with the tensors it is given (other names are
+        SNAP-INDEX-1's); {} when the index did not load. Grouped once: an index may name 300k files."""
+        by_file: dict[str, list[str]] = defaultdict(list)
+        for tensor, file in (self._weight_map or {}).items():
+            if is_plain_shard_name(file):
+                by_file[file].append(tensor)
+        return dict(by_file)
 
     def tensor_map(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Spec entries as (normalised dtype, shape); malformed entries are left out (SNAP-SPEC-1/2)."""

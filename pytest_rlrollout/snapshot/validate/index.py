@@ -6,7 +6,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import suppress
 
-from pytest_rlrollout.contract.schemas import is_plain_shard_name
 from pytest_rlrollout.snapshot import dtypes, untrusted
 from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import INDEX, SPEC, UnsafePath, group_name, layer_of
@@ -32,11 +31,7 @@ def _index(s: Subject) -> Iterator[Problem]:
     if s.kind == "incremental":
         return  # which diff files must exist is SNAP-INC-1's question
     if isinstance(value, dict) and isinstance(value.get("weight_map"), dict):
-        by_file = defaultdict(list)
-        for tensor, file in value["weight_map"].items():
-            if isinstance(file, str) and is_plain_shard_name(file):
-                by_file[file].append(tensor)
-        for file, tensors in sorted(by_file.items()):
+        for file, tensors in sorted(s.shards.items()):
             try:
                 s.dir.path(file)
             except UnsafePath as e:
@@ -81,14 +76,9 @@ def _index_agrees(s: Subject) -> Iterator[Problem]:
     for file, h in s.headers.items():
         for tensor in h.tensors:
             seen[tensor].append(file)
-    by_file = defaultdict(list)
-    for tensor, file in wm.items():
-        if is_plain_shard_name(file):  # other names are SNAP-INDEX-1's
-            by_file[file].append(tensor)
-    for file, tensors in sorted(by_file.items()):
-        h = s.headers.get(file)
-        if h is None:
-            continue  # a missing file is SNAP-INDEX-1's, an unreadable one SNAP-SAFETENSORS-1's
+    # a missing file is SNAP-INDEX-1's, an unreadable one SNAP-SAFETENSORS-1's: only files read are compared
+    for file in sorted(s.shards.keys() & s.headers.keys()):
+        tensors, h = s.shards[file], s.headers[file]
         absent = [t for t in tensors if t not in h.tensors]
         if absent:
             yield Problem(file, f"weight_map puts {names(absent)} in this file, which does not hold it")

@@ -49,6 +49,19 @@ What SGLang does, as modelled:
   (penalties, min_new_tokens, structured output, several prompts, n > 1, other
   routed_experts_start_len) is refused, never ignored.
 - `GET /v1/models`: SGLang's ModelCard (`owned_by` "sglang", `root` the served model name).
+
+Where it departs from SGLang on purpose, or does not model it (a real server would differ):
+- Errors of the OpenAI routes keep the contract's `{"error": {"message"}}`; SGLang answers them flat
+  (`serving_base.create_error_response`: `{"object": "error", "message", "type", "param",
+  "code"}`), which INF-ERR-1 would fail. Native errors are `{"error": "<str>"}` in vLLM's words;
+  SGLang's schema failures are 400 ErrorResponse, and a streamed bad request gets 200 and an error
+  event. `logprob_start_len` past the prompt is not refused.
+- A request's `model` is checked (404 for another); SGLang does not check it.
+- `sglext.routed_experts` / `return_routed_experts` on the OpenAI routes, `/flush_cache?timeout=`,
+  the update fields `keep_pause`, `is_async`, `load_format`, `--incremental-streaming-output`,
+  `stream_interval`, `no_stop_trim` and `skip_special_tokens=false` are ignored.
+- An output of no tokens has `weight_versions: []` (SGLang: one zero-length span); the radix
+  cache is modelled by blocks of 16 tokens (SGLang caches any prefix).
 """
 
 from __future__ import annotations

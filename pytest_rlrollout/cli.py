@@ -315,7 +315,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} --rl-control-url={dep.base_url}"
                        f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
                        f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
-                       " --rl-long-stream-tokens=64 --rl-swap-timeout=10")  # fmt: skip
+                       # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
+                       # only by outlasting the whole rollout (every replica, one at a time)
+                       " --rl-long-stream-tokens=512 --rl-swap-timeout=10")  # fmt: skip
             named.append(f"environment: COREWEAVE_API_KEY={shown_control}")
             serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
         else:

@@ -93,14 +93,15 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
         engine, decided = "vllm", f"auto: GET /version answers vLLM {version}"
     elif (label := sglang_label(client)) is not None:
         engine, decided = "sglang", f"auto: GET /model_info answers SGLang's weight_version {label!r}"
-    elif coreweave_hot_loads(client):
+    elif _lists_hot_loads(hot_loads := _coreweave_control(client)):  # at the base URL: a server of both
         engine, decided = "coreweave", f"auto: GET {COREWEAVE_HOT_LOADS} answers CoreWeave's hot-load list"
     else:
         engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
     if engine == "fireworks":
         _fireworks_names(t, status, hot_load_api, control_plane)
     if engine == "coreweave":
-        _coreweave_names(t, hot_loads if hot_loads is not None else _coreweave_control(client), decided)
+        assert hot_loads is not None  # asked above on every path that decides coreweave
+        _coreweave_names(t, hot_loads, decided)
     client.target = _with_engine(t, engine)
     _inference_answers(client)
     return engine, decided
@@ -120,20 +121,15 @@ def sglang_label(client: DeploymentClient) -> str | None:
     return label[:80] if isinstance(label, str) else None
 
 
-def coreweave_hot_loads(client: DeploymentClient) -> bool:
-    """Whether CoreWeave's hot-load API answers `GET /v1alpha1/inference/hotLoads` with its list
-    at the base URL (a server of both the control plane and the gateway)."""
-    url = client.target.base_url.rstrip("/") + COREWEAVE_HOT_LOADS
-    return _lists_hot_loads(_get(client, url, client.auth_headers(), "--rl-base-url"))
-
-
 def _coreweave_control(client: DeploymentClient) -> httpx.Response:
-    """The deployment's hot-loads, asked of the control plane with its own key."""
+    """The hot-load list (the deployment's, when it is named), asked of the control plane with its
+    own key; without one, of the base URL with the run's key."""
     t = client.target
     url = t.control_base + COREWEAVE_HOT_LOADS
     option = "--rl-control-url" if t.control_url else "--rl-base-url"
+    params = {"parentDeploymentId": t.deployment} if t.deployment else None
     try:
-        return client.request("GET", url, headers=client.control_headers(), params={"parentDeploymentId": t.deployment})
+        return client.request("GET", url, headers=client.control_headers(), params=params)
     except (httpx.HTTPError, LimitExceeded) as e:
         raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check {option}") from None
 

@@ -37,6 +37,9 @@ class UsageError(Exception):
     """A command-line mistake the user can fix: one line on stderr, exit 2."""
 
 
+BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default key
+
+
 def _size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
     if not m:
@@ -236,6 +239,11 @@ def _stop_on(signum: int, stop: threading.Event, cleanup: contextlib.ExitStack) 
         cleanup.callback(signal.signal, signum, previous)
 
 
+def _shown(key: str | None, option: str) -> str | None:
+    """A key as `serve` prints it: the built-in one is public; one of the user's own never shows."""
+    return key if key in (None, BUILT_IN_KEY) else f"<the {option} you chose>"
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -272,10 +280,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
     options |= {k: v for k, v in given if v is not None}
     if not vllm:
-        options.setdefault("api_key", "rl-reference-key")
+        options.setdefault("api_key", BUILT_IN_KEY)
     # the built-in key is public; a key of the user's own is never echoed
     key = options.get("api_key")
-    shown_key = key if key == "rl-reference-key" else "<the --api-key you chose>"
+    shown_key = _shown(key, "--api-key")
     stop = threading.Event()
     with contextlib.ExitStack() as cleanup:
         # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
@@ -308,7 +316,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         elif args.engine == "coreweave":
             # the gateway and the hot-load API on one host here; a real deployment has two
             control_key = options.get("control_api_key") or key
-            shown_control = control_key if control_key == "rl-reference-key" else "<the --control-api-key you chose>"
+            shown_control = _shown(control_key, "--control-api-key")
             deployment = dep.settings.deployment_id
             named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
                      f"model:      {dep.model}", f"bucket:     {bucket}"]  # fmt: skip

@@ -85,7 +85,7 @@ def test_export_into_a_non_empty_directory_is_refused_and_loses_nothing(referenc
 
 @pytest.mark.parametrize(("text", "value"), [("5GB", 5 * 1024**3), ("512MiB", 512 * 1024**2), ("1000", 1000)])
 def test_sizes(text, value):
-    from pytest_rlrollout.cli import _size
+    from pytest_rlrollout.cli.snapshot_tools import _size
 
     assert _size(text) == value
 
@@ -439,7 +439,7 @@ def test_validate_exit_code_and_json_valid_agree_at_both_levels(clause, must, sh
 def test_validate_help_states_the_validators_own_bounds():
     """`rlrollout validate --help` writes the bounds out (so --help imports none of the validator):
     they must be the constants the validator uses."""
-    from pytest_rlrollout.cli import VALIDATE_DESCRIPTION
+    from pytest_rlrollout.cli.validate import DESCRIPTION as VALIDATE_DESCRIPTION
     from pytest_rlrollout.snapshot import untrusted
     from pytest_rlrollout.snapshot.validate import core
 

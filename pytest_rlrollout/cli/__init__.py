@@ -1,0 +1,86 @@
+"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics,
+conformance, clauses, matrix.
+
+One module a command (the snapshot tools share one), each holding its sub-parser's `register`
+and its `run`; this module assembles the parser and ends every run the same way: a usage error as
+one line and exit 2, a closed pipe as 141, Ctrl-C as 130. Commands import what they run inside
+`run`, so `rlrollout --help` loads none of it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from pytest_rlrollout.cli import clauses, conformance, matrix, numerics, serve, snapshot_tools, validate
+from pytest_rlrollout.cli.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FINDINGS,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+)
+
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FINDINGS",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "main",
+    "parser",
+]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    # in the order `rlrollout --help` lists them
+    for command in (validate, snapshot_tools, serve, numerics, conformance, clauses, matrix):
+        command.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(argv)
+        # flush here, not at interpreter exit, so a closed pipe surfaces inside this handler
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`). Point stdout at /dev/null so the interpreter's own
+        # flush at exit finds nowhere to fail and prints no "Exception ignored" noise.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["conformance"]:
+        if argv[1:2] in (["-h"], ["--help"]):
+            sys.stdout.write(conformance.conformance_help())
+            return EXIT_OK
+        # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
+        return conformance.run(argparse.Namespace(pytest_args=argv[1:]))
+    args = parser().parse_args(argv)
+    from pytest_rlrollout.snapshot.arc2 import DeltaError
+    from pytest_rlrollout.snapshot.build import SnapshotError
+
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        raise  # an OSError, but not a failure of the command: main() ends quietly
+    except (UsageError, SnapshotError, DeltaError, NotADirectoryError, FileNotFoundError, ValueError, OSError) as e:
+        print(f"rlrollout {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,190 @@
+"""`rlrollout serve`: the reference deployment in the foreground, printing the suite's command for
+it, until Ctrl-C, SIGTERM or SIGHUP."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
+
+BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default key
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sv = sub.add_parser("serve", help="run the reference deployment (a hot-load deployment of the tiny MoE)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
+    sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang", "coreweave"], default="fireworks",
+                    help="the wire it speaks: Fireworks' hot-load API, vLLM 0.32's or SGLang 0.5.23's RL routes "
+                         "(one engine, the model served as 'tiny'), or CoreWeave's v1alpha1 hot-load API beside an "
+                         "OpenAI-compatible gateway")  # fmt: skip
+    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks, coreweave), 1 (vllm, sglang)")
+    sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
+    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks, coreweave), none asked for (vllm, sglang)")
+    sv.add_argument("--control-api-key", help="coreweave: a key of its own for the hot-load API (default: --api-key)")
+    sv.add_argument("--enable-return-routed-experts", action="store_true",
+                    help="vllm, sglang: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
+                         "none, and neither has this dialect by default)")  # fmt: skip
+    sv.add_argument(
+        "--fault",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="SWITCH",
+        help="fault switches to turn on (break a clause on purpose): a clause ID, ID:VARIANT, or a behaviour name; "
+        "takes several and repeats",
+    )
+    sv.add_argument("--list-faults", action="store_true", help="list every fault switch with what it does, and exit")
+    # the delays default to the pace at which the conformance suite can observe swaps
+    sv.add_argument("--load-delay", type=float, help="seconds each replica takes to load a snapshot")
+    sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
+    sv.add_argument("--swap-delay", type=float, help="seconds a replica pauses at the swap")
+    sv.add_argument("--token-delay", type=float, help="seconds per decode step (0: full speed)")
+    sv.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    if args.list_faults:
+        switches = _fault_switches()
+        width = max(map(len, switches), default=0)
+        print("\n".join(f"{name:{width}}  {what}" for name, what in switches.items()))
+        return EXIT_OK
+    faults = _check_faults(args.fault)  # before anything is built, bound or created
+    vllm = args.engine in ("vllm", "sglang")  # a self-hosted engine: one server, swapped through its RL routes
+    if vllm and args.transition.upper() != "ASYNC":
+        raise UsageError(f"--engine {args.engine}: the swap pauses generation and the requests in flight continue "
+                         "(ASYNC); --transition sync is a Fireworks setting")  # fmt: skip
+    if args.engine == "coreweave" and args.transition.upper() != "ASYNC":
+        raise UsageError("--engine coreweave: CoreWeave documents TRANSITION_MODE_ASYNC only")
+    if args.control_api_key is not None and args.engine != "coreweave":
+        raise UsageError("--control-api-key is the key of CoreWeave's hot-load API (--engine coreweave)")
+    if args.enable_return_routed_experts and not vllm:
+        raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
+                         "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
+
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, SGLANG_VERSION, VLLM_VERSION
+
+    options = dict(
+        engine=args.engine,
+        transition=args.transition.upper(),
+        faults=faults,
+        stagger=args.stagger,
+        routed_experts=args.enable_return_routed_experts,
+        **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
+    )
+    # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
+    given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
+    options |= {k: v for k, v in given if v is not None}
+    if not vllm:
+        options.setdefault("api_key", BUILT_IN_KEY)
+    # the built-in key is public; a key of the user's own is never echoed
+    key = options.get("api_key")
+    shown_key = _shown(key, "--api-key")
+    stop = threading.Event()
+    with contextlib.ExitStack() as cleanup:
+        # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
+        # way Ctrl-C does, so the cleanup below runs. Installed before there is anything to clean
+        # up and restored last (an in-process caller keeps its own handlers).
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None:
+                _stop_on(signum, stop, cleanup)
+        if args.bucket is None:
+            bucket = Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
+            # removed after the deployment stops (the stack unwinds last-in first-out); a
+            # --bucket the user named is theirs and never removed
+            cleanup.callback(_remove_tree, bucket)
+        else:
+            bucket = args.bucket
+        dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
+        # From here on Ctrl-C is a request to stop, like SIGTERM: set before anything is printed,
+        # so it never lands as a KeyboardInterrupt between the output and the wait (exit 0 either
+        # way). Restored first on the way out: a second Ctrl-C during shutdown interrupts it.
+        _stop_on(signal.SIGINT, stop, cleanup)
+        replicas = len(dep.deployment.replicas)
+        base = bucket / dep.settings.base_identity
+        if vllm:
+            named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
+            command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={args.engine} --rl-allow-hot-load"
+                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                       + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
+            serving = (f"vLLM {VLLM_VERSION}'s dialect" if args.engine == "vllm"
+                       else f"SGLang {SGLANG_VERSION}'s dialect")  # fmt: skip
+        elif args.engine == "coreweave":
+            # the gateway and the hot-load API on one host here; a real deployment has two
+            control_key = options.get("control_api_key") or key
+            shown_control = _shown(control_key, "--control-api-key")
+            deployment = dep.settings.deployment_id
+            named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
+                     f"model:      {dep.model}", f"bucket:     {bucket}"]  # fmt: skip
+            command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} --rl-control-url={dep.base_url}"
+                       f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
+                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                       # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
+                       # only by outlasting the whole rollout (every replica, one at a time)
+                       " --rl-long-stream-tokens=512 --rl-swap-timeout=10")  # fmt: skip
+            named.append(f"environment: COREWEAVE_API_KEY={shown_control}")
+            serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
+        else:
+            named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
+                     f"bucket:     {bucket}"]  # fmt: skip
+            command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
+                       f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket}"
+                       f" --rl-base-snapshot={base} --rl-transition={options['transition']}"
+                       # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
+                       " --rl-long-stream-tokens=64 --rl-swap-timeout=10")  # fmt: skip
+            serving = options["transition"]
+        print("\n".join([*named, f"conformance: rlrollout conformance {command}"]))
+        print(f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}", flush=True)
+        stop.wait()
+    return EXIT_OK
+
+
+def _fault_switches() -> dict[str, str]:
+    """Every fault switch `serve --fault` takes, with what it does (behaviours included)."""
+    from pytest_rlrollout.reference.faults import BEHAVIOURS, FAULTS
+
+    return FAULTS | BEHAVIOURS
+
+
+def _check_faults(names: Sequence[str]) -> frozenset[str]:
+    """The switches; a usage error naming the unknown ones."""
+    unknown = [n for n in dict.fromkeys(names) if n not in _fault_switches()]
+    if unknown:
+        raise UsageError(
+            f"--fault: unknown fault switch(es) {', '.join(unknown)} (`rlrollout serve --list-faults` lists them)"
+        )
+    return frozenset(names)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        print(f"rlrollout serve: could not remove the temporary bucket {path}: {e}", file=sys.stderr)
+
+
+def _stop_on(signum: int, stop: threading.Event, cleanup: contextlib.ExitStack) -> None:
+    """Make `signum` set `stop` until `cleanup` unwinds. A signal ignored on purpose stays ignored:
+    `nohup rlrollout serve &` must survive the terminal closing (SIGHUP) and Ctrl-C (SIGINT)."""
+    if signal.getsignal(signum) == signal.SIG_IGN:
+        return
+    previous = signal.signal(signum, lambda *_: stop.set())
+    if previous is not None:  # None: a handler set outside Python, which cannot be put back
+        cleanup.callback(signal.signal, signum, previous)
+
+
+def _shown(key: str | None, option: str) -> str | None:
+    """A key as `serve` prints it: the built-in one is public; one of the user's own never shows."""
+    return key if key in (None, BUILT_IN_KEY) else f"<the {option} you chose>"

@@ -1,0 +1,76 @@
+"""The snapshot tools: `rlrollout export`, `delta`, `apply` and `make-base`, each a call into
+pytest_rlrollout.snapshot that prints what it wrote."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from pytest_rlrollout.cli.exits import EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    e = sub.add_parser("export", help="re-lay a Hugging Face checkpoint as a hot-load snapshot")
+    e.add_argument("src", type=Path)
+    e.add_argument("dst", type=Path)
+    e.add_argument("--max-shard-size", type=_size, default=5 * 1024**3, help="size cap per shard (default 5GiB)")
+    e.set_defaults(run=_export)
+
+    d = sub.add_parser("delta", help="write the ARC2 diff PARENT -> TARGET into OUT and print its signal body")
+    d.add_argument("parent", type=Path)
+    d.add_argument("target", type=Path)
+    d.add_argument("out", type=Path)
+    d.add_argument("--threads", type=int)
+    d.set_defaults(run=_delta)
+
+    a = sub.add_parser("apply", help="materialise the full snapshot an ARC2 diff describes")
+    a.add_argument("parent", type=Path)
+    a.add_argument("diff", type=Path)
+    a.add_argument("out", type=Path)
+    a.add_argument("--threads", type=int)
+    a.set_defaults(run=_apply)
+
+    m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
+    m.add_argument("dir", type=Path)
+    m.set_defaults(run=_make_base)
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 512MiB, 1000000)")
+    unit = (m.group(2) or "").upper().replace("I", "").rstrip("B")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.snapshot import build
+
+    dst = build.export_checkpoint(args.src, args.dst, max_bytes=args.max_shard_size)
+    print(f"wrote {dst}")
+    return EXIT_OK
+
+
+def _delta(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.snapshot import build
+
+    signal = build.make_incremental(args.parent, args.target, args.out, threads=args.threads)
+    print(json.dumps(signal, indent=2))
+    return EXIT_OK
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.snapshot import build
+
+    print(f"wrote {build.apply_incremental(args.parent, args.diff, args.out, threads=args.threads)}")
+    return EXIT_OK
+
+
+def _make_base(args: argparse.Namespace) -> int:
+    from pytest_rlrollout.snapshot import tiny_moe
+
+    path = tiny_moe.make_base(args.dir)
+    print(f"wrote {path} (model {tiny_moe.MODEL_NAME})")
+    return EXIT_OK

@@ -56,13 +56,26 @@ def _png(draw: Callable[[Axes], None]) -> bytes:
     return out.getvalue()
 
 
+LOG_COUNTS = 100  # the tallest bin from which counts go on a log axis
+
+
 def delta_histogram(figures: Figures) -> bytes:
-    """How Δlogprob is spread over the sampled tokens (log counts: the tails are what matter), with
-    the ratio band's edges where they fit in the picture."""
+    """How Δlogprob is spread over the sampled tokens, with the ratio band's edges where they fit
+    in the picture. Counts go on a log axis once bins reach `LOG_COUNTS` tokens (the tails are what
+    matter, beside a tall bulk), labelled as counts (1, 10, 100); below that a plain axis of whole
+    tokens reads better than a log axis of 10⁰ and 2×10⁰."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
     deltas = np.asarray(figures.deltas, np.float64)
 
     def draw(ax: Axes) -> None:
-        ax.hist(deltas, bins=BINS, color=DELTA_COLOUR, log=True)
+        counts, _, _ = ax.hist(deltas, bins=BINS, color=DELTA_COLOUR)
+        if counts.max() >= LOG_COUNTS:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         lo, hi = ax.get_xlim()
         for edge in (math.log(RATIO_BAND[0]), math.log(RATIO_BAND[1])):
             if lo <= edge <= hi:

@@ -1,5 +1,6 @@
 """What a test saw: its observations (what a pass rests on), the exchanges behind a failure,
-and for swap tests a timeline. Carried on the test's report (xdist-safe), read by the report.
+and for swap tests a timeline. Carried on the test's report (xdist-safe) as the report model's
+`TestResult`, read by the collector (`suite.reporting`).
 
 A clause test that passes without observing anything is `inconclusive`, never a pass.
 """
@@ -12,22 +13,17 @@ from typing import Any
 
 import pytest
 
+from pytest_rlrollout.suite.report import model
+
 EVIDENCE = "rl_evidence"  # the user_properties key
 
 
 @dataclass
-class Timeline:
-    """A swap test's observations over time, for the report's picture. Times are the run's
-    clock (`RLDeployment.mark`: on the cassette's timeline in replay); `as_dict` makes them
-    relative to the first event."""
+class Timeline(model.Timeline):
+    """Records a swap test's observations over time for the report's picture, on the run's clock
+    (`RLDeployment.mark`: on the cassette's timeline in replay); `relative` is the report's
+    timeline, its times from the first event."""
 
-    title: str
-    old: str | None = None  # the snapshot served before the swap
-    new: str | None = None  # the snapshot signalled
-    chunks: list[tuple[float, str | None]] = field(default_factory=list)  # arrival, policy version
-    marks: list[tuple[float, str]] = field(default_factory=list)  # signal, answered, served, ...
-    replicas: list[tuple[float, int, str]] = field(default_factory=list)  # a replica's status when it changed
-    probes: list[tuple[float, float, int]] = field(default_factory=list)  # sent, answered, HTTP status
     _last: dict[int, str] = field(default_factory=dict, repr=False)
 
     def mark(self, t: float, what: str) -> None:
@@ -41,23 +37,21 @@ class Timeline:
                 self._last[i] = said
                 self.replicas.append((t, i, said))
 
-    def as_dict(self) -> dict[str, Any]:
-        times = [t for t, _ in self.chunks] + [t for t, _ in self.marks] + [t for t, _, _ in self.replicas]
-        times += [t for t, _, _ in self.probes]
-        t0 = min(times, default=0.0)
+    def relative(self) -> model.Timeline:
+        t0 = min(self.times(), default=0.0)
 
         def r(t: float) -> float:
             return round(t - t0, 4)
 
-        return {
-            "title": self.title,
-            "old": self.old,
-            "new": self.new,
-            "chunks": [[r(t), v] for t, v in self.chunks],
-            "marks": [[r(t), what] for t, what in self.marks],
-            "replicas": [[r(t), i, said] for t, i, said in self.replicas],
-            "probes": [[r(sent), r(answered), status] for sent, answered, status in self.probes],
-        }
+        return model.Timeline(
+            title=self.title,
+            old=self.old,
+            new=self.new,
+            chunks=[(r(t), v) for t, v in self.chunks],
+            marks=[(r(t), what) for t, what in self.marks],
+            replicas=[(r(t), i, said) for t, i, said in self.replicas],
+            probes=[(r(sent), r(answered), status) for sent, answered, status in self.probes],
+        )
 
 
 def replica_state(replica: dict[str, Any]) -> str:
@@ -116,21 +110,26 @@ def telling(exchanges: list[Any], n: int) -> list[Any]:
 
 
 def attach(report: pytest.TestReport, item: pytest.Item, exchanges: list[Any], assertion: str = "") -> None:
-    """Put the test's observations, failure message, exchanges and timeline on its report."""
+    """Put the test's observations, failure message, exchanges and timeline on its report, as the
+    report's own record of a test (its outcome is left to the collector, which reads every phase)."""
     o = observed(item)
-    doc = {
-        "observed": o.text(),
-        "assertion": assertion,
-        "exchanges": [e.text() for e in exchanges],
-        "timeline": o.timeline.as_dict() if o.timeline is not None else None,
-        "uploads": o.uploads,
-        "figures": o.figures,
-    }
-    report.user_properties.append((EVIDENCE, json.dumps(doc)))
+    numerics, measures = model.figures_from_json(o.figures)
+    seen = model.TestResult(
+        report.nodeid,
+        reason=assertion,
+        observed=o.text(),
+        exchanges=[e.text() for e in exchanges],
+        timeline=o.timeline.relative() if o.timeline is not None else None,
+        uploads=[model.Upload.from_json(u) for u in o.uploads],
+        numerics=numerics,
+        measures=measures,
+    )
+    report.user_properties.append((EVIDENCE, json.dumps(seen.to_json())))
 
 
-def evidence_of(report: pytest.TestReport) -> dict[str, Any]:
+def evidence_of(report: pytest.TestReport) -> model.TestResult | None:
+    """What `attach` put on a test's report (its `reason` is the failure's message), if anything."""
     for key, value in report.user_properties:
         if key == EVIDENCE:
-            return json.loads(value)
-    return {}
+            return model.TestResult.from_json(json.loads(value))
+    return None

@@ -1,5 +1,6 @@
-"""The run's report: collects every clause-tagged test's outcome (on the controller only; xdist
-workers just run tests), writes `--rl-report`, and prints the roll-up at the end."""
+"""The pytest side of the run's report: collects every clause-tagged test's outcome (on the
+controller only; xdist workers just run tests) into the report model, writes `--rl-report`
+through `report.files.write`, and prints the roll-up at the end."""
 
 from __future__ import annotations
 
@@ -12,12 +13,51 @@ from typing import Any
 
 import pytest
 
-from pytest_rlrollout.contract import SEVERITY
+from pytest_rlrollout.contract import Outcome, catalogue
 from pytest_rlrollout.suite.deployment import run_dir
+from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.options import RLOptions, options
-from pytest_rlrollout.suite.report import Collector, document, paths, rollup, write
+from pytest_rlrollout.suite.outcomes import outcome_of
+from pytest_rlrollout.suite.report.files import paths, write
+from pytest_rlrollout.suite.report.model import ClauseResult, Provenance, Report, Summary, TestResult
+from pytest_rlrollout.suite.report.text import OUTCOMES
 from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
+
+
+class Collector:
+    """Gathers the outcome of every clause-tagged test (xdist workers' reports included): the
+    worst of its setup, call and teardown phases, with the call's evidence."""
+
+    def __init__(self) -> None:
+        self.by_test: dict[str, tuple[list[str], TestResult]] = {}
+
+    def record(self, report: pytest.TestReport) -> None:
+        clauses = [v for k, v in report.user_properties if k == "rl_clause"]
+        if not clauses:
+            return
+        outcome, reason = outcome_of(report)
+        _, t = self.by_test.setdefault(report.nodeid, (clauses, TestResult(report.nodeid)))
+        t.duration += report.duration
+        seen = evidence_of(report)
+        if seen is not None:
+            t.observed, t.exchanges, t.timeline, t.uploads = seen.observed, seen.exchanges, seen.timeline, seen.uploads
+            t.numerics, t.measures = seen.numerics, seen.measures
+            if outcome in (Outcome.FAIL, Outcome.ERROR) and seen.reason:
+                reason = seen.reason  # the assertion's own message, not pytest's last lines
+        if outcome.severity < t.outcome.severity:
+            t.outcome, t.reason = outcome, reason
+
+    def clauses(self) -> dict[str, ClauseResult]:
+        """One result per clause, in the catalogue's order."""
+        cat = catalogue()
+        out: dict[str, ClauseResult] = {}
+        for clauses, t in (self.by_test[k] for k in sorted(self.by_test)):
+            for cid in clauses:
+                c = cat[cid]
+                out.setdefault(cid, ClauseResult(cid, c.level, c.area, c.rule)).add(t)
+        order = {c.id: i for i, c in enumerate(cat)}
+        return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
 
 
 class Reporting:
@@ -37,7 +77,7 @@ class Reporting:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = options(self.config).report
         if path and self.collector.by_test:
-            write(path, document(self.collector.clauses(), provenance(self.config), self._discovery()))
+            write(path, Report.judged(self.collector.clauses(), provenance(self.config), self._discovery()))
 
     def _discovery(self) -> dict[str, Any] | None:
         """The engine and capabilities the run judged: found in this process, by a worker, or
@@ -51,11 +91,11 @@ class Reporting:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.collector.by_test:
             return
-        counts = rollup(self.collector.clauses())
+        summary = Summary.of(self.collector.clauses())
         terminalreporter.section("rl-rollout clauses")
-        for group in ("levels", "areas"):
-            for name, c in counts[group].items():
-                shown = "  ".join(f"{v} {c[v]}" for v in reversed(SEVERITY) if c.get(v))
+        for _, group in summary.groups():
+            for name, c in group.items():
+                shown = "  ".join(f"{o} {c[o]}" for o in OUTCOMES if c.get(o))
                 terminalreporter.write_line(f"{name:8} {shown}")
         terminalreporter.write_line(f"wall time {time.monotonic() - self.started:.1f} s")
         report = options(self.config).report
@@ -63,7 +103,7 @@ class Reporting:
             terminalreporter.write_line("report: " + ", ".join(map(str, paths(report))))
 
 
-def provenance(config: pytest.Config) -> dict[str, Any]:
+def provenance(config: pytest.Config) -> Provenance:
     """Where the verdicts come from: deployment, mode, recording, suite version, base digest, and
     for a live run what was served at the start and at the end."""
     from pytest_rlrollout import __version__
@@ -85,7 +125,7 @@ def provenance(config: pytest.Config) -> dict[str, Any]:
     }
     if o.mode == "live":
         out.update(_live_state(config))
-    return {k: v for k, v in out.items() if v is not None}
+    return Provenance.from_json({k: v for k, v in out.items() if v is not None})
 
 
 def _cassette_digest(directory: Path | None) -> str | None:

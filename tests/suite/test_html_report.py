@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_rlrollout.suite.html import NEW_COLOUR, OLD_COLOUR, html
 from pytest_rlrollout.suite.options import CONFORMANCE
+from pytest_rlrollout.suite.report.html import html as render
+from pytest_rlrollout.suite.report.model import Report
+from pytest_rlrollout.suite.report.timeline import NEW_COLOUR, OLD_COLOUR
 
 XSS = "<script>alert(1)</script>"
 GEOMETRY = {"x", "y", "x1", "x2", "y1", "y2", "cx", "cy", "r", "width", "height"}
@@ -97,6 +99,11 @@ def _doc() -> dict[str, Any]:
         },
         "clauses": {c["clause"]: c for c in clauses},
     }  # fmt: skip
+
+
+def html(doc: dict[str, Any]) -> str:
+    """The HTML writer's page of a report document, read into the model as a report on disk is."""
+    return render(Report.from_json(doc))
 
 
 class _Elements(HTMLParser):

@@ -1,6 +1,6 @@
 """The report's Numerics section: the NUM figures side by side in Markdown and HTML, their
-pictures written beside the report (named in the JSON) and embedded in the HTML; swap tests'
-uploads and FID's max |Δ| beside the evidence."""
+pictures written beside the report (named in the JSON) and embedded in the HTML under the clause
+each is about; swap tests' uploads and FID's max |Δ| beside the evidence."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from pytest_rlrollout.numerics.figures import logprob_figures, routing_figures
-from pytest_rlrollout.suite.report import write
+from pytest_rlrollout.suite.report import files
+from pytest_rlrollout.suite.report.model import Report
 
 # matplotlib imported at collection, before any in-process pytester run (the mutation matrix's):
 # a run puts sys.meta_path back as it found it, dropping the import hook six adds, so matplotlib
@@ -30,8 +31,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 PICTURES = {
     "r.numerics-num-logprob-1-delta-histogram.png",
     "r.numerics-num-logprob-1-delta-by-position.png",
-    "r.numerics-num-route-1-delta-histogram.png",
-    "r.numerics-num-route-1-delta-by-position.png",
     "r.numerics-num-route-1-routing-by-layer.png",
 }
 
@@ -72,15 +71,21 @@ def _doc() -> dict[str, Any]:
             "clauses": {c["clause"]: c for c in clauses}}  # fmt: skip
 
 
+def write(path: Path, doc: dict[str, Any]) -> tuple[Path, Path, Path]:
+    """The report files of a report document, read into the model as a report on disk is."""
+    return files.write(path, Report.from_json(doc))
+
+
 def _embedded(page: str) -> list[bytes]:
     return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
 
 
 def test_numerics_section_and_pictures(tmp_path: Path) -> None:
-    doc = _doc()
-    kept = copy.deepcopy(doc)
-    json_path, md_path, html_path = write(tmp_path / "r.json", doc)
-    assert doc == kept  # the caller's document is left as it was
+    report = Report.from_json(_doc())
+    kept = copy.deepcopy(report)
+    json_path, md_path, html_path = files.write(tmp_path / "r.json", report)
+    assert report == kept  # the caller's report is left as it was
+    assert Report.from_json(json.loads(json_path.read_text())).pictures is not None  # the written one names them
 
     listed = json.loads(json_path.read_text())["numerics"]
     assert listed["no_pictures"] is None
@@ -147,17 +152,24 @@ def test_a_report_without_num_figures_has_no_section_and_drops_old_pictures(tmp_
     assert "## Numerics" not in md_path.read_text() and "Numerics" not in html_path.read_text()
 
 
-def test_num_tests_sharing_their_rollouts_get_the_delta_pictures_once(tmp_path: Path) -> None:
-    doc = _doc()
-    logprobs = doc["clauses"]["NUM-LOGPROB-1"]["tests"][0]["figures"]
-    routed = doc["clauses"]["NUM-ROUTE-1"]["tests"][0]["figures"]
-    routed["deltas"], routed["positions"] = logprobs["deltas"], logprobs["positions"]
-    write(tmp_path / "r.json", doc)
-    assert {p.name for p in tmp_path.glob("r.numerics-*.png")} == {
-        "r.numerics-num-logprob-1-delta-histogram.png",
-        "r.numerics-num-logprob-1-delta-by-position.png",
-        "r.numerics-num-route-1-routing-by-layer.png",
+def test_each_picture_is_under_the_clause_it_is_about(tmp_path: Path) -> None:
+    """NUM-ROUTE-1's test keeps its tokens' Δlogprob too: its clause shows the routing picture,
+    NUM-LOGPROB-1's the Δlogprob ones, whatever the tests' deltas."""
+    _, _, html_path = write(tmp_path / "r.json", _doc())
+    page = html_path.read_text()
+    shown = {}
+    for cid in ("NUM-LOGPROB-1", "NUM-ROUTE-1"):
+        article = page[page.index(f'id="{cid}"') :]
+        article = article[: article.index("</article>")]
+        shown[cid] = re.findall(r'<img alt="[^"]*: ([^"]*)"', article)
+    assert shown == {
+        "NUM-LOGPROB-1": [
+            "Δlogprob (local − served) per sampled token",
+            "Δlogprob along the completion (token position)",
+        ],
+        "NUM-ROUTE-1": ["routing agreement per MoE layer"],
     }
+    assert "data:image/png" not in page[: page.index('id="clauses"')]  # no picture away from its clause
 
 
 @pytest.mark.parametrize("figures", [{"tokens": "many", "mean_abs": None}, {"tokens": 3, "deltas": "oops"}])

@@ -81,7 +81,7 @@ def test_report_outcomes(pytester):
 def test_reports_from_xdist_workers_keep_their_clauses(pytester, request):
     """xdist ships each worker's report to the controller as JSON (the serialization hooks);
     the clauses travel with it in user_properties."""
-    from pytest_rlrollout.suite.report import Collector
+    from pytest_rlrollout.suite.reporting import Collector
 
     pytester.makepyfile(test_clauses=TESTS)
     reports = pytester.inline_run("-p", "no:rlrollout-reporting").getreports("pytest_runtest_logreport")
@@ -104,6 +104,6 @@ def test_no_report_without_clause_tests(pytester):
 @pytest.mark.parametrize(("given", "stem"), [("r.json", "r"), ("r", "r"), ("out/vllm-0.32-cpu.json", "out/vllm-0.32-cpu"),
                                              ("vllm-0.32-cpu", "vllm-0.32-cpu"), ("a.b.md", "a.b")])  # fmt: skip
 def test_report_files_add_their_suffixes_to_a_dotted_name(given, stem):
-    from pytest_rlrollout.suite.report import paths
+    from pytest_rlrollout.suite.report.files import paths
 
     assert paths(given) == (Path(f"{stem}.json"), Path(f"{stem}.md"), Path(f"{stem}.html"))

@@ -1,0 +1,78 @@
+"""The HTML report: one self-contained page that a person reads instead of the JSON, rendered
+from `templates/report.html.j2` with autoescaping (every text in it may come from the deployment
+under test). The NUM pictures are embedded as data: URIs, each under the clause it is about."""
+
+from __future__ import annotations
+
+import base64
+from functools import cache
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from pytest_rlrollout.contract import Outcome
+from pytest_rlrollout.numerics.pictures import TITLES
+from pytest_rlrollout.suite.report.model import Report
+from pytest_rlrollout.suite.report.pictures import Drawn, draw
+from pytest_rlrollout.suite.report.text import (
+    FOLD,
+    NUMERICS_INTRO,
+    OUTCOMES,
+    UPLOAD_HEADS,
+    measures_note,
+    numerics_grid,
+    one_line,
+    upload_cells,
+)
+from pytest_rlrollout.suite.report.timeline import ink, picture
+
+OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.NOT_APPLICABLE: "#b0bec5", Outcome.UNSUPPORTED: "#78909c",
+                   Outcome.INCONCLUSIVE: "#f9a825", Outcome.FAIL: "#c62828", Outcome.ERROR: "#6a1b9a"}  # fmt: skip
+
+
+@cache
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("pytest_rlrollout.suite.report", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,  # a misspelt name fails the report's tests, not a reader's eyes
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals.update(ink=ink, one_line=one_line, measures_note=measures_note, upload_cells=upload_cells,
+                       timeline_picture=picture)  # fmt: skip
+    return env
+
+
+def html(report: Report, drawn: Drawn | None = None) -> str:
+    """The report as one HTML page that needs nothing but itself. `drawn` are the NUM tests'
+    pictures as `pictures.draw` draws them; None draws them here."""
+    why = report.pictures.no_pictures if report.pictures is not None else None
+    if drawn is None:
+        drawn, why = draw(report)
+    numerics = report.numerics_tests()
+    pictures: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for t in numerics:
+        pictures[(t.clause.clause, t.test.test)] = [
+            (f"{t.clause.clause}: {TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
+            for name, png in drawn.get(t.key, {}).items()
+        ]
+    areas: dict[str, list] = {}
+    for c in report.clauses.values():
+        areas.setdefault(c.area, []).append(c)
+    counts = report.counts()
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        report=report,
+        outcomes=OUTCOMES,
+        colours=list(OUTCOME_COLOURS.items()),
+        counts=[(o, counts[o]) for o in OUTCOMES if counts.get(o)],
+        failures=[c for c in report.clauses.values() if c.failed],
+        areas=list(areas.items()),
+        numerics=numerics,
+        numerics_grid=numerics_grid(numerics),
+        numerics_intro=NUMERICS_INTRO,
+        no_pictures=why,
+        pictures=pictures,
+        upload_heads=UPLOAD_HEADS,
+        fold=FOLD,
+    )

@@ -1,0 +1,108 @@
+"""The Markdown report: provenance, the roll-up, capabilities, one row per clause, the NUM figures
+and their pictures (files beside the report), uploads, and every failure with its exchanges."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from pytest_rlrollout.numerics.pictures import TITLES
+from pytest_rlrollout.suite.report.model import Report
+from pytest_rlrollout.suite.report.text import (
+    FOLD,
+    NUMERICS_INTRO,
+    OUTCOMES,
+    measures_note,
+    numerics_grid,
+    one_line,
+    upload_cells,
+)
+
+
+def cell(text: str, limit: int = 240) -> str:
+    """`text` as one table cell: one line, cut at `limit`, its pipes escaped."""
+    return one_line(text, limit).replace("|", "\\|")
+
+
+def markdown(report: Report) -> str:
+    lines = ["# RL-rollout deployment conformance report", ""]
+    for name, value in report.provenance.items():
+        if isinstance(value, str):
+            lines.append(f"- **{name}**: {value}")
+        elif len(value) <= FOLD:
+            lines.append(f"- **{name}**: {', '.join(value) or 'none'}")
+        else:  # GitHub and most viewers fold <details>; the rest show the list under its name
+            lines += [f"- **{name}**: <details><summary>{len(value)} identities</summary>", "",
+                      *(f"  - {v}" for v in value), "", "  </details>"]  # fmt: skip
+    if report.engine is not None:
+        lines.append(f"- **engine**: {report.engine.name} ({report.engine.decided})")
+    lines += [f"- **contract**: {report.contract.document}, version {report.contract.version}"]
+    lines += _summary(report) + _capabilities(report) + _clauses(report) + _numerics(report) + _uploads(report)
+    lines += _failures(report)
+    return "\n".join(lines) + "\n"
+
+
+def _summary(report: Report) -> list[str]:
+    lines = ["", "## Summary", "", "| | " + " | ".join(OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|"]
+    for _, group in report.summary.groups():
+        for name, counts in group.items():
+            lines.append(f"| {name} | " + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES) + " |")
+    return lines
+
+
+def _capabilities(report: Report) -> list[str]:
+    if not report.capabilities:
+        return []
+    lines = ["", "## Capabilities", "", "| capability | offered | required | seen |", "|---|---|---|---|"]
+    for c in report.capabilities:
+        lines.append(f"| {c.name} | {'yes' if c.has else 'no'} | {'yes' if c.required else ''} | {cell(c.seen)} |")
+    return lines
+
+
+def _clauses(report: Report) -> list[str]:
+    lines = ["", "## Clauses", "", "| clause | level | outcome | rule | evidence |", "|---|---|---|---|---|"]
+    for cid, c in report.clauses.items():
+        note = measures_note(c.deciding.measures) if c.deciding is not None else ""
+        evidence = f"{c.evidence} ({note})" if note else c.evidence
+        lines.append(f"| {cid} | {c.level} | {c.outcome} | {cell(c.rule)} | {cell(evidence)} |")
+    return lines
+
+
+def _numerics(report: Report) -> list[str]:
+    tests = report.numerics_tests()
+    if not tests:
+        return []
+    lines = ["", "## Numerics", "", NUMERICS_INTRO, ""]
+    lines += ["| figure | " + " | ".join(t.clause.clause for t in tests) + " |", "|---" * (len(tests) + 1) + "|"]
+    lines += [f"| {cell(label)} | " + " | ".join(map(cell, values)) + " |" for label, values in numerics_grid(tests)]
+    pictures = report.pictures
+    if pictures is not None and pictures.files:
+        lines.append("")
+        lines += [f"![{p.clause}: {TITLES.get(p.picture, p.picture)}]({quote(p.file)})" for p in pictures.files]
+    if pictures is not None and pictures.no_pictures:
+        lines += ["", f"No pictures: {pictures.no_pictures}"]
+    return lines
+
+
+def _uploads(report: Report) -> list[str]:
+    rows = [(c, t, u) for c in report.clauses.values() for t in c.tests for u in t.uploads]
+    if not rows:
+        return []
+    lines = ["", "## Uploads", "", "What the tests that swap snapshots uploaded to the bucket, and copied inside it.",
+             "", "| clause | test | snapshot | kind | uploaded | copied | of a full snapshot |",
+             "|---" * 7 + "|"]  # fmt: skip
+    seen = set()
+    for c, t, u in rows:
+        test = "" if (c.clause, t.test) in seen else f"`{cell(t.test.rpartition('::')[2])}`"
+        seen.add((c.clause, t.test))
+        lines.append(f"| {c.clause} | {test} | " + " | ".join(cell(x) for x in upload_cells(u)) + " |")
+    return lines
+
+
+def _failures(report: Report) -> list[str]:
+    failed = report.failures()
+    if not failed:
+        return []
+    lines = ["", "## Failures", ""]
+    for c, t in failed:
+        lines += [f"### {c.clause}: `{t.test}`", "", "```", t.reason.strip(), *t.exchanges, "```", ""]
+    return lines

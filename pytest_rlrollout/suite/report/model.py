@@ -1,0 +1,509 @@
+"""The report's one model: what a run judged, as typed records the collector fills and every
+writer reads.
+
+Data flows one way: catalogue → test results (outcome + evidence) → one outcome per clause →
+the `Report`. When several tests judge one clause, the most telling outcome wins
+(`contract.roll_up`), and its test's evidence is the clause's.
+
+`Report.to_json` is the JSON report's shape (other tools read `clauses[ID]["outcome"]` and each
+test's `reason`, `exchanges`, `observed`, `outcome`: those keys stay); `Report.from_json` reads it
+back into the same model, so a report on disk can be written again in any format. This module
+imports no writer and nothing of pytest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from pytest_rlrollout.contract import Outcome, catalogue, roll_up
+from pytest_rlrollout.numerics.figures import Figures
+
+CONTRACT_DOC = "docs/contract.md (or `rlrollout clauses --format md`)"
+LEVELS = ("MUST", "SHOULD", "MAY")
+
+Scalar = int | float | str | bool | None
+
+
+class ReportError(ValueError):
+    """A document that is not a report of the suite (what is wrong, and where)."""
+
+
+def _outcome(value: Any, where: str) -> Outcome:
+    try:
+        return Outcome(value)
+    except ValueError:
+        raise ReportError(f"{where}: {value!r} is not an outcome ({', '.join(Outcome)})") from None
+
+
+def _object(doc: Any, where: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise ReportError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _strings(doc: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(doc, list | tuple):
+        raise ReportError(f"{where}: expected a list, got {type(doc).__name__}")
+    return tuple(str(x) for x in doc)
+
+
+# --------------------------------------------------------------------------- what a test saw
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What building one snapshot cost a swap test: bytes uploaded, bytes copied inside the
+    bucket, and the upload as a fraction of a full snapshot."""
+
+    identity: str
+    kind: str
+    uploaded: int = 0
+    copied: int = 0
+    of_full: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded, "copied": self.copied,
+                "of_full": self.of_full}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Upload:
+        doc = _object(doc, "upload")
+        return cls(str(doc.get("identity", "")), str(doc.get("kind", "")), doc.get("uploaded", 0),
+                   doc.get("copied", 0), doc.get("of_full", 0.0))  # fmt: skip
+
+
+@dataclass
+class Timeline:
+    """A swap test's observations over time, for the report's picture: times in seconds from
+    the first event (the recorder in `suite.evidence` keeps the run's clock until the test ends)."""
+
+    title: str
+    old: str | None = None  # the snapshot served before the swap
+    new: str | None = None  # the snapshot signalled
+    chunks: list[tuple[float, str | None]] = field(default_factory=list)  # arrival, policy version
+    marks: list[tuple[float, str]] = field(default_factory=list)  # signal, answered, served, ...
+    replicas: list[tuple[float, int, str]] = field(default_factory=list)  # a replica's status when it changed
+    probes: list[tuple[float, float, int]] = field(default_factory=list)  # sent, answered, HTTP status
+
+    def times(self) -> list[float]:
+        return [
+            *(t for t, _ in self.chunks),
+            *(t for t, _ in self.marks),
+            *(t for t, _, _ in self.replicas),
+            *(t for p in self.probes for t in p[:2]),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "old": self.old, "new": self.new,
+                "chunks": [list(c) for c in self.chunks], "marks": [list(m) for m in self.marks],
+                "replicas": [list(r) for r in self.replicas], "probes": [list(p) for p in self.probes]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Timeline:
+        doc = _object(doc, "timeline")
+        try:
+            return cls(
+                title=str(doc.get("title", "timeline")),
+                old=doc.get("old"),
+                new=doc.get("new"),
+                chunks=[(float(t), v) for t, v in doc.get("chunks") or []],
+                marks=[(float(t), str(w)) for t, w in doc.get("marks") or []],
+                replicas=[(float(t), int(i), str(s)) for t, i, s in doc.get("replicas") or []],
+                probes=[(float(s), float(a), int(c)) for s, a, c in doc.get("probes") or []],
+            )
+        except (TypeError, ValueError) as e:
+            raise ReportError(f"timeline {doc.get('title')!r}: {e}") from None
+
+
+@dataclass
+class NumFigures:
+    """The NUM figures of one test (the R3 paper's mismatch figures, `numerics.figures.Figures`),
+    and which position of a served routing row agreed (NUM-ROUTE-1)."""
+
+    figures: Figures
+    alignment: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.figures.as_dict()
+        return out if self.alignment is None else {**out, "alignment": self.alignment}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> NumFigures:
+        """Read leniently: a figure missing or of the wrong kind (a report edited by hand) is kept
+        as it is, shown as it is spelt, and costs only the pictures it would draw."""
+        required = {f.name: None for f in fields(Figures) if f.default is MISSING and f.default_factory is MISSING}
+        given = {f.name: doc[f.name] for f in fields(Figures) if f.name in doc}
+        return cls(Figures(**{**required, **given}), doc.get("alignment"))
+
+
+def figures_from_json(doc: Any) -> tuple[NumFigures | None, dict[str, Scalar]]:
+    """A test's `figures` as the JSON has them: the NUM figures (they count tokens), or a few
+    named numbers (FID's max |Δ| and tolerance)."""
+    if not isinstance(doc, dict):
+        return None, {}
+    if "tokens" in doc:
+        return NumFigures.from_json(doc), {}
+    return None, {str(k): v for k, v in doc.items() if isinstance(v, Scalar)}
+
+
+@dataclass
+class TestResult:
+    """One test's outcome and the evidence for it."""
+
+    __test__ = False  # a record, not a test class, to pytest's collector
+
+    test: str
+    outcome: Outcome = Outcome.PASS
+    reason: str = ""  # fail/error: the assertion message; unjudged: why; pass: empty
+    observed: str = ""  # what the test observed (what a pass rests on)
+    exchanges: list[str] = field(default_factory=list)  # requests and answers behind a failure
+    timeline: Timeline | None = None  # a swap test's observations over time
+    uploads: list[Upload] = field(default_factory=list)  # snapshots the test built and what they cost
+    numerics: NumFigures | None = None  # the NUM figures
+    measures: dict[str, Scalar] = field(default_factory=dict)  # a few named numbers (FID's max |Δ|)
+    duration: float = 0.0
+
+    @property
+    def evidence(self) -> str:
+        """The one-line case for this outcome: the reason, else the observation."""
+        return self.reason or (f"observed: {self.observed}" if self.observed else "")
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in (Outcome.FAIL, Outcome.ERROR)
+
+    def to_json(self) -> dict[str, Any]:
+        figures = self.numerics.to_json() if self.numerics is not None else (dict(self.measures) or None)
+        return {"test": self.test, "outcome": str(self.outcome), "reason": self.reason, "observed": self.observed,
+                "exchanges": list(self.exchanges), "timeline": self.timeline.to_json() if self.timeline else None,
+                "uploads": [u.to_json() for u in self.uploads], "figures": figures,
+                "duration": self.duration}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any) -> TestResult:
+        doc = _object(doc, "test")
+        name = str(doc.get("test", ""))
+        numerics, measures = figures_from_json(doc.get("figures"))
+        return cls(
+            test=name,
+            outcome=_outcome(doc.get("outcome"), name),
+            reason=str(doc.get("reason") or ""),
+            observed=str(doc.get("observed") or ""),
+            exchanges=list(_strings(doc.get("exchanges") or [], f"{name}: exchanges")),
+            timeline=Timeline.from_json(doc["timeline"]) if doc.get("timeline") else None,
+            uploads=[Upload.from_json(u) for u in doc.get("uploads") or []],
+            numerics=numerics,
+            measures=measures,
+            duration=float(doc.get("duration") or 0.0),
+        )
+
+
+@dataclass
+class ClauseResult:
+    """One clause's outcome: the roll-up of the tests that judge it, with the deciding test's case."""
+
+    clause: str
+    level: str
+    area: str
+    rule: str
+    outcome: Outcome = Outcome.PASS
+    evidence: str = ""  # the deciding test's case
+    tests: list[TestResult] = field(default_factory=list)
+    duration: float = 0.0
+
+    def add(self, t: TestResult) -> None:
+        self.tests.append(t)
+        self.duration += t.duration
+        self.outcome = roll_up([x.outcome for x in self.tests])
+        deciding = self.deciding
+        self.evidence = deciding.evidence if deciding is not None else ""
+
+    @property
+    def deciding(self) -> TestResult | None:
+        """The test whose outcome is the clause's (its evidence is the clause's)."""
+        return next((t for t in self.tests if t.outcome == self.outcome), None)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in (Outcome.FAIL, Outcome.ERROR)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clause": self.clause, "level": self.level, "area": self.area, "rule": self.rule,
+                "outcome": str(self.outcome), "evidence": self.evidence,
+                "tests": [t.to_json() for t in self.tests], "duration": self.duration}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, cid: str, doc: Any) -> ClauseResult:
+        doc = _object(doc, cid)
+        try:
+            return cls(clause=cid, level=str(doc["level"]), area=str(doc["area"]), rule=str(doc["rule"]),
+                       outcome=_outcome(doc["outcome"], cid), evidence=str(doc.get("evidence") or ""),
+                       tests=[TestResult.from_json(t) for t in doc.get("tests") or []],
+                       duration=float(doc.get("duration") or 0.0))  # fmt: skip
+        except KeyError as e:
+            raise ReportError(f"{cid}: no {e.args[0]!r}") from None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where the verdicts come from: deployment, mode, recording, suite version, base digest, and
+    for a live run what was served at the start and at the end (identity lists)."""
+
+    deployment: str
+    mode: str | None = None
+    cassettes: str | None = None
+    recorded: str | None = None
+    base_url: str | None = None
+    suite_version: str | None = None
+    level: str | None = None
+    transition: str | None = None
+    snapshot: str | None = None
+    base_digest: str | None = None
+    finished: str | None = None
+    served_at_start: tuple[str, ...] | None = None
+    served_at_end: tuple[str, ...] | None = None
+    uploaded_and_removed: tuple[str, ...] | None = None
+    uploaded_and_kept: tuple[str, ...] | None = None
+    adapters_left_loaded: tuple[str, ...] | None = None
+    restored: str | None = None  # how the start was served again, and whether it scores as before
+    restore: str | None = None  # how to serve the start again, when the run did not
+
+    def items(self) -> list[tuple[str, str | tuple[str, ...]]]:
+        """The facts that were recorded, in order: a text, or a list of identities."""
+        return [(f.name, v) for f in fields(self) if (v := getattr(self, f.name)) is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Provenance:
+        doc = _object(doc, "provenance")
+        unknown = set(doc) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ReportError(f"provenance: unknown {', '.join(sorted(unknown))}")
+        if "deployment" not in doc:
+            raise ReportError("provenance: no deployment")
+        return cls(**{k: _strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v
+                      for k, v in doc.items()})  # fmt: skip
+
+
+# the provenance's lists of snapshot identities (a live run's); every other fact is one text
+IDENTITY_LISTS = frozenset({"served_at_start", "served_at_end", "uploaded_and_removed", "uploaded_and_kept",
+                            "adapters_left_loaded"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Capability:
+    """A row of the capability table: whether the deployment has it, what the probe saw, and
+    whether its engine requires it."""
+
+    name: str
+    has: bool
+    seen: str
+    about: str = ""
+    required: bool = False
+
+    @property
+    def missing(self) -> bool:
+        return self.required and not self.has
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "has": self.has, "seen": self.seen, "about": self.about, "required": self.required}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Capability:
+        doc = _object(doc, "capability")
+        return cls(str(doc.get("name", "")), bool(doc.get("has")), str(doc.get("seen", "")),
+                   str(doc.get("about", "")), bool(doc.get("required")))  # fmt: skip
+
+    @classmethod
+    def table(cls, discovery: dict[str, Any] | None) -> list[Capability]:
+        """The rows of what the preflight discovered (`remote.discovery.Discovery.as_dict`)."""
+        if not discovery:
+            return []
+        from pytest_rlrollout.contract.capabilities import CAPABILITIES
+
+        engine, has, seen = discovery["engine"], discovery["capabilities"], discovery["seen"]
+        return [cls(n, has[n], str(seen.get(n, c.probe)), c.about, c.required(engine))
+                for n, c in CAPABILITIES.items() if n in has]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    decided: str  # why the run judged the deployment as this engine
+    version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "decided": self.decided, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Contract:
+    version: str
+    document: str = CONTRACT_DOC
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "document": self.document}
+
+
+Counts = dict[Outcome, int]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts of clause outcomes by level and by area."""
+
+    levels: dict[str, Counts]
+    areas: dict[str, Counts]
+
+    @classmethod
+    def of(cls, clauses: dict[str, ClauseResult]) -> Summary:
+        levels: dict[str, Counts] = {}
+        areas: dict[str, Counts] = {}
+        for c in clauses.values():
+            levels.setdefault(c.level, Counter())[c.outcome] += 1
+            areas.setdefault(c.area, Counter())[c.outcome] += 1
+        ordered = {k: dict(levels[k]) for k in LEVELS if k in levels}
+        return cls({**ordered, **{k: dict(v) for k, v in levels.items() if k not in ordered}},
+                   {k: dict(v) for k, v in areas.items()})  # fmt: skip
+
+    def groups(self) -> list[tuple[str, dict[str, Counts]]]:
+        return [("by level", self.levels), ("by area", self.areas)]
+
+    def to_json(self) -> dict[str, Any]:
+        def plain(group: dict[str, Counts]) -> dict[str, dict[str, int]]:
+            return {k: {str(o): n for o, n in v.items()} for k, v in group.items()}
+
+        return {"levels": plain(self.levels), "areas": plain(self.areas)}
+
+
+@dataclass(frozen=True)
+class PictureFile:
+    """A NUM picture written beside the report: `<stem>.numerics-<key>-<picture>.png`."""
+
+    clause: str
+    key: str  # the test's key (`NumericsTest.key`)
+    picture: str  # its name (`numerics.pictures.TITLES`)
+    file: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clause": self.clause, "key": self.key, "picture": self.picture, "file": self.file}
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """The NUM pictures written beside the report, or why there are none (matplotlib missing)."""
+
+    files: tuple[PictureFile, ...] = ()
+    no_pictures: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pictures": [p.to_json() for p in self.files], "no_pictures": self.no_pictures}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Pictures:
+        doc = _object(doc, "numerics")
+        files = tuple(PictureFile(**_object(p, "numerics: picture")) for p in doc.get("pictures") or [])
+        return cls(files, doc.get("no_pictures"))
+
+
+@dataclass(frozen=True)
+class NumericsTest:
+    """A test that reports the NUM figures; `key` (the clause, numbered when a clause has several
+    such tests) names its pictures."""
+
+    key: str
+    clause: ClauseResult
+    test: TestResult
+
+    @property
+    def figures(self) -> NumFigures:
+        assert self.test.numerics is not None  # numerics_tests picks only these
+        return self.test.numerics
+
+
+@dataclass
+class Report:
+    """One run's report: provenance, the contract it was judged by, the engine and capabilities,
+    one result per clause, and the NUM pictures once written (`Report.pictures`)."""
+
+    provenance: Provenance
+    contract: Contract
+    clauses: dict[str, ClauseResult]
+    engine: Engine | None = None
+    capabilities: list[Capability] = field(default_factory=list)
+    pictures: Pictures | None = None
+
+    @classmethod
+    def judged(
+        cls, clauses: dict[str, ClauseResult], provenance: Provenance, discovery: dict[str, Any] | None = None
+    ) -> Report:
+        """The report of `clauses` (catalogue order), with the engine and capabilities the run
+        discovered (`remote.discovery.Discovery.as_dict`)."""
+        engine = Engine(discovery["engine"], discovery["decided"], discovery.get("version")) if discovery else None
+        order = {c.id: i for i, c in enumerate(catalogue())}
+        ordered = dict(sorted(clauses.items(), key=lambda kv: order.get(kv[0], math.inf)))
+        return cls(provenance, Contract(catalogue().version), ordered, engine, Capability.table(discovery))
+
+    @property
+    def summary(self) -> Summary:
+        return Summary.of(self.clauses)
+
+    @property
+    def title(self) -> str:
+        return f"RL-rollout conformance: {self.provenance.deployment}"
+
+    def failures(self) -> list[tuple[ClauseResult, TestResult]]:
+        """Every failed or broken test, with its clause."""
+        return [(c, t) for c in self.clauses.values() for t in c.tests if t.failed]
+
+    def counts(self) -> Counts:
+        """How many clauses had each outcome."""
+        return Counter(c.outcome for c in self.clauses.values())
+
+    def numerics_tests(self) -> list[NumericsTest]:
+        out: list[NumericsTest] = []
+        for cid, c in self.clauses.items():
+            mine = [t for t in c.tests if t.numerics is not None]
+            out += [NumericsTest(cid.lower() + (f"-{i + 1}" if i else ""), c, t) for i, t in enumerate(mine)]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "provenance": self.provenance.to_json(),
+            "contract": self.contract.to_json(),
+            "engine": self.engine.to_json() if self.engine else None,
+            "capabilities": [c.to_json() for c in self.capabilities],
+            "summary": self.summary.to_json(),
+            "clauses": {k: v.to_json() for k, v in self.clauses.items()},
+        }
+        return out if self.pictures is None else {**out, "numerics": self.pictures.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Report:
+        """A report as `to_json` wrote it (its summary is recomputed from the clauses); ReportError
+        saying what is wrong otherwise."""
+        doc = _object(doc, "report")
+        try:
+            contract, engine = _object(doc["contract"], "contract"), doc.get("engine")
+            return cls(
+                provenance=Provenance.from_json(doc["provenance"]),
+                contract=Contract(str(contract["version"]), str(contract.get("document", CONTRACT_DOC))),
+                clauses={
+                    str(k): ClauseResult.from_json(str(k), v) for k, v in _object(doc["clauses"], "clauses").items()
+                },
+                engine=Engine(str(engine["name"]), str(engine["decided"]), engine.get("version")) if engine else None,
+                capabilities=[Capability.from_json(c) for c in doc.get("capabilities") or []],
+                pictures=Pictures.from_json(doc["numerics"]) if doc.get("numerics") is not None else None,
+            )
+        except KeyError as e:
+            raise ReportError(f"report: no {e.args[0]!r}") from None
+        except TypeError as e:
+            raise ReportError(f"report: {e}") from None

@@ -1,0 +1,86 @@
+"""The model's numbers and records as text, worded once for every writer (Markdown, HTML, the
+terminal): figures, sizes, uploads, the NUM figures' rows."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from pytest_rlrollout.contract import SEVERITY, Outcome
+from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, Upload
+
+# Outcomes as the tables list them: the plain pass first, the most telling last.
+OUTCOMES: tuple[Outcome, ...] = tuple(reversed(SEVERITY))
+
+FOLD = 3  # a provenance list longer than this is folded (a live run uploads dozens of identities)
+
+NUMERICS_INTRO = ("The deployment's logprobs and routing for tokens it sampled, against a local forward pass of the "
+                  "same weights (Δlogprob = local − served).")  # fmt: skip
+
+# FID's few figures, as the report names them (other keys are shown as spelt)
+FIGURE_LABELS = {"max_abs_delta": "max |Δ|", "min_abs_delta": "min |Δ|", "tolerance": "tolerance",
+                 "changed_weights_delta": "changed weights moved", "swap_moved": "the swap moved",
+                 "concurrent_streams": "concurrent streams"}  # fmt: skip
+
+
+def number(value: Any, spec: str = ".3g") -> str:
+    """A figure as text; what is not a number of the kind `spec` formats (a report edited by
+    hand) as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
+            return format(value, spec)
+    return str(value)
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text[: limit - 1] + "…" if len(text) > limit else text
+
+
+def measures_note(measures: dict[str, Scalar]) -> str:
+    """A test's few figures on one line (FID's max |Δ| and tolerance)."""
+    return ", ".join(f"{FIGURE_LABELS.get(k, k.replace('_', ' '))} {number(v)}" for k, v in measures.items())
+
+
+def size(n: Any) -> str:
+    """Bytes in binary units (1.5 MiB)."""
+    if not isinstance(n, int | float) or isinstance(n, bool):
+        return str(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+UPLOAD_HEADS = ("snapshot", "kind", "uploaded", "copied in the bucket", "of a full snapshot")
+
+
+def upload_cells(u: Upload) -> tuple[str, str, str, str, str]:
+    """What building one snapshot cost, as `UPLOAD_HEADS` name the cells."""
+    return u.identity, u.kind, size(u.uploaded), size(u.copied), number(u.of_full, ".2%")
+
+
+def numerics_rows(num: NumFigures) -> list[tuple[str, str]]:
+    """The NUM figures of one test as (figure, value) rows: the R3 paper's mismatch figures."""
+    f = num.figures
+    rows = [("tokens compared", number(f.tokens, "d")), ("mean |Δlogprob|", number(f.mean_abs)),
+            ("max |Δlogprob|", number(f.max_abs)), ("k3 KL(served‖local)", number(f.k3_kl)),
+            ("ratio outside [0.5, 2]", number(f.ratio_outside, ".3%"))]  # fmt: skip
+    if f.route_agreement is not None:
+        rows += [("routing agreement", f"{number(f.route_agreement, '.3%')} of (layer, token) over "
+                                       f"{number(f.route_tokens, 'd')} tokens"),
+                 ("tokens with any layer disagreeing", number(f.any_disagreement, ".3%")),
+                 ("agreement per MoE layer", " ".join(number(a, ".1%") for a in f.layer_agreement or [])),
+                 ]  # fmt: skip
+        if num.alignment:
+            rows.append(("routing alignment", str(num.alignment)))
+    return rows
+
+
+def numerics_grid(tests: list[NumericsTest]) -> list[tuple[str, list[str]]]:
+    """The NUM figures of several tests side by side: (figure, its value in each test) rows."""
+    columns = [dict(numerics_rows(t.figures)) for t in tests]
+    labels = dict.fromkeys(label for c in columns for label in c)
+    return [(label, [c.get(label, "") for c in columns]) for label in labels]

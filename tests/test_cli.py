@@ -125,9 +125,9 @@ def test_conformance_passes_every_other_argument_to_pytest(monkeypatch):
 
     seen = []
     monkeypatch.setattr(pytest_module, "main", lambda args: seen.append(args) or 0)
-    assert main(["conformance", "swap", "-n", "2", "--rl-level=must", "--help"]) == 0
+    assert main(["conformance", "swap", "-n", "2", "-o", "rl_level=must", "--help"]) == 0
     [args] = seen
-    assert args[0].endswith("test_swap.py") and args[-4:] == ["-n", "2", "--rl-level=must", "--help"]
+    assert args[0].endswith("test_swap.py") and args[-5:] == ["-n", "2", "-o", "rl_level=must", "--help"]
 
 
 # --------------------------------------------------------------------------- serve --fault

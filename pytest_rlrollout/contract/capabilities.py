@@ -81,7 +81,7 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "transition",
             "a known hot-load transition type (ASYNC or SYNC)",
-            "the deployment resource's hotLoadTransitionType, or --rl-transition",
+            "the deployment resource's hotLoadTransitionType, or rl_transition",
             FIREWORKS,
         ),
         Capability("text_prompts", "prompts as text", "a one-token completion of a text prompt", EVERY),

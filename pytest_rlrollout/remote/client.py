@@ -398,6 +398,17 @@ class DeploymentClient:
         # what was asked and answered, newest last: the evidence a failed verdict shows
         self.exchanges: collections.deque[Exchange] = collections.deque(maxlen=32)
 
+    @contextlib.contextmanager
+    def scoped(self, deadline: float | None) -> Iterator[collections.deque[Exchange]]:
+        """One test's use of the client: exchanges of its own (its evidence) and its deadline; the
+        client's are put back after it."""
+        before = self.exchanges, self.deadline
+        self.exchanges, self.deadline = collections.deque(maxlen=before[0].maxlen), deadline
+        try:
+            yield self.exchanges
+        finally:
+            self.exchanges, self.deadline = before
+
     def mark(self, name: str) -> float:
         """The time now (monotonic seconds); when recording or replaying, on the cassette's
         timeline, so verdicts about timing are the same in replay."""

@@ -126,7 +126,7 @@ def _coreweave_control(client: DeploymentClient) -> httpx.Response:
     own key; without one, of the base URL with the run's key."""
     t = client.target
     url = t.control_base + COREWEAVE_HOT_LOADS
-    option = "--rl-control-url" if t.control_url else "--rl-base-url"
+    option = "rl_control_url" if t.control_url else "--rl-base-url"
     params = {"parentDeploymentId": t.deployment} if t.deployment else None
     try:
         return client.request("GET", url, headers=client.control_headers(), params=params)
@@ -142,7 +142,7 @@ def _coreweave_names(t: Target, hot_loads: httpx.Response, decided: str) -> None
     said = f"GET {t.control_base}{COREWEAVE_HOT_LOADS}: HTTP {hot_loads.status_code} {_excerpt(hot_loads)}"
     if t.deployment is None:
         raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
-                             "and set COREWEAVE_API_KEY (--rl-control-url where the hot-load API has a host of its own)")  # fmt: skip
+                             "and set COREWEAVE_API_KEY (rl_control_url where the hot-load API has a host of its own)")  # fmt: skip
     if hot_loads.status_code in (401, 403):
         raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")
     if hot_loads.status_code == 404:
@@ -150,7 +150,7 @@ def _coreweave_names(t: Target, hot_loads: httpx.Response, decided: str) -> None
             f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
         )
     if not _lists_hot_loads(hot_loads):
-        raise PreflightError(f"no CoreWeave hot-load API at {t.control_base} ({said}): check --rl-control-url")
+        raise PreflightError(f"no CoreWeave hot-load API at {t.control_base} ({said}): check rl_control_url")
 
 
 def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, control_plane: bool) -> None:
@@ -192,7 +192,7 @@ def _inference_answers(client: DeploymentClient) -> None:
         if s.status in (400, 422) and "model" not in s.body.lower():  # perhaps a server of token-id prompts
             s = client.complete({"prompt": PROBE_IDS, "max_tokens": 1})
     except (httpx.HTTPError, LimitExceeded) as e:
-        raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check --rl-inference-url") from None
+        raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check rl_inference_url") from None
     if s.status in (401, 403):
         raise PreflightError(f"the API key was refused (POST {url}: HTTP {s.status}): check --rl-api-key")
     if s.status == 200 and s.chunks:
@@ -204,7 +204,7 @@ def _inference_answers(client: DeploymentClient) -> None:
             f"the deployment does not serve model {t.body_model!r} (HTTP {s.status} {said}): check {names}"
         )
     if s.status in (404, 405):
-        raise PreflightError(f"no completions endpoint at {url} (HTTP {s.status} {said}): check --rl-inference-url")
+        raise PreflightError(f"no completions endpoint at {url} (HTTP {s.status} {said}): check rl_inference_url")
     raise PreflightError(f"a one-token completion at {url} was not answered (HTTP {s.status} {said})")
 
 

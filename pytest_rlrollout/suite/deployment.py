@@ -1,6 +1,6 @@
-"""The deployment under test: `RLDeployment` and the `rl_deployment` fixture, with the per-test
-concerns around it (one autouse fixture each): what a test requires, the lock that keeps
-read-only tests out of swaps, and the test's cassette when recording or replaying.
+"""The deployment under test: `RLDeployment` and the `rl_deployment` fixture, and one test's
+hold on it, `rl_test`: what the test requires, its cassette when recording or replaying, the
+lock that keeps read-only tests out of swaps, its exchanges and its deadline.
 
 Local runs (the default) start the reference deployment, one per xdist worker. Live runs talk
 to `--rl-deployment`; they change nothing without `--rl-allow-hot-load` and record what was
@@ -9,12 +9,14 @@ served at the start. Replays answer every request from cassettes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ import pytest
 
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
-from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
+from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
     import httpx
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
-    from pytest_rlrollout.remote.client import Target, Waited
+    from pytest_rlrollout.remote.client import Exchange, Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
     from pytest_rlrollout.remote.drivers import Driver, Status
     from pytest_rlrollout.remote.fingerprint import Fingerprint
@@ -186,7 +188,7 @@ class RLDeployment:
 
     @property
     def long_stream_tokens(self) -> int:
-        """Tokens a stream must last for a swap to land inside it (--rl-long-stream-tokens)."""
+        """Tokens a stream must last for a swap to land inside it (rl_long_stream_tokens)."""
         return self.timeouts.long_stream_tokens
 
     @property
@@ -390,11 +392,13 @@ def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
 
 
 @pytest.fixture(scope="session")
-def rl_deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+def rl_deployment(
+    rl_config: RLOptions, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RLDeployment]:
     """The deployment under test (`--rl-deployment`); the bundled reference deployment by
     default; recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
     config = request.config
-    opts = options(config)
+    opts = rl_config
     opened = {"local": lambda: _local(opts, tmp_path_factory),
               "live": lambda: _live(opts, preflighted(config).engine),
               "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
@@ -544,7 +548,7 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
 
 def run_id(config: pytest.Config) -> str:
     """Unique per run; in replay, the recording's; when adding to existing cassettes
-    (--rl-record-mode=once), theirs, so that old and new cassettes name the same snapshots."""
+    (rl_record_mode = once), theirs, so that old and new cassettes name the same snapshots."""
     opts = options(config)
     if opts.replay_meta is not None:
         return opts.replay_meta["run_id"]
@@ -570,29 +574,21 @@ def recorded_run_id(session: Path) -> str:
     try:
         found = Cassette.load(session).meta.get("run_id")
     except CassetteError as e:
-        raise pytest.UsageError(f"--rl-record-mode=once: {e}") from None
+        raise pytest.UsageError(f"rl_record_mode = once: {e}") from None
     if not isinstance(found, str) or not RUN_ID.fullmatch(found):
-        raise pytest.UsageError(f"--rl-record-mode=once: {session} holds no usable run_id ({str(found)[:80]!r})")
+        raise pytest.UsageError(f"rl_record_mode = once: {session} holds no usable run_id ({str(found)[:80]!r})")
     return found
 
 
 # --------------------------------------------------------------------------- per test, one concern each
 
 
-def _uses_deployment(request: pytest.FixtureRequest) -> bool:
-    return "rl_deployment" in request.fixturenames
-
-
-@pytest.fixture(autouse=True)
-def _rl_requirements(request: pytest.FixtureRequest) -> None:
+def _requirements(request: pytest.FixtureRequest, dep: RLDeployment) -> None:
     """What the test needs of the deployment: a clause of its engine, state changes allowed
     (`rl_swaps`), capabilities (`rl_requires`). The suite, not the test, decides the outcome of
     what is missing (see contract/capabilities.py)."""
-    if not _uses_deployment(request):
-        return
     from pytest_rlrollout.contract import catalogue
 
-    dep: RLDeployment = request.getfixturevalue("rl_deployment")
     clauses = [catalogue()[c] for mark in request.node.iter_markers("rl_clause") for c in mark.args]
     unbound = [c for c in clauses if not c.binds(dep.engine)]
     if unbound:  # the test's verdict is every clause's it is tagged with: each must mean something here
@@ -621,7 +617,7 @@ def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: boo
     if capability.startswith("transition:"):
         wanted = capability.split(":", 1)[1]
         if found.transition is None:
-            inconclusive("the transition type is unknown: the deployment resource does not say; pass --rl-transition")
+            inconclusive("the transition type is unknown: the deployment resource does not say; set rl_transition (-o rl_transition=ASYNC|SYNC)")
         if found.transition != wanted:
             not_applicable(f"the deployment uses {found.transition} transitions, this clause is about {wanted}")
         return
@@ -643,54 +639,53 @@ def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: boo
         unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen})")
 
 
-@pytest.fixture(autouse=True)
-def _rl_fresh_exchanges(request: pytest.FixtureRequest) -> None:
-    """A test's evidence holds only its own exchanges."""
-    if _uses_deployment(request):
-        request.getfixturevalue("rl_deployment").client.exchanges.clear()
+@dataclass
+class RLTest:
+    """One test's hold on the deployment (the `rl_test` fixture): its deadline, its exchanges
+    (newest last: the evidence of a failure), its cassette when recording or replaying, and
+    whether it holds the deployment alone (an `rl_swaps` test) or shares it."""
+
+    deadline: float
+    exchanges: collections.deque[Exchange]
+    cassette: Cassette | None
+    exclusive: bool
 
 
 @pytest.fixture(autouse=True)
-def _rl_deadline(request: pytest.FixtureRequest, _rl_lock: None) -> Iterator[None]:
-    """Everything the test asks of the deployment ends by `--rl-test-timeout` after it got the
-    deployment: one that keeps a stream going, or trickles it, fails that test naming the bound
-    instead of holding the run for as long as it keeps sending."""
-    if not _uses_deployment(request):
-        yield
-        return
-    client = request.getfixturevalue("rl_deployment").client
-    client.deadline = time.monotonic() + options(request.config).timeouts.test
-    try:
-        yield
-    finally:
-        client.deadline = None
-
-
-@pytest.fixture(autouse=True)
-def _rl_lock(request: pytest.FixtureRequest, _rl_requirements: None) -> Iterator[None]:
-    """Exclusive for `rl_swaps` tests, shared for every other test of the deployment, across
-    processes; a swap test leaves the deployment at rest for the next one."""
-    if not _uses_deployment(request):
-        yield
-        return
-    from pytest_rlrollout.remote.lock import DeploymentLock
-
-    dep: RLDeployment = request.getfixturevalue("rl_deployment")
-    swaps = request.node.get_closest_marker("rl_swaps") is not None
-    lock = DeploymentLock(dep.key)
-    with lock.exclusive() if swaps else lock.shared():
-        yield
-        if swaps:
-            dep.settle()
-
-
-@pytest.fixture(autouse=True)
-def _rl_cassette(request: pytest.FixtureRequest, _rl_requirements: None) -> Iterator[Cassette | None]:
-    """This test's cassette when recording or replaying (None otherwise)."""
-    if not _uses_deployment(request):
+def rl_test(request: pytest.FixtureRequest) -> Iterator[RLTest | None]:
+    """Every test of the deployment, in this order: what it requires (else it is not run and
+    says why), its cassette, the lock (exclusive for `rl_swaps` tests, shared for the others,
+    across processes; a swap test leaves the deployment at rest for the next), then its own
+    exchanges and its deadline: everything it asks ends by `rl_test_timeout` after it got the
+    lock, so a deployment that keeps a stream going fails that test naming the bound instead of
+    holding the run. None for a test that does not use the deployment."""
+    if "rl_deployment" not in request.fixturenames:
         yield None
         return
     dep: RLDeployment = request.getfixturevalue("rl_deployment")
+    _requirements(request, dep)
+    exclusive = request.node.get_closest_marker("rl_swaps") is not None
+    with _cassette(request, dep) as cassette, _locked(dep, exclusive=exclusive):
+        deadline = time.monotonic() + dep.timeouts.test
+        with dep.client.scoped(deadline) as exchanges:
+            test = request.node.stash[RL_TEST] = RLTest(deadline, exchanges, cassette, exclusive)
+            yield test
+
+
+@contextlib.contextmanager
+def _locked(dep: RLDeployment, *, exclusive: bool) -> Iterator[None]:
+    from pytest_rlrollout.remote.lock import DeploymentLock
+
+    lock = DeploymentLock(dep.key)
+    with lock.exclusive() if exclusive else lock.shared():
+        yield
+        if exclusive:
+            dep.settle()  # in the test's cassette: a replay answers it as the recording did
+
+
+@contextlib.contextmanager
+def _cassette(request: pytest.FixtureRequest, dep: RLDeployment) -> Iterator[Cassette | None]:
+    """This test's cassette when recording or replaying (None otherwise)."""
     t = dep.cassettes
     if t is None:
         yield None

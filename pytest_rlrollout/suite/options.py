@@ -8,6 +8,8 @@ before collection with one message.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import re
 from dataclasses import dataclass, replace
@@ -69,8 +71,8 @@ class Numerics:
 
 
 @dataclass(frozen=True)
-class RLOptions:
-    """What the user asked for, checked: the run's one source of configuration."""
+class RLConfig:
+    """The run's settings (options and ini keys), checked: its one source of configuration."""
 
     mode: Mode
     deployment: str | None  # accounts/<a>/deployments/<d>; None: the local reference deployment, or a plain server
@@ -116,95 +118,320 @@ class RLOptions:
         return Limits(exchange=self.timeouts.exchange)
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a run: an ini key (`[tool.pytest.ini_options]`, pytest.ini, `-o key=value`),
+    and for the dozen a person types on each run, a command-line option too (which wins)."""
+
+    key: str  # the ini key, and the option's dest
+    help: str
+    kind: type = str  # str | float | int | bool | list (whitespace-separated words)
+    option: str | None = None  # the command-line flag
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    check: Literal["positive", "fraction"] | None = None
+    ini: bool = True  # False: typed per run only (a key kept in a file lands in git; a safety switch stays explicit)
+
+    @property
+    def example(self) -> str:
+        """How to set it for one run."""
+        value = {float: "SECONDS" if "timeout" in self.key else "X", int: "N", bool: "true"}.get(
+            self.kind, self.metavar or "VALUE"
+        )
+        return f"-o {self.key}={value}"
+
+    def parse(self, raw: Any) -> Any:
+        """The ini value, typed (None when unset); raises pytest.UsageError naming the key."""
+        if raw in (None, "", []):
+            return None
+        if self.kind is list:
+            return list(raw)
+        text = str(raw).strip()
+        try:
+            value: Any = {float: float, int: int, bool: _boolean}.get(self.kind, str)(text)
+        except ValueError:
+            _usage(f"{self.key} = {text!r} is not {_KIND_WORDS[self.kind]} ({self.example})")
+        if self.choices:  # ASYNC or async alike
+            value = next((c for c in self.choices if c.lower() == text.lower()), None)
+            if value is None:
+                _usage(f"{self.key} = {text!r}: one of {', '.join(self.choices)}")
+        if self.check == "positive" and not value > 0:  # `not >`: NaN is not positive either
+            _usage(f"{self.key} must be positive, not {text}")
+        if self.check == "fraction" and not 0 <= value <= 1:
+            _usage(f"{self.key} is a fraction in [0, 1], not {text}")
+        return value
+
+
+_KIND_WORDS = {float: "a number", int: "a whole number", bool: "true or false"}
+
+
+def _boolean(text: str) -> bool:
+    words = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+    if text.lower() not in words:
+        raise ValueError(text)
+    return words[text.lower()]
+
+
+# Every setting of a run, once: the plugin registers them, `rlrollout conformance --help` lists
+# them, and `read_options` reads them. Options are what a person types per run; tolerances,
+# timeouts, thresholds and the rest of a deployment's description are ini keys.
+SETTINGS = (
+    Setting(
+        "rl_deployment",
+        "accounts/<a>/deployments/<d>, or a CoreWeave deployment's UUID (default: start the "
+        "bundled reference deployment)",
+        option="--rl-deployment",
+        metavar="NAME",
+    ),
+    Setting(
+        "rl_engine",
+        "whose wire the deployment speaks: a Fireworks hot-load deployment, a vLLM server through "
+        "its RL API (VLLM_SERVER_DEV_MODE=1), an SGLang server through its RL routes, a CoreWeave deployment "
+        "(hot-load API and gateway), a plain OpenAI-compatible server, or auto (the default: decided from what "
+        "answers, and said)",
+        option="--rl-engine",
+        choices=("auto", *ENGINES),
+    ),
+    Setting(
+        "rl_base_url", f"the deployment's API base (default {DEFAULT_BASE_URL})", option="--rl-base-url", metavar="URL"
+    ),
+    Setting("rl_model", "the model the deployment serves (fireworks-model)", option="--rl-model", metavar="NAME"),
+    Setting(
+        "rl_api_key",
+        "default: $FIREWORKS_API_KEY (CoreWeave: the gateway's key, no default)",
+        option="--rl-api-key",
+        metavar="KEY",
+        ini=False,
+    ),
+    Setting(
+        "rl_allow_hot_load",
+        "allow state changes (hot-loads, ledger resets) on a live deployment",
+        bool,
+        option="--rl-allow-hot-load",
+        ini=False,
+    ),
+    Setting(
+        "rl_bucket_url",
+        "where the suite uploads the snapshots it swaps in (the deployment's bucket; fsspec URL or directory)",
+        option="--rl-bucket-url",
+        metavar="URL",
+    ),
+    Setting(
+        "rl_base_snapshot",
+        "a local copy of the base model the deployment serves (its directory name = its identity)",
+        option="--rl-base-snapshot",
+        metavar="DIR",
+    ),
+    Setting(
+        "rl_report",
+        "write the per-clause report as JSON (and .md, .html beside it)",
+        option="--rl-report",
+        metavar="PATH",
+    ),
+    Setting(
+        "rl_record",
+        "record every exchange with the deployment into cassettes in DIR",
+        option="--rl-record",
+        metavar="DIR",
+    ),
+    Setting(
+        "rl_replay",
+        "replay the cassettes in DIR (or a shipped set: reference, reference-sync) instead of talking to a deployment",
+        option="--rl-replay",
+        metavar="DIR",
+    ),
+    Setting(
+        "rl_snapshot",
+        "validate this snapshot directory (the exporter gate; rl_parent, rl_signal describe it)",
+        option="--rl-snapshot",
+        metavar="DIR",
+    ),
+    # the deployment, further described
+    Setting("rl_inference_url", "the inference API (default: base URL + /inference)", metavar="URL"),
+    Setting(
+        "rl_control_url",
+        f"CoreWeave: the hot-load API (default {DEFAULT_CONTROL_URL}; its key: "
+        "$COREWEAVE_API_KEY); rl_base_url is then the deployment's OpenAI-compatible gateway",
+        metavar="URL",
+    ),
+    Setting(
+        "rl_transition",
+        "the deployment's transition type (local: start the reference deployment with it)",
+        choices=("ASYNC", "SYNC"),
+        metavar="ASYNC|SYNC",
+    ),
+    # how the run goes
+    Setting(
+        "rl_level",
+        "'must': failures of SHOULD clauses are reported but do not fail the run (default should)",
+        choices=("must", "should"),
+        metavar="must|should",
+    ),
+    Setting(
+        "rl_record_mode",
+        "rewrite: record every test anew (default); once: only tests without a cassette; "
+        "none: replay the --rl-record directory",
+        choices=("rewrite", "once", "none"),
+        metavar="MODE",
+    ),
+    Setting(
+        "rl_local_faults",
+        "fault switches the bundled reference deployment starts with (mutation testing; "
+        "`rlrollout serve --list-faults`)",
+        list,
+        metavar="CLAUSE-ID ...",
+    ),
+    # waits
+    Setting("rl_swap_timeout", "how long a swap may take (default: 3 local, 900 live)", float, check="positive"),
+    Setting(
+        "rl_exchange_timeout",
+        "the longest one request and its whole answer (a stream included) may take (default: 60 local, 600 live)",
+        float,
+        check="positive",
+    ),
+    Setting(
+        "rl_test_timeout",
+        "the longest one test may spend talking to the deployment (default: 120 local, 5400 live)",
+        float,
+        check="positive",
+    ),
+    Setting(
+        "rl_long_stream_tokens",
+        "length of the streams swaps must land in (default: 64 local, 256 live)",
+        int,
+        check="positive",
+    ),
+    # numbers
+    Setting(
+        "rl_fingerprint_tolerance",
+        "FID: the largest |Δlogprob| between two fingerprints of the same weights "
+        f"(default {Numerics.fingerprint_tolerance:g})",
+        float,
+        check="positive",
+    ),
+    Setting(
+        "rl_logprob_tolerance",
+        f"NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer (default {Numerics.logprob_tolerance:g})",
+        float,
+        check="positive",
+    ),
+    Setting(
+        "rl_min_route_agreement",
+        "NUM-ROUTE-1: the least (layer, token) routing agreement with the local "
+        f"router (default {Numerics.min_route_agreement:g})",
+        float,
+        check="fraction",
+    ),
+    Setting(
+        "rl_numerics_tokens", f"NUM: generated tokens to compare (default {Numerics.tokens})", int, check="positive"
+    ),
+    Setting(
+        "rl_scorer",
+        "NUM: the local scorer (default auto: the numpy engine for small models on the CPU, else transformers)",
+        choices=("auto", "numpy", "transformers"),
+        metavar="auto|numpy|transformers",
+    ),
+    Setting("rl_scorer_device", "NUM: where the transformers scorer runs (default cpu; cuda)", metavar="DEVICE"),
+    # the exporter gate (--rl-snapshot)
+    Setting("rl_parent", "the parent snapshot: --rl-snapshot is an ARC2 diff of it", metavar="DIR"),
+    Setting("rl_signal", "the hot-load request body (JSON file) announcing --rl-snapshot", metavar="FILE"),
+    Setting(
+        "rl_after_ledger_reset",
+        "the deployment's ledger was just reset (the snapshot must then be full: SNAP-INC-7)",
+        bool,
+    ),
+    Setting("rl_base_models", "names adapter_config.json may use for the base model", list, metavar="NAME ..."),
+    Setting("rl_check_model_type", "ask transformers whether it knows config.json's model_type (default true)", bool),
+)
+SETTING = {s.key: s for s in SETTINGS}
+# The options of earlier releases that became ini keys: given, the run stops naming the key.
+FORMER_OPTIONS = {
+    "--rl-inference-url": "rl_inference_url", "--rl-control-url": "rl_control_url", "--rl-transition": "rl_transition",
+    "--rl-swap-timeout": "rl_swap_timeout", "--rl-exchange-timeout": "rl_exchange_timeout",
+    "--rl-test-timeout": "rl_test_timeout", "--rl-long-stream-tokens": "rl_long_stream_tokens",
+    "--rl-level": "rl_level", "--rl-record-mode": "rl_record_mode", "--rl-local-fault": "rl_local_faults",
+    "--rl-fingerprint-tolerance": "rl_fingerprint_tolerance", "--rl-logprob-tolerance": "rl_logprob_tolerance",
+    "--rl-min-route-agreement": "rl_min_route_agreement", "--rl-numerics-tokens": "rl_numerics_tokens",
+    "--rl-scorer": "rl_scorer", "--rl-scorer-device": "rl_scorer_device", "--rl-parent": "rl_parent",
+    "--rl-signal": "rl_signal", "--rl-after-ledger-reset": "rl_after_ledger_reset",
+    "--rl-base-model": "rl_base_models", "--rl-no-transformers": "rl_check_model_type",
+}  # fmt: skip
+_FORMER_FLAGS = ("--rl-after-ledger-reset", "--rl-no-transformers")  # took no value
+
+
+RLOptions = RLConfig  # transitional: the modules still naming it are renamed in this change
+
+
+def option_arguments(s: Setting) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """`add_argument`'s arguments for a setting's command-line option (pytest's and argparse's)."""
+    if s.kind is bool:
+        return (s.option,), {"dest": s.key, "action": "store_true", "default": False, "help": s.help}
+    names = (s.option, "--rl-base") if s.key == "rl_base_snapshot" else (s.option,)  # --rl-base: its old spelling
+    more = {"choices": list(s.choices)} if s.choices else {"metavar": s.metavar}
+    return names, {"dest": s.key, "help": s.help, **more}
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlrollout", "RL-rollout deployment contract")
-    add = group.addoption
-    add("--rl-deployment", metavar="NAME", help="accounts/<a>/deployments/<d>, or a CoreWeave deployment's UUID "
-        "(default: start the bundled reference deployment)")  # fmt: skip
-    add("--rl-engine", choices=["auto", *ENGINES],
-        help="whose wire the deployment speaks: a Fireworks hot-load deployment, a vLLM server through its RL API "
-             "(VLLM_SERVER_DEV_MODE=1), an SGLang server through its RL routes, a CoreWeave deployment (hot-load API "
-             "and gateway), a plain OpenAI-compatible server, or auto (the default: decided from what answers, and "
-             "said)")  # fmt: skip
-    add("--rl-base-url", metavar="URL", help=f"the deployment's API base (default {DEFAULT_BASE_URL})")
-    add("--rl-inference-url", metavar="URL", help="the inference API (default: base URL + /inference)")
-    add("--rl-control-url", metavar="URL", help=f"CoreWeave: the hot-load API (default {DEFAULT_CONTROL_URL}; its "
-        "key: $COREWEAVE_API_KEY); --rl-base-url is then the deployment's OpenAI-compatible gateway")  # fmt: skip
-    add("--rl-model", metavar="NAME", help="the model the deployment serves (fireworks-model)")
-    add("--rl-api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY (CoreWeave: the gateway's key, no default)")
-    add("--rl-allow-hot-load", action="store_true", default=False,
-        help="allow state changes (hot-loads, ledger resets) on a live deployment")  # fmt: skip
-    add("--rl-bucket-url", metavar="URL",
-        help="where the suite uploads the snapshots it swaps in (the deployment's bucket; fsspec URL or directory)")  # fmt: skip
-    add("--rl-base-snapshot", "--rl-base", dest="rl_base", metavar="DIR",
-        help="a local copy of the base model the deployment serves (its directory name = its identity)")  # fmt: skip
-    add("--rl-transition", choices=["ASYNC", "SYNC", "async", "sync"],
-        help="the deployment's transition type (local: start the reference deployment with it)")  # fmt: skip
-    add(
-        "--rl-swap-timeout", type=float, metavar="SECONDS", help="how long a swap may take (default: 3 local, 900 live)"
-    )
-    add("--rl-exchange-timeout", type=float, metavar="SECONDS",
-        help="the longest one request and its whole answer (a stream included) may take (default: 60 local, 600 live)")  # fmt: skip
-    add("--rl-test-timeout", type=float, metavar="SECONDS",
-        help="the longest one test may spend talking to the deployment (default: 120 local, 5400 live)")  # fmt: skip
-    add("--rl-long-stream-tokens", type=int, metavar="N",
-        help="length of the streams swaps must land in (default: 64 local, 256 live)")  # fmt: skip
-    add("--rl-level", choices=["must", "should"], default="should",
-        help="'must': failures of SHOULD clauses are reported but do not fail the run")  # fmt: skip
-    add("--rl-report", metavar="PATH", help="write the per-clause report as JSON (and .md beside it)")
-    add("--rl-record", metavar="DIR", help="record every exchange with the deployment into cassettes in DIR")
-    add("--rl-record-mode", choices=["rewrite", "once", "none"], default="rewrite",
-        help="rewrite: record every test anew; once: only tests without a cassette; none: replay DIR")  # fmt: skip
-    add("--rl-replay", metavar="DIR", help="replay the cassettes in DIR (or a shipped set: reference, "
-        "reference-sync) instead of talking to a deployment")  # fmt: skip
-    add("--rl-local-fault", metavar="CLAUSE-ID", action="append", default=[],
-        help="start the local reference deployment with this fault switch on (mutation testing)")  # fmt: skip
-    add("--rl-fingerprint-tolerance", type=float, metavar="DELTA",
-        help="FID: the largest |Δlogprob| between two fingerprints of the same weights (default 1e-3)")  # fmt: skip
-    add("--rl-logprob-tolerance", type=float, metavar="DELTA",
-        help="NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer (default 1e-3)")  # fmt: skip
-    add("--rl-min-route-agreement", type=float, metavar="FRACTION",
-        help="NUM-ROUTE-1: the least (layer, token) routing agreement with the local router (default 0.99)")  # fmt: skip
-    add("--rl-numerics-tokens", type=int, metavar="N", help="NUM: generated tokens to compare (default 64)")
-    add("--rl-scorer", choices=["auto", "numpy", "transformers"],
-        help="NUM: the local scorer (default auto: the numpy engine for small models on the CPU, else transformers)")  # fmt: skip
-    add("--rl-scorer-device", metavar="DEVICE", help="NUM: where the transformers scorer runs (default cpu; cuda)")
-    add("--rl-snapshot", metavar="DIR", help="validate this snapshot directory (the exporter gate)")
-    add("--rl-parent", metavar="DIR", help="the parent snapshot: --rl-snapshot is an ARC2 diff of it")
-    add("--rl-signal", metavar="FILE", help="the hot-load request body (JSON) announcing the snapshot")
-    add("--rl-after-ledger-reset", action="store_true", default=False,
-        help="the deployment's ledger was just reset (the snapshot must then be full: SNAP-INC-7)")  # fmt: skip
-    add("--rl-base-model", metavar="NAME", action="append", default=[],
-        help="a name adapter_config.json may use for the base model")  # fmt: skip
-    add("--rl-no-transformers", action="store_true", default=False,
-        help="do not ask transformers whether it knows config.json's model_type")  # fmt: skip
-    for name, help_ in (("rl_deployment", "default deployment"), ("rl_base_url", "default API base URL"),
-                        ("rl_model", "default model name")):  # fmt: skip
-        parser.addini(name, help_, default=None)
+    for s in SETTINGS:
+        if s.option:
+            names, kwargs = option_arguments(s)
+            group.addoption(*names, **kwargs)
+        if s.ini:
+            parser.addini(
+                s.key, s.help, type="args" if s.kind is list else "string", default=[] if s.kind is list else ""
+            )
+    for flag in FORMER_OPTIONS:  # parsed so that the run can say which key replaced them
+        kind = {"action": "store_true"} if flag in _FORMER_FLAGS else {"action": "append"}
+        group.addoption(flag, dest="former_" + flag[2:].replace("-", "_"), help=argparse.SUPPRESS, **kind)
+
+
+def _former_options(config: pytest.Config) -> None:
+    for flag, key in FORMER_OPTIONS.items():
+        given = config.getoption("former_" + flag[2:].replace("-", "_"))
+        if not given:
+            continue
+        if flag == "--rl-no-transformers":
+            value = "false"
+        elif flag in _FORMER_FLAGS:
+            value = "true"
+        else:
+            value = " ".join(given)
+        _usage(f"{flag} is now the ini key {key}: pass -o {key}={value} (or set it in pytest.ini / "
+               "[tool.pytest.ini_options])")  # fmt: skip
+
+
+def setting(config: pytest.Config, key: str) -> Any:
+    """A setting's value: the command-line option when given, else the ini key (None when unset)."""
+    s = SETTING[key]
+    if s.option is not None and config.getoption(key) not in (None, False):
+        return config.getoption(key)
+    return s.parse(config.getini(key)) if s.ini else None
 
 
 def read_options(config: pytest.Config) -> RLOptions:
-    """The options of this run, checked; raises pytest.UsageError naming what to fix."""
-    get = config.getoption
+    """The settings of this run, checked; raises pytest.UsageError naming what to fix."""
+    _former_options(config)
+
+    def get(key: str) -> Any:
+        return setting(config, key)
+
     record, replay = get("rl_record"), get("rl_replay")
     if record and get("rl_record_mode") == "none":
         record, replay = None, record
     if record and replay:
         _usage("--rl-record and --rl-replay exclude each other")
-    for name in ("rl_swap_timeout", "rl_long_stream_tokens", "rl_exchange_timeout", "rl_test_timeout"):
-        if get(name) is not None and get(name) <= 0:
-            _usage(f"{_flag(name)} must be positive, not {get(name)}")
     common: dict[str, Any] = dict(
-        base_snapshot=_directory(get("rl_base"), "--rl-base-snapshot", need="config.json"),
-        level=get("rl_level"),
+        base_snapshot=_directory(get("rl_base_snapshot"), "--rl-base-snapshot", need="config.json"),
+        level=get("rl_level") or "should",
         report=Path(get("rl_report")) if get("rl_report") else None,
         record=Path(record) if record else None,
-        record_mode=get("rl_record_mode"),
-        transition=(get("rl_transition") or "").upper() or None,
+        record_mode=get("rl_record_mode") or "rewrite",
+        transition=get("rl_transition"),
         numerics=_numerics(config),
         **_gate_options(config),
     )
-    deployment = get("rl_deployment") or config.getini("rl_deployment") or None
+    deployment = get("rl_deployment")
     if replay:
         return _replay_options(config, replay, common)
     if deployment == "local" or not (deployment or get("rl_base_url")):
@@ -216,7 +443,7 @@ def read_options(config: pytest.Config) -> RLOptions:
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
     given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_control_url", "rl_bucket_url",
-                   "rl_local_fault", "rl_engine")  # fmt: skip
+                   "rl_local_faults", "rl_engine")  # fmt: skip
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -234,23 +461,25 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
     stray = _given(config, "rl_inference_url", "rl_control_url", "rl_model", "rl_bucket_url", "rl_api_key")
     if stray:
         _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
-    faults = frozenset(config.getoption("rl_local_fault"))
+    faults = frozenset(setting(config, "rl_local_faults") or ())
     if faults:
         from pytest_rlrollout.reference.faults import check_faults
 
         try:
             check_faults(faults)
         except ValueError as e:
-            _usage(f"--rl-local-fault: {e}")
+            _usage(f"rl_local_faults: {e}")
     common["transition"] = common["transition"] or "ASYNC"
-    given = config.getoption("rl_engine")
+    given = setting(config, "rl_engine")
     engine = given if given in ("vllm", "sglang", "coreweave") else "fireworks"  # the bundled deployment's dialect
     return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
                      allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:
-    get = config.getoption
+    def get(key: str) -> Any:
+        return setting(config, key)
+
     engine: Engine | None = None if get("rl_engine") in (None, "auto") else get("rl_engine")
     coreweave = engine == "coreweave" or (engine is None and _is_uuid(deployment))
     if deployment is not None and not (_is_uuid(deployment) if coreweave else _is_deployment_name(deployment)):
@@ -259,20 +488,19 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     if engine == "fireworks" and deployment is None:
         _usage("--rl-engine=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
     if get("rl_control_url") and not coreweave:
-        _usage("--rl-control-url is CoreWeave's hot-load API: also pass --rl-engine=coreweave (or auto) and "
+        _usage("rl_control_url is CoreWeave's hot-load API: also pass --rl-engine=coreweave (or auto) and "
                "--rl-deployment=<the deployment's UUID>")  # fmt: skip
     control: dict[str, Any] = {}
     if coreweave:  # its control plane and gateway are two hosts with keys of their own
         control = _coreweave_control(config, deployment)
-    if get("rl_local_fault"):
+    if get("rl_local_faults"):
         _usage(
-            f"--rl-local-fault breaks the bundled reference deployment; it cannot apply to {deployment or get('rl_base_url')}"
+            f"rl_local_faults break the bundled reference deployment; they cannot apply to "
+            f"{deployment or get('rl_base_url')}"
         )
-    model = get("rl_model") or config.getini("rl_model") or None
+    model = get("rl_model")
     if not model:
-        _usage(
-            f"{_flag('rl_deployment') if deployment else _flag('rl_base_url')}: also pass --rl-model (the model it serves)"
-        )
+        _usage(f"{'--rl-deployment' if deployment else '--rl-base-url'}: also pass --rl-model (the model it serves)")
     key = get("rl_api_key") or (None if coreweave else os.environ.get("FIREWORKS_API_KEY"))
     if not key and (engine == "fireworks" or (engine is None and deployment is not None and not coreweave)):
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
@@ -289,32 +517,32 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
             Bucket(bucket_url)
         except ValueError as e:
             _usage(f"--rl-bucket-url: {e}")
-    base_url = (get("rl_base_url") or config.getini("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
+    base_url = (get("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
-                     inference_url=get("rl_inference_url"), allow_hot_load=allow, bucket_url=bucket_url,
+                     inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url,
                      engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
 
 
 def _coreweave_control(config: pytest.Config, deployment: str | None) -> dict[str, Any]:
-    """CoreWeave's control plane: its URL and its own key (never an option: a key typed on a
-    command line stays in the shell's history and the process list)."""
+    """CoreWeave's control plane: its URL and its own key (never a setting: a key typed on a
+    command line stays in the shell's history and the process list, one in an ini file in git)."""
     if deployment is None:
         _usage("--rl-engine=coreweave: also pass --rl-deployment=<the deployment's UUID> (what its hot-loads name)")
     what = (
         "--rl-engine=coreweave"
-        if config.getoption("rl_engine") == "coreweave"
+        if setting(config, "rl_engine") == "coreweave"
         else f"--rl-deployment {deployment} (CoreWeave)"
     )
-    if not config.getoption("rl_base_url"):
+    if not setting(config, "rl_base_url"):
         _usage(f"{what}: also pass --rl-base-url (the deployment's OpenAI-compatible gateway)")
     key = os.environ.get("COREWEAVE_API_KEY")
     if not key:
         _usage(f"{what}: set COREWEAVE_API_KEY (the hot-load API's key)")
-    if config.getoption("rl_record") and key != (config.getoption("rl_api_key") or ""):
+    if setting(config, "rl_record") and key != (setting(config, "rl_api_key") or ""):
         # a cassette keeps one key out of what it holds; two would leave one to chance
         _usage("--rl-record: recording a CoreWeave deployment whose gateway and hot-load API have different keys "
                "is not supported")  # fmt: skip
-    url = (config.getoption("rl_control_url") or DEFAULT_CONTROL_URL).rstrip("/")
+    url = (setting(config, "rl_control_url") or DEFAULT_CONTROL_URL).rstrip("/")
     return {"control_url": url, "control_key": Secret(key)}
 
 
@@ -327,38 +555,27 @@ def _is_deployment_name(name: str) -> bool:
     return len(parts) == 4 and parts[0] == "accounts" and parts[2] == "deployments" and all(parts)
 
 
-def _given(config: pytest.Config, *names: str) -> list[str]:
-    """The flags of the options among `names` given on the command line."""
-    return [_flag(n) for n in names if config.getoption(n)]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _given(config: pytest.Config, *keys: str) -> list[str]:
+    """How the user named the settings among `keys` that have a value (flag or ini key)."""
+    return [SETTING[k].option or k for k in keys if setting(config, k)]
 
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
-    get = config.getoption
+    get = functools.partial(setting, config)
     return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"),
                          exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"))  # fmt: skip
 
 
 def _numerics(config: pytest.Config) -> Numerics:
-    get = config.getoption
+    get = functools.partial(setting, config)
     given = {"fingerprint_tolerance": get("rl_fingerprint_tolerance"), "logprob_tolerance": get("rl_logprob_tolerance"),
              "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
              "scorer": get("rl_scorer"), "scorer_device": get("rl_scorer_device")}  # fmt: skip
-    for name, flag in (("fingerprint_tolerance", "rl_fingerprint_tolerance"),
-                       ("logprob_tolerance", "rl_logprob_tolerance"), ("tokens", "rl_numerics_tokens")):  # fmt: skip
-        if given[name] is not None and not given[name] > 0:
-            _usage(f"{_flag(flag)} must be positive, not {given[name]}")
-    agreement = given["min_route_agreement"]
-    if agreement is not None and not 0 <= agreement <= 1:
-        _usage(f"--rl-min-route-agreement is a fraction in [0, 1], not {agreement}")
     return replace(Numerics(), **{k: v for k, v in given.items() if v is not None})
 
 
 def _gate_options(config: pytest.Config) -> dict[str, Any]:
-    get = config.getoption
+    get = functools.partial(setting, config)
     signal = None
     if get("rl_signal"):
         from pytest_rlrollout.snapshot.validate import load_signal
@@ -366,14 +583,14 @@ def _gate_options(config: pytest.Config) -> dict[str, Any]:
         try:  # read as untrusted: a regular file, bounded in size and in JSON depth
             signal = load_signal(get("rl_signal"))
         except (OSError, ValueError) as e:
-            _usage(f"--rl-signal: cannot read a JSON body ({e})")
+            _usage(f"rl_signal: cannot read a JSON body ({e})")
     return dict(
         snapshot=_directory(get("rl_snapshot"), "--rl-snapshot"),
-        parent=_directory(get("rl_parent"), "--rl-parent"),
+        parent=_directory(get("rl_parent"), "rl_parent"),
         signal=signal,
-        after_ledger_reset=get("rl_after_ledger_reset"),
-        base_models=tuple(get("rl_base_model")),
-        hf_config=not get("rl_no_transformers"),
+        after_ledger_reset=bool(get("rl_after_ledger_reset")),
+        base_models=tuple(get("rl_base_models") or ()),
+        hf_config=get("rl_check_model_type") is not False,
     )
 
 

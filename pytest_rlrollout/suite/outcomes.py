@@ -13,7 +13,7 @@ import pytest
 
 from pytest_rlrollout.contract.outcomes import UNJUDGED, Outcome
 
-# --rl-level=must turns a failure of SHOULD clauses into an xfail whose reason starts with this.
+# rl_level = must turns a failure of SHOULD clauses into an xfail whose reason starts with this.
 SHOULD_FAILURE = "rl-should-failure:"
 # A test that failed by an exception other than an assertion about the deployment carries this
 # user property: its outcome is `error` (the suite or a cassette broke), never `fail`.
@@ -40,7 +40,7 @@ def outcome_of(report: pytest.TestReport) -> tuple[Outcome, str]:
     """The outcome of one test phase, with its evidence (the failure's last lines, or the reason)."""
     if report.passed:
         return Outcome.PASS, ""
-    if getattr(report, "wasxfail", "").startswith(SHOULD_FAILURE):  # judged, not counted (--rl-level=must)
+    if getattr(report, "wasxfail", "").startswith(SHOULD_FAILURE):  # judged, not counted (rl_level = must)
         return Outcome.FAIL, _tail(report.longreprtext)
     if report.skipped:
         # (path, line, reason); a report that crossed a JSON transport carries a list

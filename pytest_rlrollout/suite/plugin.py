@@ -14,9 +14,9 @@ import pytest
 
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
-from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, add_options, options, read_options
+from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, RLOptions, add_options, options, read_options
 from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE, SUITE_ERROR
-from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, WORKER_DISCOVERY
+from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.discovery import Discovery
@@ -162,14 +162,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     """On a clause test's report: its evidence (what it observed, the exchanges, a timeline).
-    A pass that observed nothing is `inconclusive`. --rl-level=must: a failure of SHOULD clauses
+    A pass that observed nothing is `inconclusive`. rl_level = must: a failure of SHOULD clauses
     only is reported (the clause's outcome stays `fail`) but does not fail the run (xfailed)."""
     report = yield
     clauses = [v for k, v in item.user_properties if k == "rl_clause"]
     if report.when != "call" or not clauses:
         return report
-    dep = item.funcargs.get("rl_deployment") if hasattr(item, "funcargs") else None
-    exchanges = telling(list(dep.client.exchanges), EXCHANGES) if dep is not None and report.failed else []
+    held = item.stash.get(RL_TEST, None)
+    exchanges = telling(list(held.exchanges), EXCHANGES) if held is not None and report.failed else []
     attach(report, item, exchanges, _assertion(call) if report.failed else "")
     if report.failed and call.excinfo is not None and not _deployments_fault(call.excinfo.value):
         report.user_properties.append((SUITE_ERROR, type(call.excinfo.value).__name__))
@@ -185,7 +185,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
         if all(catalogue()[c].level == "SHOULD" for c in clauses):
             report.outcome = "skipped"
-            report.wasxfail = f"{SHOULD_FAILURE} {', '.join(clauses)} (a SHOULD clause; --rl-level=must)"
+            report.wasxfail = f"{SHOULD_FAILURE} {', '.join(clauses)} (a SHOULD clause; rl_level = must)"
     return report
 
 
@@ -208,6 +208,14 @@ def _assertion(call: pytest.CallInfo) -> str:
     if not text.startswith("assert "):  # the test's own message says it; pytest's explanation repeats it
         text = text.split("\nassert ", 1)[0]
     return text[:ASSERTION]
+
+
+@pytest.fixture(scope="session")
+def rl_config(pytestconfig: pytest.Config) -> RLOptions:
+    """This run's settings: its options and ini keys, read and checked once. The deployment and
+    every fixture of the suite take theirs from here; override it in a conftest.py to change
+    them for the tests below it, e.g. `return dataclasses.replace(rl_config, numerics=...)`."""
+    return options(pytestconfig)
 
 
 @pytest.fixture

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlrollout.suite.deployment import RLDeployment, run_dir, run_id
+from pytest_rlrollout.suite.deployment import RLDeployment, RLTest, run_dir, run_id
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.remote.cassette import Cassette
     from pytest_rlrollout.remote.client import Waited
     from pytest_rlrollout.suite.snapshots import Built, Op, SnapshotFactory
 
@@ -121,7 +120,7 @@ def rl_snapshot_factory(
     request: pytest.FixtureRequest,
     rl_deployment: RLDeployment,
     _rl_snapshots: SnapshotFactory | None,
-    _rl_cassette: Cassette | None,
+    rl_test: RLTest | None,
 ) -> SnapshotFactory:
     """Builds and uploads the snapshots swap tests signal: `step(serving)`, `sentinel(parent,
     change=)`, `full()`, `lora()`, `copy_in(dir)`; identities are named after the test, so a
@@ -136,12 +135,13 @@ def rl_snapshot_factory(
 
     factory = _rl_snapshots
     factory.for_test(portable_id(request.node.nodeid), observed(request.node).uploads)
-    if _rl_cassette is not None:  # what the factory knew travels with the test's cassette
+    cassette = rl_test.cassette if rl_test is not None else None
+    if cassette is not None:  # what the factory knew travels with the test's cassette
         if rl_deployment.mode == "replay":
-            if "factory" in _rl_cassette.meta:
-                factory.restore(_rl_cassette.meta["factory"])
+            if "factory" in cassette.meta:
+                factory.restore(cassette.meta["factory"])
         else:
-            _rl_cassette.meta["factory"] = factory.state()
+            cassette.meta["factory"] = factory.state()
     return factory
 
 

@@ -59,7 +59,7 @@ def real_vllm(report: Path, base: Path) -> None:
     with vllm_server(base, report.parent / "vllm.log") as server:
         suite(report, f"--rl-base-url={server.url}", f"--rl-model={server.model}", f"--rl-api-key={server.key}",
               "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}",
-              f"--rl-long-stream-tokens={STREAM_TOKENS}", "--rl-exchange-timeout=20")  # fmt: skip
+              "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", "-o", "rl_exchange_timeout=20")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -79,7 +79,7 @@ def conformance(pytester, vllm, report: str, *extra: str) -> dict:
     pytester.runpytest_inprocess(
         str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={server.url}", f"--rl-model={server.model}",
         f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-        f"--rl-base-snapshot={base}", f"--rl-report={report}", f"--rl-long-stream-tokens={STREAM_TOKENS}", *extra,
+        f"--rl-base-snapshot={base}", f"--rl-report={report}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", *extra,
     )  # fmt: skip
     return json.loads((pytester.path / report).read_text())
 
@@ -166,7 +166,7 @@ def test_rl_routes_answer_without_the_key(vllm):
 def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm):
     """The breaking tests, last: HL-POST-5 fails on both variants (the server does not survive)."""
     # once the engine is dead its requests hang: each is given up after 20 s, not the live 120 s
-    got = verdicts(conformance(pytester, vllm, "breaks.json", "-m", "rl_breaks", "--rl-exchange-timeout=20"))
+    got = verdicts(conformance(pytester, vllm, "breaks.json", "-m", "rl_breaks", "-o", "rl_exchange_timeout=20"))
     assert {c for c, o in got.items() if o == "fail"} == BREAKING_FAILS, got
     assert "error" not in got.values(), got
     server, _, _ = vllm

@@ -100,7 +100,22 @@ def run(pytester, url: str, *args: str):
 
 @pytest.mark.parametrize(
     ("options", "bound"),
-    [(("--rl-test-timeout=1.5",), "the test's deadline"), (("--rl-exchange-timeout=1",), "Limits.exchange = 1 s")],
+    [
+        (
+            (
+                "-o",
+                "rl_test_timeout=1.5",
+            ),
+            "the test's deadline",
+        ),
+        (
+            (
+                "-o",
+                "rl_exchange_timeout=1",
+            ),
+            "Limits.exchange = 1 s",
+        ),
+    ],
 )
 def test_a_stream_that_never_ends_fails_by_its_bound(pytester, hostile, options, bound):
     t0 = time.monotonic()

@@ -27,7 +27,7 @@ def test_rl_level_must_does_not_fail_on_should_clauses(pytester, reference, tmp_
     case = broken.broken_case("SNAP-TOK-1a", reference, tmp_path)
     args = [f"--rl-snapshot={case.snapshot}", f"--rl-base={reference.base}"]
     pytester.runpytest_inprocess(*args).assert_outcomes(passed=15, failed=1, skipped=10)
-    lenient = pytester.runpytest_inprocess(*args, "--rl-level=must", "--rl-report=r.json")
+    lenient = pytester.runpytest_inprocess(*args, "-o", "rl_level=must", "--rl-report=r.json")
     lenient.assert_outcomes(passed=15, skipped=10, xfailed=1)
     assert lenient.ret == 0
     # the SHOULD clause is still reported as failing
@@ -43,7 +43,12 @@ def test_incremental_gate_with_parent_and_signal(pytester, reference, tmp_path):
     signal = tmp_path / "signal.json"
     signal.write_text(json.dumps(inc.signal))
     result = pytester.runpytest_inprocess(
-        f"--rl-snapshot={inc.snapshot}", f"--rl-base={inc.base}", f"--rl-parent={inc.parent}", f"--rl-signal={signal}"
+        f"--rl-snapshot={inc.snapshot}",
+        f"--rl-base={inc.base}",
+        "-o",
+        f"rl_parent={inc.parent}",
+        "-o",
+        f"rl_signal={signal}",
     )
     result.assert_outcomes(passed=20, skipped=6)
 

@@ -3,7 +3,7 @@ of its clause fail (and no clause the contract does not tie to it); with no faul
 passes, in both transition modes.
 
 Each row runs the installed suite in this process (pytester, no interpreter start-up) with
-`--rl-local-fault` and reads its clause report. The broken snapshot variants' rows come from
+`-o rl_local_faults=<switch>` and reads its clause report. The broken snapshot variants' rows come from
 tests/snapshot/test_validator.py, which proves the validator reports exactly that clause. Rows
 land in `build/mutation-matrix/`; the session's end assembles `build/mutation-matrix.{json,md}`.
 """
@@ -80,7 +80,7 @@ def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
 def test_no_fault_every_clause_passes(pytester, transition):
-    got = run_suite(pytester, str(CONFORMANCE), f"--rl-transition={transition}")
+    got = run_suite(pytester, str(CONFORMANCE), "-o", f"rl_transition={transition}")
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {c.id for c in catalogue()} <= set(got)
 
@@ -240,9 +240,9 @@ def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
     modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
     if engine == "coreweave" and clause in AFTER_A_HOT_LOAD:  # CoreWeave says what is served once one was made
         modules.insert(0, AFTER_A_HOT_LOAD[clause])
-    args = [*(str(CONFORMANCE / m) for m in modules), f"--rl-local-fault={fault}", f"--rl-engine={engine}"]
+    args = [*(str(CONFORMANCE / m) for m in modules), "-o", f"rl_local_faults={fault}", f"--rl-engine={engine}"]
     if clause.startswith("SWAP-SYNC"):
-        args.append("--rl-transition=SYNC")
+        args += ["-o", "rl_transition=SYNC"]
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
     got, doc = run_suite_report(pytester, *args)
@@ -272,7 +272,7 @@ CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
 def test_a_usage_only_final_chunk_is_legal(pytester):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
     finish_reason: every clause is judged as without it."""
-    got = run_suite(pytester, *CONTENT_MODULES, "--rl-local-fault=usage-only-chunk")
+    got = run_suite(pytester, *CONTENT_MODULES, "-o", "rl_local_faults=usage-only-chunk")
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
 
 
@@ -285,7 +285,7 @@ WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS",
 def test_empty_answers_pass_no_clause_about_their_content(pytester):
     """Every answer 200 and empty (no text, logprobs, routing, usage, cached tokens): no clause
     about what answers carry passes, and every pass names what it observed."""
-    got, doc = run_suite_report(pytester, *CONTENT_MODULES, "--rl-local-fault=empty-content")
+    got, doc = run_suite_report(pytester, *CONTENT_MODULES, "-o", "rl_local_faults=empty-content")
     passed = {k for k, v in got.items() if v == "pass"}
     assert passed - WITHOUT_CONTENT == set(), f"passed on empty answers: {sorted(passed - WITHOUT_CONTENT)}"
     assert {"INF-LOGPROBS-1", "INF-USAGE-1", "R3-STREAM-1", "CACHE-HIT-1"} <= {k for k, v in got.items() if v == "fail"}

@@ -45,23 +45,26 @@ CASES = {
     ),
     "replay and a base URL": (["--rl-replay=reference", "--rl-base-url=http://x"], "drop --rl-base-url"),
     "local fault on a live deployment": (
-        [*LIVE, "--rl-local-fault=SESS-1"],
+        [*LIVE, "-o", "rl_local_faults=SESS-1"],
         "cannot apply to accounts/a/deployments/d",
     ),
-    "unknown local fault": (["--rl-local-fault=HL-NOPE-1"], "unknown fault switch"),
+    "unknown local fault": (["-o", "rl_local_faults=HL-NOPE-1"], "unknown fault switch"),
     "live options without a deployment": (["--rl-model=m"], "also pass --rl-deployment"),
     "snapshot that is not a directory": (["--rl-snapshot=nowhere"], "--rl-snapshot nowhere: not a directory"),
-    "signal that is not JSON": (["--rl-snapshot=base", "--rl-signal=signal.json"], "cannot read a JSON body"),
+    "signal that is not JSON": (["--rl-snapshot=base", "-o", "rl_signal=signal.json"], "cannot read a JSON body"),
     "signal that is not an object": (
-        ["--rl-snapshot=base", "--rl-signal=list.json"],
+        ["--rl-snapshot=base", "-o", "rl_signal=list.json"],
         "a hot-load signal is a JSON object",
     ),
-    "signal that is not a file": (["--rl-snapshot=base", "--rl-signal=base"], "--rl-signal: cannot read a JSON body"),
-    "negative swap timeout": (["--rl-swap-timeout=-1"], "--rl-swap-timeout must be positive"),
-    "zero fingerprint tolerance": (["--rl-fingerprint-tolerance=0"], "--rl-fingerprint-tolerance must be positive"),
-    "NaN logprob tolerance": (["--rl-logprob-tolerance=nan"], "--rl-logprob-tolerance must be positive"),
-    "no numerics tokens": (["--rl-numerics-tokens=0"], "--rl-numerics-tokens must be positive"),
-    "route agreement above 1": (["--rl-min-route-agreement=99"], "--rl-min-route-agreement is a fraction in [0, 1]"),
+    "signal that is not a file": (["--rl-snapshot=base", "-o", "rl_signal=base"], "rl_signal: cannot read a JSON body"),
+    "negative swap timeout": (["-o", "rl_swap_timeout=-1"], "rl_swap_timeout must be positive"),
+    "zero fingerprint tolerance": (["-o", "rl_fingerprint_tolerance=0"], "rl_fingerprint_tolerance must be positive"),
+    "NaN logprob tolerance": (["-o", "rl_logprob_tolerance=nan"], "rl_logprob_tolerance must be positive"),
+    "no numerics tokens": (["-o", "rl_numerics_tokens=0"], "rl_numerics_tokens must be positive"),
+    "route agreement above 1": (["-o", "rl_min_route_agreement=99"], "rl_min_route_agreement is a fraction in [0, 1]"),
+    "a timeout that is not a number": (["-o", "rl_test_timeout=soon"], "rl_test_timeout = 'soon' is not a number"),
+    "a transition that is neither": (["-o", "rl_transition=LATER"], "rl_transition = 'LATER': one of ASYNC, SYNC"),
+    "a switch that is neither true nor false": (["-o", "rl_after_ledger_reset=maybe"], "is not true or false"),
     "CoreWeave without its UUID": (
         ["--rl-engine=coreweave", "--rl-base-url=http://x", "--rl-model=m", "--rl-api-key=k"],
         "--rl-engine=coreweave: also pass --rl-deployment=<the deployment's UUID>",
@@ -79,10 +82,10 @@ CASES = {
         "also pass --rl-base-url (the deployment's OpenAI-compatible gateway)",
     ),
     "a control plane for another engine": (
-        ["--rl-engine=vllm", "--rl-base-url=http://x", "--rl-control-url=http://y", "--rl-model=m"],
-        "--rl-control-url is CoreWeave's hot-load API",
+        ["--rl-engine=vllm", "--rl-base-url=http://x", "-o", "rl_control_url=http://y", "--rl-model=m"],
+        "rl_control_url is CoreWeave's hot-load API",
     ),
-    "a control plane for the bundled deployment": (["--rl-control-url=http://y"], "describe a live deployment"),
+    "a control plane for the bundled deployment": (["-o", "rl_control_url=http://y"], "describe a live deployment"),
 }
 
 
@@ -113,3 +116,50 @@ def test_misconfiguration_ends_the_run_before_collection(pytester, monkeypatch, 
     errors = [line for line in result.errlines if line.startswith("ERROR:")]
     assert len(errors) == 1 and message in errors[0], result.errlines
     assert not any("collected" in line or "passed" in line for line in result.outlines), result.outlines
+
+
+FORMER = {  # an option of earlier releases, and what it is now
+    "--rl-swap-timeout=5": "-o rl_swap_timeout=5",
+    "--rl-local-fault=SESS-1": "-o rl_local_faults=SESS-1",
+    "--rl-no-transformers": "-o rl_check_model_type=false",
+    "--rl-after-ledger-reset": "-o rl_after_ledger_reset=true",
+    "--rl-transition=SYNC": "-o rl_transition=SYNC",
+}
+
+
+@pytest.mark.parametrize("flag", sorted(FORMER))
+def test_a_former_option_names_the_ini_key_that_replaced_it(pytester, flag):
+    pytester.makepyfile(test_user="def test_x(rl_deployment): pass")
+    result = pytester.runpytest_inprocess(flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and "is now the ini key" in errors[0] and FORMER[flag] in errors[0], result.errlines
+
+
+def test_every_former_option_is_refused_by_name():
+    from pytest_rlrollout.suite.options import FORMER_OPTIONS, SETTING
+
+    assert all(key in SETTING and SETTING[key].option is None for key in FORMER_OPTIONS.values())
+
+
+def test_ini_keys_set_what_options_did(pytester):
+    """The tolerances and waits of a run come from pytest.ini (and `-o` beats the file)."""
+    pytester.makeini("[pytest]\nrl_swap_timeout = 7\nrl_logprob_tolerance = 0.5\nrl_transition = sync\n")
+    pytester.makepyfile(
+        test_user="def test_x(rl_config):\n"
+        "    o = rl_config\n"
+        "    print(f'SETTINGS {o.timeouts.swap} {o.numerics.logprob_tolerance} {o.transition} {o.timeouts.test}')\n"
+    )
+    result = pytester.runpytest_inprocess("-o", "rl_test_timeout=9", "-o", "rl_swap_timeout=8", "-s")
+    assert "SETTINGS 8.0 0.5 SYNC 9.0" in result.stdout.str()
+
+
+def test_a_dozen_options_and_every_setting_in_the_readme():
+    from pathlib import Path
+
+    from pytest_rlrollout.suite.options import SETTINGS
+
+    options = [s.option for s in SETTINGS if s.option]
+    assert len(options) <= 12, options
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert [s.key for s in SETTINGS if (s.option or s.key) not in readme] == []

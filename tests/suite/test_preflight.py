@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pytest_rlrollout.suite.options import CONFORMANCE
+from pytest_rlrollout.suite.options import CONFORMANCE, SETTING
 
 
 def closed_port() -> int:
@@ -19,14 +19,16 @@ def closed_port() -> int:
 
 def options(dep, **changes) -> list[str]:
     given = {"deployment": dep.name, "base-url": dep.base_url, "model": dep.model, "api-key": dep.api_key} | changes
-    return [f"--rl-{k}={v}" for k, v in given.items()]
+    # the deployment's further description is ini keys (-o), what a person types per run options
+    return [f"--rl-{k}={v}" if SETTING[f"rl_{k.replace('-', '_')}"].option else f"-orl_{k.replace('-', '_')}={v}"
+            for k, v in given.items()]  # fmt: skip
 
 
 CASES = {
     "wrong key": ({"api-key": "not-the-key"}, "the API key was refused"),
     "typo'd deployment": ({"deployment": "accounts/rlrollout/deployments/refrence"}, "check --rl-deployment"),
     "closed port": ({"base-url": "http://127.0.0.1:{port}"}, "nothing answers at http://127.0.0.1:"),
-    "wrong inference path": ({"inference-url": "{base}/v2"}, "check --rl-inference-url"),
+    "wrong inference path": ({"inference-url": "{base}/v2"}, "check rl_inference_url"),
     "model it does not serve": ({"model": "accounts/rlrollout/models/other"}, "check --rl-model"),
     "bad replay directory": (None, "--rl-replay nowhere: no such directory"),
 }

@@ -134,7 +134,7 @@ def test_recording_a_live_run_keeps_no_key_and_replays(pytester, tmp_path):
         args = [str(CONFORMANCE / m) for m in ("test_swap.py", "test_version.py", "test_cache.py")]
         args += [f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
                  f"--rl-api-key={secret}", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-                 f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "--rl-transition=ASYNC",
+                 f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "-o", "rl_transition=ASYNC",
                  f"--rl-record={cassettes}", "--rl-report=rec.json", "-p", "no:cacheprovider"]  # fmt: skip
         recorded = pytester.runpytest_inprocess(*args)
         assert recorded.ret == 0, "\n".join(recorded.outlines[-30:])

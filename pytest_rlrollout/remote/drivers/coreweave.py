@@ -16,7 +16,7 @@ through CoreWeave's hot-load API, sampled through its OpenAI-compatible gateway.
   Dynamo), read as vLLM's legacy answers (cached tokens in `usage.prompt_tokens_details` where
   the gateway reports them); the isolation key becomes `nvext.cache_salt` (Dynamo's cache
   namespace). No policy version is said on completions (none is documented).
-- Two hosts, two keys: the hot-load API is the target's control plane (`--rl-control-url`,
+- Two hosts, two keys: the hot-load API is the target's control plane (`rl_control_url`,
   `COREWEAVE_API_KEY`), the gateway its base URL and API key.
 """
 

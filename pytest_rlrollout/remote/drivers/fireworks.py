@@ -75,7 +75,7 @@ class FireworksDriver(Driver):
         hint = client.request("GET", client._hot_load_url("/hint"), headers=client.hot_load_headers())
         mark(d, "hint", hint.status_code != 404, f"GET hint: HTTP {hint.status_code}")
         d.transition = transition or (client.resource().get("hotLoadTransitionType") or "").upper() or None
-        mark(d, "transition", d.transition is not None, d.transition or "neither the resource nor --rl-transition says")
+        mark(d, "transition", d.transition is not None, d.transition or "neither the resource nor rl_transition says")
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
         prompt: Any = PROBE_IDS if d.has("token_id_prompts") else PROBE_TEXT

@@ -64,7 +64,7 @@ def froze(f: InFlight, paused: float, resumed: float) -> float:
     generated late), so a pause shows as the stream falling silent for the rest of the window,
     not at once; inconclusive unless it was still sending afterwards (it was paused mid-way)."""
     if not f.arrivals or f.arrivals[-1] <= resumed:
-        inconclusive("the stream had ended before the pause reached it; pass a larger --rl-long-stream-tokens")
+        inconclusive("the stream had ended before the pause reached it; set a larger rl_long_stream_tokens")
     during = f.between(paused, resumed)
     return f.arrivals[during[-1]] if during else paused
 
@@ -129,7 +129,7 @@ def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, 
     assert s is not None and s.status == 200, f"HTTP {s.status if s else '?'}"
     n = len(f.entries)
     if n >= rl_deployment.long_stream_tokens:
-        inconclusive("the stream had finished before the abort reached it; pass a larger --rl-long-stream-tokens")
+        inconclusive("the stream had finished before the abort reached it; set a larger rl_long_stream_tokens")
     assert s.finish_reason == "abort", f"an aborted stream ended with finish_reason {s.finish_reason!r}"
     assert s.done, "an aborted stream did not end with data: [DONE]"
     assert n > 0, "the aborted stream returned none of the tokens it had generated"
@@ -164,7 +164,7 @@ def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, r
     held_for = marks["resume"] - marks["paused"]
     if marks["resume"] - froze(f, marks["paused"], marks["resume"]) < held_for / 2:
         inconclusive(f"the stream did not fall silent during a pause held {held_for:.2f} s: it had been generated "
-                     "before the pause reached it (see CTL-PAUSE-1); pass a larger --rl-long-stream-tokens")  # fmt: skip
+                     "before the pause reached it (see CTL-PAUSE-1); set a larger rl_long_stream_tokens")  # fmt: skip
     assert f.completed, f"a stream paused in keep mode did not complete after the resume ({f.error!r})"
     s = f.stream
     n = len(f.entries)

@@ -4,7 +4,7 @@ a local forward pass of the same weights (the R3 paper's figures, in the report 
 The local weights are those of the snapshot the sampled chunks name: the base copy
 (`--rl-base-snapshot`, its directory named after its identity) or a snapshot this run built from
 it (the base plus the tensors it changed; an adapter on top). The scorer is the numpy engine
-for small models and transformers otherwise (`--rl-scorer`, `--rl-scorer-device`).
+for small models and transformers otherwise (ini keys `rl_scorer`, `rl_scorer_device`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SNAP — snapshot layout. One test per clause; each asks the validator's check of that clause.
 
-Run on your own snapshot: `pytest --rl-snapshot=DIR [--rl-base=DIR] [--rl-parent=DIR] [--rl-signal=FILE]`.
+Run on your own snapshot: `pytest --rl-snapshot=DIR [--rl-base-snapshot=DIR] [-o rl_parent=DIR] [-o rl_signal=FILE]`.
 """
 
 import pytest

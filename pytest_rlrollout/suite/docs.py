@@ -9,17 +9,17 @@ import importlib
 from collections import defaultdict
 from collections.abc import Iterator
 
-from pytest_rlrollout.contract import SEVERITY, Clause, catalogue
+from pytest_rlrollout.contract import SEVERITY, Clause, Outcome, catalogue
 from pytest_rlrollout.contract.capabilities import CAPABILITIES, Capability
 from pytest_rlrollout.suite.options import CONFORMANCE
 
-OUTCOMES = {
-    "pass": "the clause holds, on an observation",
-    "fail": "the deployment (or snapshot) violates the clause; the report shows the exchange",
-    "unsupported": "the deployment lacks an optional capability",
-    "not-applicable": "the clause does not apply (a dense model, another snapshot kind, the other transition)",
-    "inconclusive": "the observation could not be made; never silently a pass",
-    "error": "the suite itself broke",
+OUTCOMES: dict[Outcome, str] = {
+    Outcome.PASS: "the clause holds, on an observation",
+    Outcome.FAIL: "the deployment (or snapshot) violates the clause; the report shows the exchange",
+    Outcome.UNSUPPORTED: "the deployment lacks an optional capability",
+    Outcome.NOT_APPLICABLE: "the clause does not apply (a dense model, another snapshot kind, the other transition)",
+    Outcome.INCONCLUSIVE: "the observation could not be made; never silently a pass",
+    Outcome.ERROR: "the suite itself broke",
 }
 
 

@@ -2,9 +2,24 @@
 HTML, xdist; a pass that observed nothing is inconclusive."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+
+from pytest_rlrollout.contract import Outcome, catalogue
+from pytest_rlrollout.suite.report.html import html
+from pytest_rlrollout.suite.report.markdown import markdown
+from pytest_rlrollout.suite.report.model import (
+    ClauseResult,
+    Contract,
+    Provenance,
+    Report,
+    ReportError,
+    TestResult,
+    Timeline,
+    Upload,
+)
 
 TESTS = """
 import pytest
@@ -70,6 +85,7 @@ def test_report_outcomes(pytester):
     assert doc["clauses"]["R3-SHAPE-1"]["evidence"] == "a dense model has no routing"
     assert doc["summary"]["levels"]["MUST"]["fail"] == 2
     assert doc["provenance"]["deployment"] == "local" and doc["provenance"]["suite_version"]
+    assert Report.from_json(doc).to_json() == doc  # a report read back is the model that wrote it
     md = (pytester.path / "out" / "report.md").read_text()
     assert "| VER-STREAM-1 | MUST | fail |" in md and "chunk 7 has no @identity" in md
     assert (pytester.path / "out" / "report.html").read_text().lower().startswith("<!doctype html>")
@@ -107,3 +123,75 @@ def test_report_files_add_their_suffixes_to_a_dotted_name(given, stem):
     from pytest_rlrollout.suite.report.files import paths
 
     assert paths(given) == (Path(f"{stem}.json"), Path(f"{stem}.md"), Path(f"{stem}.html"))
+
+
+IDENTITIES = tuple(f"rlt-0a1b2c3d-4e5f60-{i:02d}-step" for i in range(83))
+
+
+def _report() -> Report:
+    """A live run's report built as the collector builds it: one failure, one pass with a
+    timeline and an upload, and the 83 identities the run uploaded and removed."""
+    failed = TestResult("t.py::test_usage", Outcome.FAIL, reason="usage.completion_tokens is 6, 5 were returned",
+                        exchanges=["POST /v1/completions -> 200\n  answer: <b>6</b>"])  # fmt: skip
+    swapped = TestResult("t.py::test_swap", observed="40 chunks; 1 change",
+                         timeline=Timeline("a swap", "a", "b", chunks=[(0.0, "a"), (0.5, "b")]),
+                         uploads=[Upload("rlt-x", "incremental", 3 << 20, 0, 0.01)], measures={"max_abs_delta": 0.0})  # fmt: skip
+    clauses = {}
+    for cid, test in (("INF-USAGE-1", failed), ("SWAP-ASYNC-2", swapped)):
+        c = catalogue()[cid]
+        clauses[cid] = ClauseResult(cid, c.level, c.area, c.rule)
+        clauses[cid].add(test)
+    provenance = Provenance(deployment="accounts/me/deployments/rl", mode="live", finished="2026-11-26T07:00:00+00:00",
+                            served_at_start=("base",), uploaded_and_removed=IDENTITIES)  # fmt: skip
+    return Report(provenance, Contract(catalogue().version), clauses)
+
+
+def test_a_report_reads_back_as_the_same_model():
+    report = _report()
+    assert Report.from_json(json.loads(json.dumps(report.to_json()))) == report
+    doc = report.to_json()
+    assert doc["clauses"]["INF-USAGE-1"]["tests"][0]["outcome"] == "fail"
+    assert doc["summary"]["levels"]["MUST"] == {"fail": 1, "pass": 1}
+    assert doc["provenance"]["uploaded_and_removed"] == list(IDENTITIES)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda d: d.pop("clauses"), "no 'clauses'"),
+        (lambda d: d["clauses"]["INF-USAGE-1"].update(outcome="failed"), "INF-USAGE-1: 'failed' is not an outcome"),
+        (lambda d: d["clauses"]["INF-USAGE-1"]["tests"][0].update(outcome=None), "t.py::test_usage: None is not an"),
+        (lambda d: d["provenance"].update(operator="me"), "provenance: unknown operator"),
+        (lambda d: d["clauses"]["SWAP-ASYNC-2"]["tests"][0]["timeline"].update(chunks=[[0.0]]), "timeline 'a swap'"),
+        (lambda d: d.update(clauses=[]), "clauses: expected a JSON object"),
+    ],
+)
+def test_a_document_that_is_no_report_says_what_is_wrong(change, said):
+    doc = _report().to_json()
+    change(doc)
+    with pytest.raises(ReportError, match=re.escape(said)):
+        Report.from_json(doc)
+
+
+def test_the_writers_read_the_model_top_down():
+    """Both writers from the model itself: the HTML page opens with the verdict and the failures,
+    folds the run's 83 uploaded identities, and escapes what the deployment said."""
+    report = _report()
+    page = html(report)
+    order = [page.index(s) for s in ('class="headline"', "<h2>Failures</h2>", "<h2>Summary</h2>",
+                                     "<h2>Provenance</h2>", "<h2>Clauses</h2>")]  # fmt: skip
+    assert order == sorted(order)
+    assert "2 clauses: " in page and page.index('href="#INF-USAGE-1"') < page.index("<h2>Summary</h2>")
+    folded = re.search(r"<dt>uploaded_and_removed</dt><dd><details><summary>83 identities</summary><ul>(.*?)</ul>",
+                       page, re.S)  # fmt: skip
+    assert folded and folded.group(1).count("<li>") == 83
+    assert "<dt>served_at_start</dt><dd>base" in page  # a short list stays inline
+    assert "&lt;b&gt;6&lt;/b&gt;" in page and "<b>6</b>" not in page
+    assert '<span class="figures">(max |Δ| 0)</span>' in page and '<table class="uploads">' in page
+
+    md = markdown(report)
+    assert "- **uploaded_and_removed**: <details><summary>83 identities</summary>" in md
+    assert sum(line.startswith("  - rlt-") for line in md.splitlines()) == 83
+    assert "- **served_at_start**: base" in md
+    assert "| INF-USAGE-1 | MUST | fail |" in md and "| SWAP-ASYNC-2 | MUST | pass |" in md
+    assert "### INF-USAGE-1: `t.py::test_usage`" in md and "answer: <b>6</b>" in md

@@ -27,6 +27,7 @@ from pytest_rlrollout.suite.report.timeline import ink, picture
 
 OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.NOT_APPLICABLE: "#b0bec5", Outcome.UNSUPPORTED: "#78909c",
                    Outcome.INCONCLUSIVE: "#f9a825", Outcome.FAIL: "#c62828", Outcome.ERROR: "#6a1b9a"}  # fmt: skip
+QUIET = (Outcome.PASS, Outcome.NOT_APPLICABLE)  # the clauses the page's filter hides: nothing to act on
 
 
 @cache
@@ -75,4 +76,5 @@ def html(report: Report, drawn: Drawn | None = None) -> str:
         pictures=pictures,
         upload_heads=UPLOAD_HEADS,
         fold=FOLD,
+        quiet=QUIET,
     )

@@ -19,7 +19,14 @@ from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import outcome_of
 from pytest_rlrollout.suite.report.files import paths, write
-from pytest_rlrollout.suite.report.model import ClauseResult, Provenance, Report, Summary, TestResult
+from pytest_rlrollout.suite.report.model import (
+    ClauseResult,
+    Provenance,
+    Report,
+    Summary,
+    TestResult,
+    in_catalogue_order,
+)
 from pytest_rlrollout.suite.report.text import OUTCOMES
 from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
@@ -56,8 +63,7 @@ class Collector:
             for cid in clauses:
                 c = cat[cid]
                 out.setdefault(cid, ClauseResult(cid, c.level, c.area, c.rule)).add(t)
-        order = {c.id: i for i, c in enumerate(cat)}
-        return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
+        return in_catalogue_order(out)
 
 
 class Reporting:

@@ -247,6 +247,12 @@ class ClauseResult:
             raise ReportError(f"{cid}: no {e.args[0]!r}") from None
 
 
+def in_catalogue_order(clauses: dict[str, ClauseResult]) -> dict[str, ClauseResult]:
+    """`clauses` as the catalogue orders them (a clause it does not know, last)."""
+    order = {c.id: i for i, c in enumerate(catalogue())}
+    return dict(sorted(clauses.items(), key=lambda kv: order.get(kv[0], math.inf)))
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -445,11 +451,10 @@ class Report:
     def judged(
         cls, clauses: dict[str, ClauseResult], provenance: Provenance, discovery: dict[str, Any] | None = None
     ) -> Report:
-        """The report of `clauses` (catalogue order), with the engine and capabilities the run
-        discovered (`remote.discovery.Discovery.as_dict`)."""
+        """The report of `clauses` (put in the catalogue's order), with the engine and capabilities
+        the run discovered (`remote.discovery.Discovery.as_dict`)."""
         engine = Engine(discovery["engine"], discovery["decided"], discovery.get("version")) if discovery else None
-        order = {c.id: i for i, c in enumerate(catalogue())}
-        ordered = dict(sorted(clauses.items(), key=lambda kv: order.get(kv[0], math.inf)))
+        ordered = in_catalogue_order(clauses)
         return cls(provenance, Contract(catalogue().version), ordered, engine, Capability.table(discovery))
 
     @property

@@ -10,8 +10,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.reference.server import Running
 
 BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default key
 
@@ -51,6 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve until stopped (exit 0); options that do not fit the engine are usage errors, found
+    before anything is built, bound or created."""
     import tempfile
 
     if args.list_faults:
@@ -72,24 +78,8 @@ def run(args: argparse.Namespace) -> int:
                          "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
 
     from pytest_rlrollout.reference import reference_deployment
-    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE, SGLANG_VERSION, VLLM_VERSION
 
-    options = dict(
-        engine=args.engine,
-        transition=args.transition.upper(),
-        faults=faults,
-        stagger=args.stagger,
-        routed_experts=args.enable_return_routed_experts,
-        **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
-    )
-    # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
-    given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
-    options |= {k: v for k, v in given if v is not None}
-    if not vllm:
-        options.setdefault("api_key", BUILT_IN_KEY)
-    # the built-in key is public; a key of the user's own is never echoed
-    key = options.get("api_key")
-    shown_key = _shown(key, "--api-key")
+    options = _settings(args, faults, vllm)
     stop = threading.Event()
     with contextlib.ExitStack() as cleanup:
         # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
@@ -110,43 +100,71 @@ def run(args: argparse.Namespace) -> int:
         # so it never lands as a KeyboardInterrupt between the output and the wait (exit 0 either
         # way). Restored first on the way out: a second Ctrl-C during shutdown interrupts it.
         _stop_on(signal.SIGINT, stop, cleanup)
-        replicas = len(dep.deployment.replicas)
-        base = bucket / dep.settings.base_identity
-        if vllm:
-            named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
-            command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={args.engine} --rl-allow-hot-load"
-                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
-                       + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
-            serving = (f"vLLM {VLLM_VERSION}'s dialect" if args.engine == "vllm"
-                       else f"SGLang {SGLANG_VERSION}'s dialect")  # fmt: skip
-        elif args.engine == "coreweave":
-            # the gateway and the hot-load API on one host here; a real deployment has two
-            control_key = options.get("control_api_key") or key
-            shown_control = _shown(control_key, "--control-api-key")
-            deployment = dep.settings.deployment_id
-            named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
-                     f"model:      {dep.model}", f"bucket:     {bucket}"]  # fmt: skip
-            command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} --rl-control-url={dep.base_url}"
-                       f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
-                       f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
-                       # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
-                       # only by outlasting the whole rollout (every replica, one at a time)
-                       " --rl-long-stream-tokens=512 --rl-swap-timeout=10")  # fmt: skip
-            named.append(f"environment: COREWEAVE_API_KEY={shown_control}")
-            serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
-        else:
-            named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
-                     f"bucket:     {bucket}"]  # fmt: skip
-            command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
-                       f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket}"
-                       f" --rl-base-snapshot={base} --rl-transition={options['transition']}"
-                       # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
-                       " --rl-long-stream-tokens=64 --rl-swap-timeout=10")  # fmt: skip
-            serving = options["transition"]
-        print("\n".join([*named, f"conformance: rlrollout conformance {command}"]))
-        print(f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}", flush=True)
+        print("\n".join(_announcement(dep, bucket, options)), flush=True)
         stop.wait()
     return EXIT_OK
+
+
+def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> dict[str, Any]:
+    """The reference deployment's settings from the options, each dialect's defaults filled in."""
+    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+
+    options = dict(
+        engine=args.engine,
+        transition=args.transition.upper(),
+        faults=faults,
+        stagger=args.stagger,
+        routed_experts=args.enable_return_routed_experts,
+        **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
+    )
+    # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
+    given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
+    options |= {k: v for k, v in given if v is not None}
+    if not vllm:
+        options.setdefault("api_key", BUILT_IN_KEY)
+    return options
+
+
+def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[str]:
+    """What `serve` prints once the deployment is up: where it is, the suite's command for it, and
+    what it serves. The built-in key is public; a key of the user's own is never echoed."""
+    from pytest_rlrollout.reference.settings import SGLANG_VERSION, VLLM_VERSION
+
+    engine, key = options["engine"], options.get("api_key")
+    shown_key = _shown(key, "--api-key")
+    base = bucket / dep.settings.base_identity
+    if engine in ("vllm", "sglang"):
+        named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
+        command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={engine} --rl-allow-hot-load"
+                   f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                   + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
+        serving = f"vLLM {VLLM_VERSION}'s dialect" if engine == "vllm" else f"SGLang {SGLANG_VERSION}'s dialect"
+    elif engine == "coreweave":
+        # the gateway and the hot-load API on one host here; a real deployment has two
+        shown_control = _shown(options.get("control_api_key") or key, "--control-api-key")
+        deployment = dep.settings.deployment_id
+        named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
+                 f"model:      {dep.model}", f"bucket:     {bucket}",
+                 f"environment: COREWEAVE_API_KEY={shown_control}"]  # fmt: skip
+        command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} -o rl_control_url={dep.base_url}"
+                   f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
+                   f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                   # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
+                   # only by outlasting the whole rollout (every replica, one at a time)
+                   " -o rl_long_stream_tokens=512 -o rl_swap_timeout=10")  # fmt: skip
+        serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
+    else:
+        named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
+                 f"bucket:     {bucket}"]  # fmt: skip
+        command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
+                   f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket}"
+                   f" --rl-base-snapshot={base} -o rl_transition={options['transition']}"
+                   # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
+                   " -o rl_long_stream_tokens=64 -o rl_swap_timeout=10")  # fmt: skip
+        serving = options["transition"]
+    replicas = len(dep.deployment.replicas)
+    return [*named, f"conformance: rlrollout conformance {command}",
+            f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}"]  # fmt: skip
 
 
 def _fault_switches() -> dict[str, str]:

@@ -18,19 +18,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--max-shard-size", type=_size, default=5 * 1024**3, help="size cap per shard (default 5GiB)")
     e.set_defaults(run=_export)
 
-    d = sub.add_parser("delta", help="write the ARC2 diff PARENT -> TARGET into OUT and print its signal body")
-    d.add_argument("parent", type=Path)
-    d.add_argument("target", type=Path)
-    d.add_argument("out", type=Path)
-    d.add_argument("--threads", type=int)
-    d.set_defaults(run=_delta)
-
-    a = sub.add_parser("apply", help="materialise the full snapshot an ARC2 diff describes")
-    a.add_argument("parent", type=Path)
-    a.add_argument("diff", type=Path)
-    a.add_argument("out", type=Path)
-    a.add_argument("--threads", type=int)
-    a.set_defaults(run=_apply)
+    # delta and apply take the same arguments: PARENT, the other side of the diff, OUT
+    for name, other, run, help_ in (
+        ("delta", "target", _delta, "write the ARC2 diff PARENT -> TARGET into OUT and print its signal body"),
+        ("apply", "diff", _apply, "materialise the full snapshot an ARC2 diff describes"),
+    ):
+        c = sub.add_parser(name, help=help_)
+        for positional in ("parent", other, "out"):
+            c.add_argument(positional, type=Path)
+        c.add_argument("--threads", type=int)
+        c.set_defaults(run=run)
 
     m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
     m.add_argument("dir", type=Path)

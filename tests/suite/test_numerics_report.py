@@ -179,3 +179,35 @@ def test_figures_that_do_not_draw_cost_their_pictures_not_the_report(figures, tm
     _, md_path, _ = write(tmp_path / "r.json", doc)
     assert {p.name for p in tmp_path.glob("r.numerics-num-route-1-*.png")}  # the other test's still drawn
     assert "| tokens compared |" in md_path.read_text()
+
+
+@pytest.mark.parametrize(("tokens", "scale"), [(60, "linear"), (4000, "log")])
+def test_histogram_counts_read_as_whole_counts(tokens: int, scale: str, monkeypatch) -> None:
+    """A few tokens get a plain axis of whole counts; many get a log axis (the tails beside a tall
+    bulk) labelled 1, 10, 100, never 10⁰ and 2×10⁰."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from pytest_rlrollout.numerics import pictures
+
+    axes = []
+
+    def keep(draw: Any) -> bytes:
+        fig = Figure()
+        FigureCanvasAgg(fig)
+        axes.append(fig.add_subplot())
+        draw(axes[-1])
+        fig.canvas.draw()
+        return b""
+
+    monkeypatch.setattr(pictures, "_png", keep)
+    rng = np.random.default_rng(2)
+    served = rng.normal(-2.0, 1.0, tokens)
+    pictures.delta_histogram(logprob_figures(served, served + rng.normal(0.0, 2e-3, tokens)))
+    (ax,) = axes
+    assert ax.get_yscale() == scale
+    lo, hi = ax.get_ylim()
+    ticks = ax.yaxis.get_major_ticks() + ax.yaxis.get_minor_ticks()
+    labels = [t.label1.get_text() for t in ticks if lo <= t.get_loc() <= hi and t.label1.get_text()]
+    assert labels and all(re.fullmatch(r"[0-9]+", label) for label in labels), labels

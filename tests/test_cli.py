@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import queue
@@ -103,21 +104,24 @@ def test_clauses_lists_the_catalogue(capsys):
 def test_conformance_help_lists_every_rl_option_of_the_plugin(flag, capsys, monkeypatch):
     from _pytest.config.argparsing import Parser
 
-    from pytest_rlrollout.suite.options import add_options
+    from pytest_rlrollout.suite.options import SETTINGS, add_options
 
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option: help texts compare unwrapped
     assert main(["conformance", flag]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: rlrollout conformance")
-    # what pytest itself registers from the plugin's table
+    # what pytest itself registers from the plugin's table (the former options it keeps only to
+    # name their keys have no help to show)
     pytest_parser = Parser(_ispytest=True)
     add_options(pytest_parser)
-    options = pytest_parser.getgroup("rlrollout").options
-    assert len(options) > 10
+    options = [o for o in pytest_parser.getgroup("rlrollout").options if o.attrs()["help"] != argparse.SUPPRESS]
+    assert 10 <= len(options) <= 12 and len(re.findall(r"^  (--rl-[a-z-]+)", out, re.MULTILINE)) == len(options)
     for option in options:
         for name in option.names():
             assert re.search(rf"(^|[ ,]){re.escape(name)}\b", out, re.MULTILINE), name
         assert " ".join(option.attrs()["help"].split()) in out, option.names()
+    for setting in (s for s in SETTINGS if s.ini):  # and every ini key, with its help
+        assert re.search(rf"^  {setting.key} +{re.escape(setting.help)}$", out, re.MULTILINE), setting.key
 
 
 def test_conformance_passes_every_other_argument_to_pytest(monkeypatch):

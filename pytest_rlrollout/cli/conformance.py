@@ -1,10 +1,9 @@
 """`rlrollout conformance`: the installed conformance suite run by pytest, and its `--help`, which
-lists the plugin's own `--rl-*` options."""
+lists the plugin's options and ini keys."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,37 +29,10 @@ def run(args: argparse.Namespace) -> int:
     return int(pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest]))
 
 
-class _OptionTable:
-    """Stands in for pytest's Parser when `add_options` runs, and puts each option it registers on
-    an argparse parser instead: the `--rl-*` help comes from the plugin's one table of options."""
-
-    def __init__(self, parser: argparse.ArgumentParser):
-        self._parser = parser
-        self._groups: dict[str, Any] = {}
-        self.ini: list[tuple[str, str]] = []
-
-    def getgroup(self, name: str, description: str = "", after: str | None = None) -> _OptionTable._Group:
-        if name not in self._groups:
-            self._groups[name] = self._parser.add_argument_group(description or name)
-        return _OptionTable._Group(self._groups[name])
-
-    def addoption(self, *opts: str, **attrs: Any) -> None:
-        self.getgroup("custom options").addoption(*opts, **attrs)
-
-    def addini(self, name: str, help: str, *args: Any, **kwargs: Any) -> None:
-        self.ini.append((name, help))
-
-    class _Group:
-        def __init__(self, group: Any):
-            self._group = group
-
-        def addoption(self, *opts: str, **attrs: Any) -> None:
-            self._group.add_argument(*opts, **attrs)
-
-
 def conformance_help() -> str:
-    """`rlrollout conformance --help`: the usage and every `--rl-*` option the plugin registers."""
-    from pytest_rlrollout.suite.options import CONFORMANCE, add_options
+    """`rlrollout conformance --help`: the usage, the plugin's options and its ini keys, from the
+    one table of settings the plugin registers (`suite.options.SETTINGS`)."""
+    from pytest_rlrollout.suite.options import CONFORMANCE, SETTINGS, option_arguments
 
     modules = ", ".join(sorted(p.stem.removeprefix("test_") for p in CONFORMANCE.glob("test_*.py")))
     description = (
@@ -70,15 +42,20 @@ def conformance_help() -> str:
     )
     p = argparse.ArgumentParser(
         prog="rlrollout conformance",
-        usage="rlrollout conformance [MODULE ...] [--rl-OPTION ...] [pytest options]",
+        usage="rlrollout conformance [MODULE ...] [--rl-OPTION ...] [-o KEY=VALUE ...] [pytest options]",
         description=description,
         add_help=False,
     )
-    table = _OptionTable(p)
-    add_options(table)  # type: ignore[arg-type]  # duck-typed: getgroup/addoption/addini
-    text = p.format_help()
-    if table.ini:
-        width = max(len(name) for name, _ in table.ini)
-        lines = [f"  {name:{width}}  {help_}" for name, help_ in table.ini]
-        text += "\nini-file settings (pytest.ini, [tool.pytest.ini_options]):\n" + "\n".join(lines) + "\n"
-    return text
+    options = p.add_argument_group("RL-rollout deployment contract")
+    for setting in (s for s in SETTINGS if s.option):
+        names, kwargs = option_arguments(setting)
+        options.add_argument(*names, **kwargs)
+    keys = [s for s in SETTINGS if s.ini]
+    width = max(len(s.key) for s in keys)
+    lines = [f"  {s.key:{width}}  {s.help}" for s in keys]
+    return (
+        p.format_help()
+        + "\nini keys (pytest.ini, [tool.pytest.ini_options], or -o KEY=VALUE for one run; an option beats its key):\n"
+        + "\n".join(lines)
+        + "\n"
+    )

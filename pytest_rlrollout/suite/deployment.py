@@ -13,7 +13,6 @@ import collections
 import contextlib
 import functools
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import pytest
 
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
+from pytest_rlrollout.suite.run_state import Restored, RunState, Served
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
@@ -299,6 +299,11 @@ def run_dir(config: pytest.Config) -> Path:
     return base.parent if hasattr(config, "workerinput") else base
 
 
+def run_state(config: pytest.Config) -> RunState:
+    """What a live run leaves for its report (start, ends, restore, cleanups), typed."""
+    return RunState(run_dir(config) / "rl-state")
+
+
 @contextlib.contextmanager
 def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.reference import reference_deployment
@@ -405,9 +410,11 @@ def rl_deployment(
     with opened() as dep:
         dep.discovery = config.stash[DISCOVERED] = discovered(config, dep)
         dep.run_id = run_id(config)
-        _record_state(config, "start", dep)
+        if dep.mode == "live":  # for the report's restore instructions
+            run_state(config).started(Served(dep.replicas()))
         yield dep
-        _record_state(config, f"end-{os.getpid()}", dep)
+        if dep.mode == "live":
+            run_state(config).ended(Served(dep.replicas()))
         cassettes = dep.cassettes
         if cassettes is not None and cassettes.mode == "record":
             if getattr(dep.driver, "bucket", None) is not None:  # part of the recorded load requests
@@ -505,17 +512,6 @@ def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts:
             f"is back, the start's weights are not)")  # fmt: skip
 
 
-def _record_state(config: pytest.Config, name: str, dep: RLDeployment) -> None:
-    """Start / end status of a live run, for the report's restore instructions (the first start wins)."""
-    if dep.mode != "live":
-        return
-    path = run_dir(config) / "rl-state" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = json.dumps({"replicas": dep.replicas(), "at": time.time()})  # read before the file exists
-    with contextlib.suppress(FileExistsError), open(path, "x") as f:
-        f.write(state)
-
-
 def restore_start(config: pytest.Config, engine: Engine) -> None:
     """After a live run that changed what is served: what the engine's driver can do to serve the
     start's snapshot again (vLLM: reload the directory the server started from and set the start
@@ -525,12 +521,10 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
     from pytest_rlrollout.remote.limits import LimitExceeded
 
     opts = options(config)
-    folder = run_dir(config) / "rl-state"
-    start = folder / "start.json"
-    if opts.mode != "live" or not opts.allow_hot_load or not start.is_file():
-        return
-    labels = {r.get("current_snapshot_identity") for r in json.loads(start.read_text())["replicas"]}
-    if len(labels) != 1 or not isinstance(label := labels.pop(), str):
+    state = run_state(config)
+    start = state.start if opts.mode == "live" and opts.allow_hot_load else None
+    label = start.label if start is not None else None
+    if label is None:
         return
     with connect(opts, engine) as driver:
         try:
@@ -543,7 +537,7 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
         except (httpx.HTTPError, LimitExceeded) as e:  # e.g. a deployment a refused load left broken
             done, after = f"the start could not be restored: {type(e).__name__}: {e}", []
     if done is not None:
-        (folder / "restored.json").write_text(json.dumps({"restored": done, "replicas": after, "at": time.time()}))
+        state.restored(Restored(after, restored=done))
 
 
 def run_id(config: pytest.Config) -> str:
@@ -617,7 +611,9 @@ def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: boo
     if capability.startswith("transition:"):
         wanted = capability.split(":", 1)[1]
         if found.transition is None:
-            inconclusive("the transition type is unknown: the deployment resource does not say; set rl_transition (-o rl_transition=ASYNC|SYNC)")
+            inconclusive(
+                "the transition type is unknown: the deployment resource does not say; set rl_transition (-o rl_transition=ASYNC|SYNC)"
+            )
         if found.transition != wanted:
             not_applicable(f"the deployment uses {found.transition} transitions, this clause is about {wanted}")
         return

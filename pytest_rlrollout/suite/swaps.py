@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlrollout.suite.deployment import RLDeployment, RLTest, run_dir, run_id
+from pytest_rlrollout.suite.deployment import RLDeployment, RLTest, run_dir, run_id, run_state
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.run_state import Cleanup
 
 if TYPE_CHECKING:
     import httpx
@@ -104,9 +103,7 @@ def _rl_snapshots(
     served = {i for r in rl_deployment.replicas() for i in served_by(r)}
     removed, kept = made.cleanup(keep=served)
     if rl_deployment.mode == "live":
-        path = run_dir(config) / "rl-state" / f"removed-{os.getpid()}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"removed": removed, "kept": kept}))
+        run_state(config).cleaned(Cleanup(removed, kept))
 
 
 def served_by(replica: dict[str, Any]) -> set[str]:

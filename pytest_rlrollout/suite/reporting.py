@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from pytest_rlrollout.contract import Outcome, catalogue
+from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.suite.deployment import run_dir
 from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import outcome_of
 from pytest_rlrollout.suite.report.files import paths, write
 from pytest_rlrollout.suite.report.model import (
+    FAILED,
     ClauseResult,
     Provenance,
     Report,
@@ -50,7 +51,7 @@ class Collector:
         if seen is not None:
             t.observed, t.exchanges, t.timeline, t.uploads = seen.observed, seen.exchanges, seen.timeline, seen.uploads
             t.numerics, t.measures = seen.numerics, seen.measures
-            if outcome in (Outcome.FAIL, Outcome.ERROR) and seen.reason:
+            if outcome in FAILED and seen.reason:
                 reason = seen.reason  # the assertion's own message, not pytest's last lines
         if outcome.severity < t.outcome.severity:
             t.outcome, t.reason = outcome, reason

@@ -25,6 +25,7 @@ CONTRACT_DOC = "docs/contract.md (or `rlrollout clauses --format md`)"
 LEVELS = ("MUST", "SHOULD", "MAY")
 
 Scalar = int | float | str | bool | None
+FAILED = (Outcome.FAIL, Outcome.ERROR)  # the outcomes a report shows as failures, with their exchanges
 
 
 class ReportError(ValueError):
@@ -173,7 +174,7 @@ class TestResult:
 
     @property
     def failed(self) -> bool:
-        return self.outcome in (Outcome.FAIL, Outcome.ERROR)
+        return self.outcome in FAILED
 
     def to_json(self) -> dict[str, Any]:
         figures = self.numerics.to_json() if self.numerics is not None else (dict(self.measures) or None)
@@ -228,7 +229,7 @@ class ClauseResult:
 
     @property
     def failed(self) -> bool:
-        return self.outcome in (Outcome.FAIL, Outcome.ERROR)
+        return self.outcome in FAILED
 
     def to_json(self) -> dict[str, Any]:
         return {"clause": self.clause, "level": self.level, "area": self.area, "rule": self.rule,

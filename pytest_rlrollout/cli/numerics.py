@@ -78,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--min-route-agreement {args.min_route_agreement:g}: a fraction in [0, 1] (0.9 is 90%)")
     if args.deployment is None and args.base_url is None:
         raise UsageError("pass --deployment accounts/<a>/deployments/<d> and/or --base-url URL")
-    thresholds = workflow.Thresholds(args.max_kl, args.max_logprob_delta, args.min_route_agreement)
-    sampling = workflow.Sampling(args.prompts, args.tokens, args.seed, not args.no_routing, args.engine, args.timeout)
+    thresholds = workflow.Thresholds(max_kl=args.max_kl, max_logprob_delta=args.max_logprob_delta,
+                                     min_route_agreement=args.min_route_agreement)  # fmt: skip
+    sampling = workflow.Sampling(prompts=args.prompts, tokens=args.tokens, seed=args.seed, routing=not args.no_routing,
+                                 engine=args.engine, timeout=args.timeout)  # fmt: skip
     try:
         target = workflow.deployment_target(args.deployment, args.base_url or DEFAULT_BASE_URL, args.model,
                                             args.api_key or os.environ.get("FIREWORKS_API_KEY") or "",

@@ -9,12 +9,15 @@ and while a probe polls the hot-load status (which must answer within PROBE_SECO
 
 from __future__ import annotations
 
+import array
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import signal
 import socket
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +25,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from pytest_rlrollout.contract.schemas import is_valid, schema
@@ -796,24 +798,33 @@ def test_a_validator_past_its_time_is_a_400(dep, monkeypatch):
 
 
 def test_a_validator_that_dies_is_a_400(dep):
-    """The validator's process killed mid-validation (as the kernel's OOM killer would): that signal
-    is refused, and the next one gets a fresh validator."""
+    """The validator's process killed with a snapshot to validate (as the kernel's OOM killer
+    would): that signal is refused, and the next one gets a fresh validator. The validator is
+    stopped before the signal, so the job is still in its pipe when it dies, however fast a
+    validation is on the machine (no race with a validation that finished first)."""
     fat_header_snapshot(dep.settings.bucket, "fat-header")
     validator.shared().warm()
     pid = validator.shared().pid()
     assert pid is not None
-    child = psutil.Process(pid)
-    before = sum(child.cpu_times()[:2])
+    os.kill(pid, signal.SIGSTOP)
+    job = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)  # the validator's stdin: the job's pipe
+
+    def queued() -> int:
+        n = array.array("i", [0])
+        fcntl.ioctl(job, termios.FIONREAD, n)
+        return n[0]
+
     answer: list[httpx.Response] = []
     poster = threading.Thread(target=lambda: answer.append(httpx.post(dep.base_url + HOT_LOAD, json={"identity": "fat-header"},
                                                                        headers=dep.hot_load_headers(), timeout=60)))  # fmt: skip
-    with Budget("reference", "a validator killed mid-validation", seconds=30, rss_mb=RSS_MB):
-        poster.start()
-        wait_until(
-            lambda: sum(child.cpu_times()[:2]) - before > 0.1, timeout=20, interval=0.01, what="validation under way"
-        )
-        os.kill(pid, signal.SIGKILL)
-        poster.join()
+    try:
+        with Budget("reference", "a validator killed with a job", seconds=30, rss_mb=RSS_MB):
+            poster.start()
+            wait_until(lambda: queued() > 0, timeout=20, interval=0.01, what="the snapshot sent to the validator")
+            os.kill(pid, signal.SIGKILL)
+            poster.join()
+    finally:
+        os.close(job)
     assert answer[0].status_code == 400 and "the validator died" in answer[0].text, answer[0].text[:300]
     r = httpx.post(dep.base_url + HOT_LOAD, json={"identity": "fat-header"}, headers=dep.hot_load_headers(), timeout=60)
     assert r.status_code == 400 and "could not be validated" not in r.text, r.text[:300]

@@ -5,11 +5,10 @@ deployment's cache holds nothing of an earlier run's."""
 
 import pytest
 
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
-clause = pytest.mark.rl_clause
-requires = pytest.mark.rl_requires
 LONG = CACHED_PREFIX  # prompt tokens: several cache blocks on any deployment
 
 

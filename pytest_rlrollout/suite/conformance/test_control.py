@@ -13,8 +13,6 @@ import statistics
 import threading
 import time
 
-import pytest
-
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
@@ -23,13 +21,11 @@ from pytest_rlrollout.remote.fingerprint import (
     prompt_logprobs,
 )
 from pytest_rlrollout.remote.stream import json_object, span_problems
+from pytest_rlrollout.suite.marks import clause, requires, swaps
 from pytest_rlrollout.suite.observe import WHITELIST, InFlight, cached_and_a_visible_change, continued, with_stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
-clause = pytest.mark.rl_clause
-swaps = pytest.mark.rl_swaps
-requires = pytest.mark.rl_requires
 HOLD_READS = 4  # paused() reads while a pause is held (a fixed count: a replay asks as often)
 IN_TRANSIT = 0.05  # seconds: a chunk this soon after the pause answered may have been on its way
 

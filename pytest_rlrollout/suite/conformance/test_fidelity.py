@@ -25,11 +25,11 @@ from pytest_rlrollout.remote.fingerprint import (
     prompt_logprobs,
     sweep,
 )
+from pytest_rlrollout.suite.marks import clause
 from pytest_rlrollout.suite.observe import cached_and_a_visible_change, continued
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
-clause = pytest.mark.rl_clause
 scored = pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 LOAD_STREAMS = 3  # FID-BATCH-1: requests decoding beside the one judged
 

@@ -13,12 +13,10 @@ from pytest_rlrollout.remote.client import WaitEnd
 from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint
 from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.snapshot import broken, tiny_moe
+from pytest_rlrollout.suite.marks import breaks, clause, swaps
 from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
 
-clause = pytest.mark.rl_clause
-swaps = pytest.mark.rl_swaps
-breaks = pytest.mark.rl_breaks
 PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
 
 

@@ -10,10 +10,9 @@ import httpx
 import pytest
 
 from pytest_rlrollout.remote.stream import json_object
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.outcomes import not_applicable
 
-clause = pytest.mark.rl_clause
-requires = pytest.mark.rl_requires
 WHITELIST = ("stop", "length", "tool_calls")
 TOKENS = 6
 

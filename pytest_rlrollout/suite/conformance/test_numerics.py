@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_rlrollout.contract.moe import moe_shape
+from pytest_rlrollout.suite.marks import clause
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
-clause = pytest.mark.rl_clause
 PROMPTS = 4  # the generated tokens are spread over this many prompts
 
 

@@ -14,10 +14,10 @@ from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.suite.deployment import fail_in_call
+from pytest_rlrollout.suite.marks import clause
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
-clause = pytest.mark.rl_clause
 requires = pytest.mark.rl_requires("logprobs")
 TOKENS = 4
 

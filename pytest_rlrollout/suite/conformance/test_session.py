@@ -3,9 +3,9 @@ answered). With one replica every request lands on it: nothing to observe."""
 
 import pytest
 
+from pytest_rlrollout.suite.marks import clause
 from pytest_rlrollout.suite.outcomes import inconclusive
 
-clause = pytest.mark.rl_clause
 SESSIONS, REQUESTS = 3, 5
 
 

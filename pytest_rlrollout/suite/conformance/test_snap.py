@@ -3,9 +3,7 @@
 Run on your own snapshot: `pytest --rl-snapshot=DIR [--rl-base-snapshot=DIR] [-o rl_parent=DIR] [-o rl_signal=FILE]`.
 """
 
-import pytest
-
-clause = pytest.mark.rl_clause
+from pytest_rlrollout.suite.marks import clause
 
 
 @clause("SNAP-ID-1")

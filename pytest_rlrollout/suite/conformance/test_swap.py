@@ -11,11 +11,9 @@ import itertools
 import pytest
 
 from pytest_rlrollout.remote.stream import span_version
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.observe import WHITELIST, across_swap, parting, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
-
-clause = pytest.mark.rl_clause
-requires = pytest.mark.rl_requires
 
 
 def crossing_body(rl_deployment, name):

@@ -6,12 +6,10 @@ engines that say it as spans over the output tokens (vLLM) are held to VER-SPAN-
 import pytest
 
 from pytest_rlrollout.remote.stream import span_problems
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.observe import across_swap
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.swaps import served_by
-
-clause = pytest.mark.rl_clause
-requires = pytest.mark.rl_requires
 
 
 def loaded(rl_deployment) -> set:

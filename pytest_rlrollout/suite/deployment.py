@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlrollout.suite.options import RLOptions, options
+from pytest_rlrollout.suite.options import RLConfig, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.run_state import Restored, RunState, Served
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
@@ -61,7 +61,7 @@ class RLDeployment:
     def __init__(
         self,
         driver: Driver,
-        opts: RLOptions,
+        opts: RLConfig,
         *,
         base_snapshot: Path | None,
         bucket: Bucket | None,
@@ -305,7 +305,7 @@ def run_state(config: pytest.Config) -> RunState:
 
 
 @contextlib.contextmanager
-def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.client import DeploymentClient, Target
@@ -329,7 +329,7 @@ def _local(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
 
 
 @contextlib.contextmanager
-def connect(opts: RLOptions, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
+def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
     """The live deployment the options name, through its engine's driver: the one way the plugin
     (preflight, tests, the restore at the end) and the `rlrollout` commands reach a deployment."""
     from pytest_rlrollout.remote.client import DeploymentClient, Target
@@ -343,7 +343,7 @@ def connect(opts: RLOptions, engine: Engine, transport: httpx.BaseTransport | No
 
 
 @contextlib.contextmanager
-def _live(opts: RLOptions, engine: Engine) -> Iterator[RLDeployment]:
+def _live(opts: RLConfig, engine: Engine) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
 
     bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
@@ -352,7 +352,7 @@ def _live(opts: RLOptions, engine: Engine) -> Iterator[RLDeployment]:
 
 
 @contextlib.contextmanager
-def _replay(opts: RLOptions, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
+def _replay(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
     from pytest_rlrollout.remote.client import DeploymentClient, Target
@@ -386,7 +386,7 @@ def served_path(bucket_url: str | None) -> str | None:
     return bucket_url.rstrip("/") if "://" in bucket_url else str(Path(bucket_url).resolve())
 
 
-def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
+def _recorder(opts: RLConfig, key: Any) -> CassetteTransport | None:
     """A recording transport when --rl-record is given, else None (plain HTTP)."""
     if opts.record is None:
         return None
@@ -398,7 +398,7 @@ def _recorder(opts: RLOptions, key: Any) -> CassetteTransport | None:
 
 @pytest.fixture(scope="session")
 def rl_deployment(
-    rl_config: RLOptions, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    rl_config: RLConfig, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RLDeployment]:
     """The deployment under test (`--rl-deployment`); the bundled reference deployment by
     default; recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
@@ -495,7 +495,7 @@ def _canaries(driver: Driver, base: Path) -> Fingerprint | None:
         return None
 
 
-def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts: RLOptions) -> str:
+def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts: RLConfig) -> str:
     """Whether the restored weights score as the start's did (where the start was fingerprinted)."""
     from pytest_rlrollout.remote.fingerprint import Fingerprint
 

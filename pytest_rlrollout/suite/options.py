@@ -1,4 +1,6 @@
-"""The `--rl-*` options, read once into one typed `RLOptions` (kept in `config.stash`).
+"""The run's settings: a dozen `--rl-*` options and the ini keys (`SETTINGS`, one table the
+plugin and `rlrollout conformance --help` both read), read once into one typed `RLConfig` (kept
+in `config.stash`, handed out by the `rl_config` fixture).
 
 Which deployment is under test (local / live / replay) is decided here and nowhere else, every
 wait of the suite lives in one `Timeouts` profile, and every usage error (a missing model, key

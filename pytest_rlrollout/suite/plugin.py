@@ -1,6 +1,6 @@
 """The pytest plugin (entry point `rlrollout`): options, markers and the run's report.
 
-Options are read once into `RLOptions` (suite/options.py); the fixtures live in the modules
+Options are read once into `RLConfig` (suite/options.py); the fixtures live in the modules
 listed in `pytest_plugins`: the deployment under test, swaps and snapshots, sessions, and the
 exporter gate. This module and those stay cheap to import: heavy imports wait for a fixture.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
-from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, RLOptions, add_options, options, read_options
+from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, RLConfig, add_options, options, read_options
 from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE, SUITE_ERROR
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
@@ -211,7 +211,7 @@ def _assertion(call: pytest.CallInfo) -> str:
 
 
 @pytest.fixture(scope="session")
-def rl_config(pytestconfig: pytest.Config) -> RLOptions:
+def rl_config(pytestconfig: pytest.Config) -> RLConfig:
     """This run's settings: its options and ini keys, read and checked once. The deployment and
     every fixture of the suite take theirs from here; override it in a conftest.py to change
     them for the tests below it, e.g. `return dataclasses.replace(rl_config, numerics=...)`."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.suite.deployment import run_dir
+from pytest_rlrollout.suite.deployment import run_state
 from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.options import RLOptions, options
 from pytest_rlrollout.suite.outcomes import outcome_of
@@ -162,24 +162,21 @@ def _base_digest(o: RLOptions) -> str | None:
 
 def _live_state(config: pytest.Config) -> dict[str, Any]:
     """What was served at the start and at the end, and how to restore the start."""
-    folder = run_dir(config) / "rl-state"
-    if not (folder / "start.json").is_file():
+    state = run_state(config)
+    start = state.start
+    if start is None:
         return {}
-    start = json.loads((folder / "start.json").read_text())["replicas"]
-    ends = sorted(
-        [*folder.glob("end-*.json"), *folder.glob("restored.json")], key=lambda p: json.loads(p.read_text())["at"]
-    )
-    end = json.loads(ends[-1].read_text())["replicas"] if ends else start
-    cleaned = [json.loads(p.read_text()) for p in folder.glob("removed-*.json")]
-    removed = sorted({i for c in cleaned for i in c["removed"]})
-    kept = sorted({i for c in cleaned for i in c["kept"]})
-    before = sorted({str(r.get("current_snapshot_identity")) for r in start})
-    after = sorted({str(r.get("current_snapshot_identity")) for r in end})
-    adapters = sorted({i for r in end for i in served_by(r)} - {i for r in start for i in served_by(r)} - set(after))
+    end = state.end or start
+    removed = sorted({i for c in state.cleanups for i in c.removed})
+    kept = sorted({i for c in state.cleanups for i in c.kept})
+    before, after = start.identities, end.identities
+    adapters = sorted({i for r in end.replicas for i in served_by(r)} - {i for r in start.replicas for i in served_by(r)}
+                      - set(after))  # fmt: skip
     out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed,
                            "uploaded_and_kept": kept, "adapters_left_loaded": adapters}  # fmt: skip
-    if (folder / "restored.json").is_file():
-        out["restored"] = json.loads((folder / "restored.json").read_text())["restored"]
+    restored = state.restore
+    if restored is not None:
+        out["restored"] = restored.restored
     elif before != after:
         out["restore"] = (
             f"the run left {after} serving (kept in the bucket); to serve {before} again, upload it under a new "

@@ -11,14 +11,15 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any, Literal
+
+from pytest_rlrollout.shipped import shipped
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
 Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "openai"]
 ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "sglang", "coreweave", "openai")
-DATA = Path(__file__).parent / "data"
+DATA = shipped("schemas")  # the catalogue and the JSON Schemas, at the project's top level
 
 
 @dataclass(frozen=True)

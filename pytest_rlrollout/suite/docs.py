@@ -5,9 +5,12 @@ a committed copy kept in step by a test."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 from pytest_rlrollout.contract import SEVERITY, Clause, Outcome, catalogue
 from pytest_rlrollout.contract.capabilities import CAPABILITIES, Capability
@@ -28,13 +31,25 @@ def judging_tests() -> dict[str, list[str]]:
     tests' own markers."""
     out: dict[str, list[str]] = defaultdict(list)
     for path in sorted(CONFORMANCE.glob("test_*.py")):
-        module = importlib.import_module(f"pytest_rlrollout.suite.conformance.{path.stem}")
+        module = _load(path)
         for name, fn in vars(module).items():
             if not (name.startswith("test_") and callable(fn)):
                 continue
             for clause, param in _clauses_of(getattr(fn, "pytestmark", [])):
                 out[clause].append(f"{path.name}::{name}" + (f"[{param}]" if param else ""))
     return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def _load(path: Path) -> ModuleType:
+    """A conformance module, imported from its file: the modules are files shipped beside the
+    package (a directory, not a package to import by name)."""
+    spec = importlib.util.spec_from_file_location(f"rlrollout_conformance_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, path
+    if spec.name in sys.modules:  # loaded once per process, as an import would be
+        return sys.modules[spec.name]
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def _clauses_of(marks: list) -> Iterator[tuple[str, str | None]]:
@@ -67,7 +82,7 @@ def contract_markdown() -> str:
     lines = [
         "# The RL-rollout deployment contract",
         "",
-        "Generated from the clause catalogue (`pytest_rlrollout/contract/data/clauses.json`) by",
+        "Generated from the clause catalogue (`schemas/clauses.json`) by",
         "`rlrollout clauses --format md`; a test keeps this copy in step. Clause IDs are fixed.",
         "",
         "## Levels",

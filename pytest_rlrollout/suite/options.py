@@ -23,13 +23,13 @@ import pytest
 from pytest_rlrollout.contract.catalogue import ENGINES, Engine
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
+from pytest_rlrollout.shipped import shipped
 
 Mode = Literal["local", "live", "replay"]
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
 DEFAULT_CONTROL_URL = "https://api.coreweave.com"  # CoreWeave's hot-load API (v1alpha1)
-SUITE = Path(__file__).parent
-CONFORMANCE = SUITE / "conformance"
-SHIPPED_CASSETTES = SUITE / "cassettes"
+CONFORMANCE = shipped("conformance")
+SHIPPED_CASSETTES = shipped("cassettes")
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,8 @@ def test_a_live_coreweave_deployment_through_its_hot_load_api(pytester, tmp_path
 
 
 def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
-    """The wheel carries everything the suite needs: tests, catalogue, schemas, shipped cassettes."""
+    """The wheel carries everything the suite needs: the conformance modules, the catalogue and schemas,
+    the shipped cassettes (replayed from the installed wheel), found from outside any checkout."""
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
                     str(ROOT)], check=True, timeout=600)  # fmt: skip
@@ -187,6 +188,12 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     where = subprocess.run([py, "-c", "import pytest_rlrollout; print(pytest_rlrollout.__file__)"],
                            capture_output=True, text=True, check=True, cwd=outside).stdout  # fmt: skip
     assert str(env_dir) in where, where
+    # the top-level directories come from the wheel, inside the installed package
+    found = subprocess.run([py, "-c", "from pytest_rlrollout.shipped import shipped\n"
+                            "for name in ('conformance', 'schemas', 'cassettes'): print(shipped(name))"],
+                           capture_output=True, text=True, check=True, cwd=outside).stdout.split()  # fmt: skip
+    installed = Path(where).parent / "_shipped"
+    assert found == [str(installed / name) for name in ("conformance", "schemas", "cassettes")], found
     rlrollout = env_dir / "bin" / "rlrollout"
     replayed = subprocess.run([rlrollout, "conformance", "-q", "--rl-replay=reference", "--rl-report=r.json"],
                               capture_output=True, text=True, cwd=outside, timeout=900)  # fmt: skip

@@ -111,11 +111,11 @@ class Deployment:
     def route(self, session: str | None, affinity: str | None) -> Replica:
         """x-multi-turn-session-id decides, then x-session-affinity; otherwise the least loaded."""
         f = self.settings.fault
-        if f("SESS-1") and affinity is None:  # a lone session id is ignored (with both, it still decides)
+        if affinity is None and f("SESS-1"):  # a lone session id is ignored (with both, it still decides)
             session = None
-        if f("SESS-3") and session is None:
+        if session is None and f("SESS-3"):
             affinity = None
-        key = affinity if f("SESS-2") and affinity is not None else session if session is not None else affinity
+        key = affinity if affinity is not None and f("SESS-2") else session if session is not None else affinity
         if key is not None:
             return self.replicas[zlib.crc32(key.encode()) % len(self.replicas)]
         with self._lock:
@@ -163,10 +163,13 @@ class Deployment:
         except Exception as e:
             log.exception("checking a signal failed")
             raise HotLoadError(400, f"the signal could not be checked ({type(e).__name__})") from None
-        if f("HL-POST-2"):  # only the unknown-field rejection is broken; a missing identity is still refused
+        # each switch is asked about only where it changes the answer: the mutation matrix runs a
+        # switch's row on the tests that read it (tests/suite/test_mutation_matrix.py)
+        extra = any("Extra inputs" in p.message for p in problems)
+        if extra and f("HL-POST-2"):  # only the unknown-field rejection is broken; a missing identity is still refused
             problems = [p for p in problems if "Extra inputs" not in p.message]
         problems = [p for p in problems if p.clause == "HL-POST-2" or not f(p.clause)]
-        if f("HL-POST-2a"):
+        if extra and f("HL-POST-2a"):
             problems = [
                 _finding(p.clause, p.message.replace("Extra inputs are not permitted, field:", "unknown field:"))
                 for p in problems
@@ -175,7 +178,7 @@ class Deployment:
         why = identity_problem(identity)
         if why and f("HL-POST-4"):
             raise HotLoadError(500, f"internal error resolving identity {_quote(identity)}")
-        if why and not (f("SNAP-ID-1") and "'/'" in why):
+        if why and not ("'/'" in why and f("SNAP-ID-1")):
             problems.insert(0, _finding("SNAP-ID-1", f"identity {_quote(identity)} {why}; it must be one path segment"))
         if problems:
             raise HotLoadError(
@@ -205,7 +208,9 @@ class Deployment:
         ctx = Context(
             base=self.full_dirs[self.settings.base_identity],
             parent=parent,
-            signal={k: v for k, v in body.items() if k != "validation"} if f("HL-CONFIG-2") else body,
+            signal={k: v for k, v in body.items() if k != "validation"}
+            if "validation" in body and f("HL-CONFIG-2")
+            else body,
             identity=identity,
             served=tuple(r.identity for r in self.replicas),
             ledger_reset=self.ledger_reset,
@@ -281,7 +286,7 @@ class Deployment:
     def _label_only(self, replica: Replica) -> bool:
         """FID-SWAP-1 faults: this replica's load changes the label and keeps the weights."""
         f = self.settings.fault
-        return f("FID-SWAP-1") or (f("FID-SWAP-1:one") and replica is self.replicas[-1])
+        return f("FID-SWAP-1") or (replica is self.replicas[-1] and f("FID-SWAP-1:one"))
 
     def _misapplied(self, replica: Replica, model: Model, previous: str) -> Model:
         """An ARC2 diff's result as the FID-SAME-1 faults corrupt it (else `model` itself)."""
@@ -289,7 +294,7 @@ class Deployment:
         if f("FID-SAME-1"):  # the diff (parent XOR target) lands on the base: base ^ parent ^ target
             base = Model.load(self.full_dirs[self.settings.base_identity])
             model = xor_weights(base, Model.load(self.full_dirs[previous]), model)
-        if f("FID-SAME-1:experts") and self.kinds.get(replica.identity) == "incremental":
+        if self.kinds.get(replica.identity) == "incremental" and f("FID-SAME-1:experts"):
             model = keep_experts(model, replica.model, moe_layers(model)[:1])
         return model
 
@@ -334,7 +339,7 @@ class Deployment:
             known = False
         if not known:
             raise HotLoadError(404, f"no file {_quote(name)} in snapshot {_quote(identity)}")
-        if self.settings.fault("HL-HINT-1") and self.loading is None and identity not in self.full_dirs:
+        if self.loading is None and identity not in self.full_dirs and self.settings.fault("HL-HINT-1"):
             self.hot_load({"identity": identity})
         return {}
 
@@ -392,7 +397,7 @@ class Deployment:
             return replica.model
         if f("FID-SAME-1"):  # the experts read in the checkpoint's layout (vLLM 0.32's CPU reload)
             return misread_experts(model, moe_layers(model))
-        if f("FID-SAME-1:experts") and self.reloads >= 1:  # only the first MoE layer's, from the second on
+        if self.reloads >= 1 and f("FID-SAME-1:experts"):  # only the first MoE layer's, from the second on
             return misread_experts(model, moe_layers(model)[:1])
         return model
 

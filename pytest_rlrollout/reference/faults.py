@@ -148,9 +148,30 @@ def switches_for(engine: str) -> list[str]:
     return [f for f in FAULTS if cat[clause_of(f)].binds(engine)]  # type: ignore[arg-type]
 
 
-def check_faults(names) -> frozenset[str]:
+_reads: set[str] | None = None  # where switch reads go (record_reads), else nowhere
+
+
+class Switches(frozenset[str]):
+    """The switches a deployment runs with. Every question whether one is on (`name in
+    switches`, which `Settings.fault` asks) can be recorded: a switch that is never asked about
+    while a test runs changes nothing that test's requests meet."""
+
+    def __contains__(self, name: object) -> bool:
+        if _reads is not None:
+            _reads.add(str(name))
+        return super().__contains__(name)
+
+
+def record_reads(into: set[str] | None) -> None:
+    """From now on, add the name of every switch asked about to `into` (None: stop). The
+    mutation matrix runs a fault's row on the tests whose requests read that switch."""
+    global _reads
+    _reads = into
+
+
+def check_faults(names) -> Switches:
     unknown = sorted(set(names) - set(FAULTS) - set(BEHAVIOURS))
     if unknown:
         known = ", ".join([*sorted(FAULTS), *BEHAVIOURS])
         raise ValueError(f"unknown fault switch(es) {unknown}; known: {known}")
-    return frozenset(names)
+    return Switches(names)

@@ -90,7 +90,7 @@ class FireworksRun(Run):
         f = self.f
         e: dict[str, Any] = {
             "token": self.text.piece(token),
-            "logprob": -logprob if f("INF-LOGPROBS-1") and not prompt else logprob,
+            "logprob": -logprob if not prompt and f("INF-LOGPROBS-1") else logprob,
             "token_id": token,
         }
         if not f("INF-LOGPROBS-1a"):
@@ -112,7 +112,7 @@ class FireworksRun(Run):
         f = self.f
         if (self.req.chat and f("R3-CHAT-1")) or (not self.req.chat and not self.req.stream and f("R3-COMP-1")):
             return True
-        if prompt and f("R3-ECHO-1") and self.req.echo:
+        if prompt and self.req.echo and f("R3-ECHO-1"):
             return True
         if prompt or not (self.req.stream and f("R3-STREAM-1")):
             return False
@@ -137,7 +137,7 @@ class FireworksRun(Run):
         return c
 
     def model_name(self, version: str) -> str:
-        if self.req.stream and self.f("VER-STREAM-1") and version != self.admitted_version:
+        if self.req.stream and version != self.admitted_version and self.f("VER-STREAM-1"):
             return self.req.model
         if not self.req.stream and self.f("VER-NONSTREAM-1"):  # a version cached at start-up
             return f"{self.req.model}@{self.dep.settings.base_identity}"

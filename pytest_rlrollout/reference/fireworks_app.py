@@ -157,7 +157,7 @@ class FireworksRoutes:
                 req = await off_loop(lambda: parse(raw), dep.workers)
                 run = FireworksRun(dep, text, req, {k.lower(): v for k, v in request.headers.items()})
             except BadRequest as e:
-                if s.fault("INF-ERR-1") and "not valid JSON" in str(e):
+                if "not valid JSON" in str(e) and s.fault("INF-ERR-1"):
                     return error(500, "internal error", "INTERNAL")
                 return refusal(e)
             except Unavailable as e:

@@ -351,15 +351,18 @@ class Replica:
             with self._cond:
                 self._cond.wait(timeout=min(left, 0.01))
         f = self.settings.fault
+        # a switch is asked about only where it changes something (here: streams in flight), as
+        # everywhere in the engine: the mutation matrix runs a switch's row on the tests that read it
         with self._cond:
-            if f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC" and self.label is not None:
+            if self._active and self.settings.transition == "ASYNC" and self.label is not None and f("SWAP-ASYNC-1"):
                 for job in self._active:  # vLLM: the stream breaks once it decodes on the new weights
                     job.doom = (("abort", None), DOOMED_AFTER)
-            elif f("SWAP-ASYNC-1") and self.settings.transition == "ASYNC":
+            elif self._active and self.settings.transition == "ASYNC" and f("SWAP-ASYNC-1"):
                 for job in self._active:
                     job.emit(("abort", None))
                 self._active = []
-            if f("SWAP-KV-1") and swap.reset_policy != "all" and self.label is None:  # vLLM: at its reset instead
+            # vLLM: at its reset instead
+            if self._active and swap.reset_policy != "all" and self.label is None and f("SWAP-KV-1"):
                 for job in self._active:
                     job.emit(("error", (500, "the KV cache was reset")))
                 self._active = []
@@ -503,7 +506,7 @@ class Replica:
         f = self.settings.fault
         if f("NUM-LOGPROB-1"):
             outs = [StepOutput(_bf16(o.logits), o.routing) for o in outs]
-        if f("FID-BATCH-1") and len(outs) > 1:
+        if len(outs) > 1 and f("FID-BATCH-1"):
             scale = np.float32(1 + 0.01 * (len(outs) - 1))
             outs = [StepOutput(o.logits * scale, o.routing) for o in outs]
         return outs
@@ -551,7 +554,7 @@ class Replica:
         job.tokens.append(token)
         job.token_logprobs.append(logprob)
         version = job.version if job.stale else self.version
-        if f("SWAP-ASYNC-2") and job.served_by != self.identity and job.generated % 2:
+        if job.served_by != self.identity and job.generated % 2 and f("SWAP-ASYNC-2"):
             version = job.version if self.label is not None else job.served_by  # the version it started on
         reported = _bf16(np.float32(logprob)).item() if f("FID-DECODE-1") else logprob
         scored = _scored(greedy_lp, token, job.top_n) if job.top_n is not None else None

@@ -191,9 +191,9 @@ class VllmRun(Run):
     def spans(self) -> list[dict[str, Any]]:
         """The policy version of every output token as merged runs [start, end)."""
         versions = [t.version for t in self.tokens]
-        if self.f("SWAP-ASYNC-2:stale") and versions:  # every token keeps the version it started on
+        if versions and self.f("SWAP-ASYNC-2:stale"):  # every token keeps the version it started on
             versions = [versions[0]] * len(versions)
-        if self.f("VER-NONSTREAM-1") and not self.req.stream:  # a version cached at start-up
+        if not self.req.stream and self.f("VER-NONSTREAM-1"):  # a version cached at start-up
             versions = [FIRST_LABEL] * len(versions)
         out: list[dict[str, Any]] = []
         for i, v in enumerate(versions):

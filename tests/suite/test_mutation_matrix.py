@@ -3,12 +3,19 @@ of its clause fail (and no clause the contract does not tie to it); with no faul
 passes, in both transition modes.
 
 Each row runs the installed suite in this process (pytester, no interpreter start-up) with
-`-o rl_local_faults=<switch>` and reads its clause report. The broken snapshot variants' rows come from
+`-o rl_local_faults=<switch>` and reads its clause report. A row runs its clause's tests and every
+test whose requests read its switch (the reference deployment records which switches it is asked
+about): a test that never asks meets nothing the switch changes, and passed in the no-fault run of
+the same modules its rows share. The broken snapshot variants' rows come from
 tests/snapshot/test_validator.py, which proves the validator reports exactly that clause. Rows
 land in `build/mutation-matrix/`; the session's end assembles `build/mutation-matrix.{json,md}`.
 """
 
+from __future__ import annotations
+
 import json
+from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
@@ -17,6 +24,7 @@ import pytest
 import pytest_rlrollout.reference.app
 import pytest_rlrollout.suite.snapshots  # noqa: F401
 from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.reference import faults
 from pytest_rlrollout.reference.faults import FAULTS, clause_of, switches_for
 from pytest_rlrollout.snapshot import broken
 from pytest_rlrollout.suite.options import CONFORMANCE
@@ -65,10 +73,20 @@ def _shared_reference_cases(reference, monkeypatch):
     monkeypatch.setattr(cases, "ReferenceCases", lambda root: reference)
 
 
-def run_suite_report(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str], dict]:
+def fault_args(switch: str) -> list[str]:
+    """The inner run's arguments that start the reference deployment with `switch` on: the one
+    place that spells the option."""
+    return ["-o", f"rl_local_faults={switch}"]
+
+
+def run_suite_report(
+    pytester: pytest.Pytester, *args: str, plugins: tuple = (), report_name: str = "r.json"
+) -> tuple[dict[str, str], dict]:
     """The installed suite, in this process: clause → outcome, and the whole report."""
-    result = pytester.runpytest_inprocess(*args, "-p", "no:randomly", "-p", "no:cacheprovider", "--rl-report=r.json")
-    report = pytester.path / "r.json"
+    result = pytester.runpytest_inprocess(
+        *args, "-p", "no:randomly", "-p", "no:cacheprovider", f"--rl-report={report_name}", plugins=list(plugins)
+    )
+    report = pytester.path / report_name
     assert report.is_file(), "\n".join(result.outlines[-30:])
     doc = json.loads(report.read_text())
     return {k: v["outcome"] for k, v in doc["clauses"].items()}, doc
@@ -170,12 +188,69 @@ def test_every_switch_and_variant_is_in_the_matrix():
 # fingerprints' session keys reach the replicas as affinity spreads them, and nothing proves they
 # reached that one.
 UNSEEN = {"coreweave": {"FID-SWAP-1:one"}}
-ROWS = [pytest.param(f, "fireworks", id=f) for f in sorted(switches_for("fireworks"))] + [
-    pytest.param(f, engine, id=f"{engine}-{f}")
+# CoreWeave lists replicas per hot-load: before the first one, what is served cannot be read. The
+# rows of the clauses judged on it first run a module that hot-loads.
+AFTER_A_HOT_LOAD = {"HL-GET-1": "test_fidelity.py", "NUM-LOGPROB-1": "test_hot_load.py"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a row's deployment is started and which conformance modules it runs."""
+
+    engine: str
+    modules: tuple[str, ...]
+    sync: bool = False  # --rl-transition SYNC
+    routed_experts: bool = False  # the fixture of that name
+    one_replica: bool = False  # the fixture of that name
+    # whether the row may run only the tests that read its switch: not the SNAP rows (they select
+    # their clause's tests by name), nor a row whose first module runs for what it leaves behind
+    scopable: bool = True
+
+    @classmethod
+    def of(cls, fault: str, engine: str) -> Setup:
+        clause = clause_of(fault)
+        modules = [AREA_MODULE[clause.split("-")[0]], *MORE_MODULES.get(fault, [])]
+        hot_load_first = engine == "coreweave" and clause in AFTER_A_HOT_LOAD
+        if hot_load_first:  # CoreWeave says what is served once one was made
+            modules.insert(0, AFTER_A_HOT_LOAD[clause])
+        return cls(engine, tuple(modules), sync=clause.startswith("SWAP-SYNC"),
+                   routed_experts=engine in ("vllm", "sglang") and clause in ROUTING,
+                   one_replica=engine == "coreweave" and clause in ACROSS_REPLICAS,
+                   scopable=not clause.startswith("SNAP-") and not hot_load_first)  # fmt: skip
+
+    def args(self) -> list[str]:
+        sync = ["-o", "rl_transition=SYNC"] if self.sync else []
+        return [*(str(CONFORMANCE / m) for m in self.modules), *sync, f"--rl-engine={self.engine}"]
+
+    @property
+    def key(self) -> str:
+        """Rows with one key start the same deployment on the same modules: they share one
+        no-fault run, on one xdist worker."""
+        flags = f"{self.sync:d}{self.routed_experts:d}{self.one_replica:d}"
+        return f"mm-{self.engine}-{'+'.join(m.removesuffix('.py') for m in self.modules)}-{flags}"
+
+
+PAIRS = [(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
+    (f, engine)
     for engine in ("vllm", "sglang", "coreweave")
     for f in sorted(switches_for(engine))
     if f not in UNSEEN.get(engine, set())
 ]
+# A no-fault run of a set-up pays for itself when two rows or more share it; a row alone runs whole.
+SHARED = Counter(s.key for s in (Setup.of(*pair) for pair in PAIRS) if s.scopable)
+
+
+def scoped(setup: Setup) -> bool:
+    return setup.scopable and SHARED[setup.key] > 1
+
+
+def _row(fault: str, engine: str):
+    setup = Setup.of(fault, engine)
+    return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}",
+                        marks=[pytest.mark.xdist_group(setup.key)] if scoped(setup) else [])  # fmt: skip
+
+
+ROWS = [_row(*pair) for pair in PAIRS]
 
 
 @pytest.fixture
@@ -224,28 +299,84 @@ SGLANG_COLLATERAL = {
 
 # Faults whose violation, on CoreWeave's wire, also breaks other clauses by the contract's own logic.
 COREWEAVE_COLLATERAL = {**COLLATERAL}
-# CoreWeave lists replicas per hot-load: before the first one, what is served cannot be read. The
-# rows of the clauses judged on it first run a module that hot-loads.
-AFTER_A_HOT_LOAD = {"HL-GET-1": "test_fidelity.py", "NUM-LOGPROB-1": "test_hot_load.py"}
+
+
+class _Reads:
+    """Plugin of a no-fault run: the switches asked about while each test ran (its set-up,
+    call and teardown, the deployment's threads included), and outside every test."""
+
+    def __init__(self):
+        self.by_test: dict[str, set[str]] = {}
+        self.outside: set[str] = set()
+
+    def pytest_sessionstart(self):
+        faults.record_reads(self.outside)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item):
+        faults.record_reads(self.by_test.setdefault(item.nodeid, set()))
+        try:
+            return (yield)
+        finally:
+            faults.record_reads(self.outside)
+
+
+class _Only:
+    """Plugin of a row's run: only the given tests and those of the given clauses."""
+
+    def __init__(self, nodeids: set[str], clauses: set[str]):
+        self.nodeids, self.clauses = nodeids, clauses
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        def wanted(item) -> bool:
+            judged = {c for m in item.iter_markers("rl_clause") for c in m.args}
+            return item.nodeid in self.nodeids or bool(judged & self.clauses)
+
+        config.hook.pytest_deselected(items=[i for i in items if not wanted(i)])
+        items[:] = [i for i in items if wanted(i)]
+
+
+_READS: dict[str, _Reads] = {}  # Setup.key -> what its no-fault run read (per worker)
+
+
+def reads_without_fault(pytester: pytest.Pytester, setup: Setup) -> _Reads:
+    """What each test of `setup`'s modules reads, from one no-fault run per worker (the rows of
+    one set-up share an xdist group). That run must fail no clause: a row's "no other clause
+    fails" compares against it."""
+    if setup.key not in _READS:
+        reads = _Reads()
+        try:
+            got, _ = run_suite_report(pytester, *setup.args(), plugins=(reads,), report_name="no-fault.json")
+        finally:
+            faults.record_reads(None)
+        assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.key} fails without a fault"
+        _READS[setup.key] = reads
+    return _READS[setup.key]
 
 
 @pytest.mark.parametrize(("fault", "engine"), ROWS)
 def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
+    """A row runs its modules with the switch on, but only the tests whose requests read that
+    switch in a no-fault run (a test that never asks about it meets nothing it changes) and the
+    tests of its clause: every other test passed without the fault. A switch read outside any
+    test runs every test."""
     clause = clause_of(fault)
-    if engine in ("vllm", "sglang") and clause in ROUTING:
+    setup = Setup.of(fault, engine)
+    if setup.routed_experts:
         request.getfixturevalue("routed_experts")
-    if engine == "coreweave" and clause in ACROSS_REPLICAS:
+    if setup.one_replica:
         request.getfixturevalue("one_replica")
     area = clause.split("-")[0]
-    modules = [AREA_MODULE[area], *MORE_MODULES.get(fault, [])]
-    if engine == "coreweave" and clause in AFTER_A_HOT_LOAD:  # CoreWeave says what is served once one was made
-        modules.insert(0, AFTER_A_HOT_LOAD[clause])
-    args = [*(str(CONFORMANCE / m) for m in modules), "-o", f"rl_local_faults={fault}", f"--rl-engine={engine}"]
-    if clause.startswith("SWAP-SYNC"):
-        args += ["-o", "rl_transition=SYNC"]
+    args, plugins = [*setup.args(), *fault_args(fault)], ()
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
-    got, doc = run_suite_report(pytester, *args)
+    elif scoped(setup):
+        reads = reads_without_fault(pytester, setup)
+        if fault not in reads.outside:
+            readers = {nodeid for nodeid, names in reads.by_test.items() if fault in names}
+            plugins = (_Only(readers, {clause, *ALSO_FAILS.get(fault, ())}),)
+    got, doc = run_suite_report(pytester, *args, plugins=plugins)
     write_row(fault if engine == "fireworks" else f"{fault} ({engine})", "fault switch", got, clause)
     assert got.get(clause) == "fail", got
     for also in ALSO_FAILS.get(fault, set()) if engine == "fireworks" else ():  # VER-STREAM-1 is Fireworks
@@ -272,7 +403,7 @@ CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
 def test_a_usage_only_final_chunk_is_legal(pytester):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
     finish_reason: every clause is judged as without it."""
-    got = run_suite(pytester, *CONTENT_MODULES, "-o", "rl_local_faults=usage-only-chunk")
+    got = run_suite(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"))
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
 
 
@@ -285,7 +416,7 @@ WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS",
 def test_empty_answers_pass_no_clause_about_their_content(pytester):
     """Every answer 200 and empty (no text, logprobs, routing, usage, cached tokens): no clause
     about what answers carry passes, and every pass names what it observed."""
-    got, doc = run_suite_report(pytester, *CONTENT_MODULES, "-o", "rl_local_faults=empty-content")
+    got, doc = run_suite_report(pytester, *CONTENT_MODULES, *fault_args("empty-content"))
     passed = {k for k, v in got.items() if v == "pass"}
     assert passed - WITHOUT_CONTENT == set(), f"passed on empty answers: {sorted(passed - WITHOUT_CONTENT)}"
     assert {"INF-LOGPROBS-1", "INF-USAGE-1", "R3-STREAM-1", "CACHE-HIT-1"} <= {k for k, v in got.items() if v == "fail"}

@@ -14,7 +14,6 @@ land in `build/mutation-matrix/`; the session's end assembles `build/mutation-ma
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -79,14 +78,12 @@ def fault_args(switch: str) -> list[str]:
     return ["-o", f"rl_local_faults={switch}"]
 
 
-def run_suite_report(
-    pytester: pytest.Pytester, *args: str, plugins: tuple = (), report_name: str = "r.json"
-) -> tuple[dict[str, str], dict]:
+def run_suite_report(pytester: pytest.Pytester, *args: str, plugins: tuple = ()) -> tuple[dict[str, str], dict]:
     """The installed suite, in this process: clause → outcome, and the whole report."""
     result = pytester.runpytest_inprocess(
-        *args, "-p", "no:randomly", "-p", "no:cacheprovider", f"--rl-report={report_name}", plugins=list(plugins)
+        *args, "-p", "no:randomly", "-p", "no:cacheprovider", "--rl-report=r.json", plugins=list(plugins)
     )
-    report = pytester.path / report_name
+    report = pytester.path / "r.json"
     assert report.is_file(), "\n".join(result.outlines[-30:])
     doc = json.loads(report.read_text())
     return {k: v["outcome"] for k, v in doc["clauses"].items()}, doc
@@ -96,18 +93,29 @@ def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
     return run_suite_report(pytester, *args)[0]
 
 
-@pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
-def test_no_fault_every_clause_passes(pytester, transition):
-    got = run_suite(pytester, str(CONFORMANCE), "-o", f"rl_transition={transition}")
+def group(engine: str, *, sync: bool = False, routed_experts: bool = False, one_replica: bool = False) -> str:
+    """The xdist group of the rows that start the deployment alike and of the no-fault test that
+    starts it so (what each test read in that test's run decides what each row runs)."""
+    return f"mm-{engine}-{sync:d}{routed_experts:d}{one_replica:d}"
+
+
+@pytest.mark.parametrize(
+    "transition",
+    [pytest.param(t, marks=pytest.mark.xdist_group(group("fireworks", sync=t == "SYNC"))) for t in ("ASYNC", "SYNC")],
+)
+def test_no_fault_every_clause_passes(pytester, request, transition):
+    got, _, reads = run_no_fault(pytester, str(CONFORMANCE), "-o", f"rl_transition={transition}")
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {c.id for c in catalogue()} <= set(got)
+    provides(request, reads)
 
 
-def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
+@pytest.mark.xdist_group(group("vllm"))
+def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester, request):
     """The reference deployment's vLLM dialect through the vLLM driver: every clause vLLM binds
     passes, but the ones whose binding needs what the dialect does not offer (routing matrices,
     as vLLM's CPU build; an API key nobody set), which say so."""
-    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-engine=vllm")
+    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=vllm")
     assert doc["engine"]["name"] == "vllm"
     vllm = {c.id for c in catalogue() if c.binds("vllm")}
     unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
@@ -115,36 +123,42 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
     # the SNAP self-checks of the suite's own snapshots ask no deployment: they pass on either wire
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
+    provides(request, reads)
 
 
-def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester):
+@pytest.mark.xdist_group(group("sglang"))
+def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester, request):
     """The reference deployment's SGLang dialect through the SGLang driver: every clause SGLang
     binds passes, but the routing ones, which say the server flag they need; every other clause
     of a deployment is not-applicable."""
-    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-engine=sglang")
+    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=sglang")
     assert doc["engine"]["name"] == "sglang"
     bound = {c.id for c in catalogue() if c.binds("sglang")}
     assert {k: v for k, v in got.items() if k in bound and v != "pass"} == dict.fromkeys(ROUTING & bound, "unsupported")
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
+    provides(request, reads)
 
 
-def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_experts):
+@pytest.mark.xdist_group(group("sglang", routed_experts=True))
+def test_no_fault_routing_passes_through_the_sglang_driver(pytester, request, routed_experts):
     """With --enable-return-routed-experts, every routing clause SGLang binds passes through its driver."""
-    got = run_suite(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
-                    "--rl-engine=sglang")  # fmt: skip
+    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
+                                 "--rl-engine=sglang")  # fmt: skip
     bound = {c.id for c in catalogue() if c.binds("sglang") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
+    provides(request, reads)
 
 
 # The reset-matrix cells judged on a new session: it must land on the replica holding the prefix.
 ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
 
 
-def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
+@pytest.mark.xdist_group(group("coreweave"))
+def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester, request):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
-    got, doc = run_suite_report(pytester, str(CONFORMANCE), "--rl-engine=coreweave")
+    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=coreweave")
     assert doc["engine"]["name"] == "coreweave"
     bound = {c.id for c in catalogue() if c.binds("coreweave")}
     unjudged = {k: got.get(k) for k in bound if got.get(k) != "pass"}
@@ -154,24 +168,29 @@ def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
         assert "no fireworks-backend-host header" in doc["clauses"][cid]["tests"][0]["reason"]
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
+    provides(request, reads)
 
 
-def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(pytester, one_replica):
+@pytest.mark.xdist_group(group("coreweave", one_replica=True))
+def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(pytester, request, one_replica):
     """On one replica every session lands where the prefix is cached: the cells a header-less
     gateway leaves inconclusive on several replicas are judged, and pass."""
-    got = run_suite(pytester, str(CONFORMANCE / "test_cache.py"), "--rl-engine=coreweave")
+    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_cache.py"), "--rl-engine=coreweave")
     bound = {c.id for c in catalogue().area("CACHE") if c.binds("coreweave")}
     assert bound >= ACROSS_REPLICAS
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
+    provides(request, reads)
 
 
-def test_no_fault_routing_passes_through_the_vllm_driver(pytester, routed_experts):
+@pytest.mark.xdist_group(group("vllm", routed_experts=True))
+def test_no_fault_routing_passes_through_the_vllm_driver(pytester, request, routed_experts):
     """With routed_experts on (as a GPU server's --enable-return-routed-experts), every routing
     clause vLLM binds passes through the vLLM driver."""
-    got = run_suite(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
-                    "--rl-engine=vllm")  # fmt: skip
+    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
+                                 "--rl-engine=vllm")  # fmt: skip
     bound = {c.id for c in catalogue() if c.binds("vllm") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
+    provides(request, reads)
 
 
 def test_every_switch_and_variant_is_in_the_matrix():
@@ -223,34 +242,29 @@ class Setup:
         return [*(str(CONFORMANCE / m) for m in self.modules), *sync, f"--rl-engine={self.engine}"]
 
     @property
+    def group(self) -> str:
+        """The xdist group of the rows that start the deployment alike, with the no-fault test
+        of that deployment (`provides`), whose run says what each test reads."""
+        return group(self.engine, sync=self.sync, routed_experts=self.routed_experts, one_replica=self.one_replica)
+
+    @property
     def key(self) -> str:
-        """Rows with one key start the same deployment on the same modules: they share one
-        no-fault run, on one xdist worker."""
-        flags = f"{self.sync:d}{self.routed_experts:d}{self.one_replica:d}"
-        return f"mm-{self.engine}-{'+'.join(m.removesuffix('.py') for m in self.modules)}-{flags}"
-
-
-PAIRS = [(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
-    (f, engine)
-    for engine in ("vllm", "sglang", "coreweave")
-    for f in sorted(switches_for(engine))
-    if f not in UNSEEN.get(engine, set())
-]
-# A no-fault run of a set-up pays for itself when two rows or more share it; a row alone runs whole.
-SHARED = Counter(s.key for s in (Setup.of(*pair) for pair in PAIRS) if s.scopable)
-
-
-def scoped(setup: Setup) -> bool:
-    return setup.scopable and SHARED[setup.key] > 1
+        """Rows with one key start the same deployment on the same modules."""
+        return f"{self.group}-{'+'.join(m.removesuffix('.py') for m in self.modules)}"
 
 
 def _row(fault: str, engine: str):
     setup = Setup.of(fault, engine)
     return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}",
-                        marks=[pytest.mark.xdist_group(setup.key)] if scoped(setup) else [])  # fmt: skip
+                        marks=[pytest.mark.xdist_group(setup.group)] if setup.scopable else [])  # fmt: skip
 
 
-ROWS = [_row(*pair) for pair in PAIRS]
+ROWS = [_row(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
+    _row(f, engine)
+    for engine in ("vllm", "sglang", "coreweave")
+    for f in sorted(switches_for(engine))
+    if f not in UNSEEN.get(engine, set())
+]
 
 
 @pytest.fixture
@@ -337,19 +351,43 @@ class _Only:
         items[:] = [i for i in items if wanted(i)]
 
 
-_READS: dict[str, _Reads] = {}  # Setup.key -> what its no-fault run read (per worker)
+# What the no-fault runs of this process read: by xdist group (a no-fault test's, which passed),
+# else by Setup.key (a row's own no-fault run, when its group's test did not run here).
+_READS: dict[str, _Reads] = {}
+
+
+def only_readers(reads: _Reads | None, switch: str, clauses: set[str] = frozenset()) -> tuple:
+    """The plugins that leave a run with `switch` on to the tests that read it without a fault
+    and those of `clauses`; none (every test) when it is not known who reads it, or it is read
+    outside any test."""
+    if reads is None or switch in reads.outside:
+        return ()
+    return (_Only({nodeid for nodeid, names in reads.by_test.items() if switch in names}, clauses),)
+
+
+def run_no_fault(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str], dict, _Reads]:
+    """A no-fault run that records what each test reads; `provides` keeps it once it is judged."""
+    reads = _Reads()
+    try:
+        got, doc = run_suite_report(pytester, *args, plugins=(reads,))
+    finally:
+        faults.record_reads(None)
+    return got, doc, reads
+
+
+def provides(request: pytest.FixtureRequest, reads: _Reads) -> None:
+    """The rows of this no-fault test's xdist group run the tests that read their switch in it."""
+    _READS[request.node.get_closest_marker("xdist_group").args[0]] = reads
 
 
 def reads_without_fault(pytester: pytest.Pytester, setup: Setup) -> _Reads:
-    """What each test of `setup`'s modules reads, from one no-fault run per worker (the rows of
-    one set-up share an xdist group). That run must fail no clause: a row's "no other clause
-    fails" compares against it."""
+    """What each test of `setup`'s modules reads without a fault: from the no-fault test of its
+    xdist group, which ran first in this process, else from a no-fault run of its own (which
+    must then fail no clause: a row's "no other clause fails" compares against it)."""
+    if setup.group in _READS:
+        return _READS[setup.group]
     if setup.key not in _READS:
-        reads = _Reads()
-        try:
-            got, _ = run_suite_report(pytester, *setup.args(), plugins=(reads,), report_name="no-fault.json")
-        finally:
-            faults.record_reads(None)
+        got, _, reads = run_no_fault(pytester, *setup.args())
         assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.key} fails without a fault"
         _READS[setup.key] = reads
     return _READS[setup.key]
@@ -371,11 +409,8 @@ def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
     args, plugins = [*setup.args(), *fault_args(fault)], ()
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
-    elif scoped(setup):
-        reads = reads_without_fault(pytester, setup)
-        if fault not in reads.outside:
-            readers = {nodeid for nodeid, names in reads.by_test.items() if fault in names}
-            plugins = (_Only(readers, {clause, *ALSO_FAILS.get(fault, ())}),)
+    elif setup.scopable:
+        plugins = only_readers(reads_without_fault(pytester, setup), fault, {clause, *ALSO_FAILS.get(fault, ())})
     got, doc = run_suite_report(pytester, *args, plugins=plugins)
     write_row(fault if engine == "fireworks" else f"{fault} ({engine})", "fault switch", got, clause)
     assert got.get(clause) == "fail", got
@@ -400,11 +435,15 @@ CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
                    for m in ("inference", "swap", "cache", "r3", "version", "fidelity", "numerics")]  # fmt: skip
 
 
+@pytest.mark.xdist_group(group("fireworks"))
 def test_a_usage_only_final_chunk_is_legal(pytester):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
-    finish_reason: every clause is judged as without it."""
-    got = run_suite(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"))
+    finish_reason: every clause is judged as without it. Run on the tests that read the switch
+    when the no-fault run of its group says which (the others pass there)."""
+    got = run_suite_report(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"),
+                           plugins=only_readers(_READS.get(group("fireworks")), "usage-only-chunk"))[0]  # fmt: skip
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
+    assert {"INF-SSE-1", "INF-USAGE-1", "SWAP-ASYNC-1"} <= set(got), got  # streams were judged with it
 
 
 # What answers with nothing in them can still show: the hot-load API, snapshot rules, which

@@ -4,6 +4,7 @@ real model to serve without downloading anything."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,13 @@ def config(vocab_size: int, *, bos: int, eos: int, pad: int) -> dict[str, Any]:
 
 def tokenizer_files(vocab_size: int = 512) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json of a byte-level BPE trained on fixed text."""
+    return dict(_trained(vocab_size))  # a dict of its own: callers add files to it
+
+
+@functools.cache
+def _trained(vocab_size: int) -> dict[str, bytes]:
+    """The files, trained once per process: the same text gives the same tokenizer, and training
+    costs 50 ms of CPU, which every reference deployment the tests start (hundreds) paid again."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

@@ -80,8 +80,10 @@ def fault_args(switch: str) -> list[str]:
 
 def run_suite_report(pytester: pytest.Pytester, *args: str, plugins: tuple = ()) -> tuple[dict[str, str], dict]:
     """The installed suite, in this process: clause → outcome, and the whole report."""
+    # --tb=native: a failure's text (the report's reason) without pytest re-parsing the module's
+    # source for every frame, which the rows' failing tests paid for each row
     result = pytester.runpytest_inprocess(
-        *args, "-p", "no:randomly", "-p", "no:cacheprovider", "--rl-report=r.json", plugins=list(plugins)
+        *args, "-p", "no:randomly", "-p", "no:cacheprovider", "--tb=native", "--rl-report=r.json", plugins=list(plugins)
     )
     report = pytester.path / "r.json"
     assert report.is_file(), "\n".join(result.outlines[-30:])

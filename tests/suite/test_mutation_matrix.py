@@ -317,6 +317,12 @@ SGLANG_COLLATERAL = {
 COREWEAVE_COLLATERAL = {**COLLATERAL}
 
 
+# Switches under which a load never finishes on every replica: each wait for one lasts the whole
+# swap timeout (3 s locally), so their rows wait 1 s; the reference loads the tiny snapshot in
+# well under 0.3 s with both cores busy, and a swap that fails its wait is what the rows prove.
+NEVER_SERVED = {"HL-GET-2": 1.0, "HL-GET-3": 1.0}
+
+
 class _Reads:
     """Plugin of a no-fault run: the switches asked about while each test ran (its set-up,
     call and teardown, the deployment's threads included), and outside every test."""
@@ -409,6 +415,8 @@ def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
         request.getfixturevalue("one_replica")
     area = clause.split("-")[0]
     args, plugins = [*setup.args(), *fault_args(fault)], ()
+    if clause in NEVER_SERVED:
+        args += ["-o", f"rl_swap_timeout={NEVER_SERVED[clause]}"]
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
     elif setup.scopable:

@@ -3,6 +3,7 @@
 in another process, and runnable from a wheel in a fresh virtual environment."""
 
 import json
+import os
 import re
 import site
 import subprocess
@@ -10,13 +11,14 @@ import sys
 import venv
 from pathlib import Path
 
-import pytest
-
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+from pytest_rlrollout.remote.cassette import digest
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
+
+from .offline import NO_SOCKET
 
 ROOT = Path(__file__).resolve().parents[2]
 JUDGED = {"pass", "not-applicable"}
@@ -109,16 +111,31 @@ def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path):
         assert provenance["uploaded_and_kept"] == provenance["served_at_end"], provenance
         assert "restore" in provenance and provenance["served_at_end"][0] in provenance["restore"]
         kept += provenance["uploaded_and_kept"]
+        # `rlrollout serve` is ASYNC by default: these runs are the FID and NUM runs against an ASYNC
+        # deployment in another process (the SYNC one is test_weight_fidelity_and_numerics_...)
+        assert_fidelity_and_numerics_on_numbers(doc)
     assert reports[0]["provenance"]["served_at_start"] == [tiny_moe.BASE_IDENTITY]
     assert reports[1]["provenance"]["served_at_start"] == reports[0]["provenance"]["served_at_end"]
     assert sorted(p.name for p in bucket.iterdir()) == sorted([tiny_moe.BASE_IDENTITY, *kept])
 
 
-@pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
-def test_weight_fidelity_and_numerics_against_rlrollout_serve(pytester, tmp_path, transition):
-    """FID and NUM against the reference deployment in another process, named by its URL, with
-    --rl-base-snapshot giving the local weights: every clause passes, on numbers."""
-    proc, printed = serve(tmp_path / "bucket", "--transition", transition)
+def assert_fidelity_and_numerics_on_numbers(doc: dict) -> None:
+    """Every FID and NUM clause of a report passes, on numbers: the routes agree, the KL is nil,
+    and the full snapshots were copied within the bucket, not uploaded."""
+    got = {k: v["outcome"] for k, v in doc["clauses"].items() if k.split("-")[0] in ("FID", "NUM")}
+    assert got == dict.fromkeys([c.id for c in catalogue() if c.area in ("FID", "NUM")], "pass"), got
+    figures = doc["clauses"]["NUM-ROUTE-1"]["tests"][0]["figures"]
+    assert figures["route_agreement"] == 1.0 and figures["k3_kl"] < 1e-9, figures
+    uploads = [u for t in doc["clauses"]["FID-SAME-1"]["tests"] for u in t["uploads"]]
+    assert {u["kind"] for u in uploads} == {"full", "incremental"}
+    assert all(u["uploaded"] == 0 < u["copied"] for u in uploads if u["kind"] == "full"), uploads
+
+
+def test_weight_fidelity_and_numerics_against_a_sync_rlrollout_serve(pytester, tmp_path):
+    """FID and NUM against the reference deployment in another process under SYNC transitions,
+    named by its URL, with --rl-base-snapshot giving the local weights: every clause passes, on
+    numbers. (ASYNC, serve's default, is judged by the two whole-suite runs above.)"""
+    proc, printed = serve(tmp_path / "bucket", "--transition", "SYNC")
     try:
         command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
         modules = [str(CONFORMANCE / m) for m in ("test_fidelity.py", "test_numerics.py")]
@@ -128,13 +145,8 @@ def test_weight_fidelity_and_numerics_against_rlrollout_serve(pytester, tmp_path
         proc.terminate()
         proc.wait(timeout=30)
     doc = json.loads((pytester.path / "r.json").read_text())
-    got = {k: v["outcome"] for k, v in doc["clauses"].items()}
-    assert got == dict.fromkeys([c.id for c in catalogue() if c.area in ("FID", "NUM")], "pass"), got
-    figures = doc["clauses"]["NUM-ROUTE-1"]["tests"][0]["figures"]
-    assert figures["route_agreement"] == 1.0 and figures["k3_kl"] < 1e-9, figures
-    uploads = [u for t in doc["clauses"]["FID-SAME-1"]["tests"] for u in t["uploads"]]
-    assert {u["kind"] for u in uploads} == {"full", "incremental"}
-    assert all(u["uploaded"] == 0 < u["copied"] for u in uploads if u["kind"] == "full"), uploads
+    assert set(doc["clauses"]) == {c.id for c in catalogue() if c.area in ("FID", "NUM")}
+    assert_fidelity_and_numerics_on_numbers(doc)
 
 
 def test_a_live_coreweave_deployment_through_its_hot_load_api(pytester, tmp_path, monkeypatch):
@@ -195,11 +207,21 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     installed = Path(where).parent / "_shipped"
     assert found == [str(installed / name) for name in ("conformance", "schemas", "cassettes")], found
     rlrollout = env_dir / "bin" / "rlrollout"
-    replayed = subprocess.run([rlrollout, "conformance", "-q", "--rl-replay=reference", "--rl-report=r.json"],
-                              capture_output=True, text=True, cwd=outside, timeout=900)  # fmt: skip
+    # The shipped `reference` cassettes, named as a user names them, replayed from the installed
+    # wheel (another path than where they were recorded) with every connection refused: this is
+    # also the offline replay of those cassettes (test_replay.py replays `reference-sync`).
+    (outside / "nosocket.py").write_text(NO_SOCKET)
+    offline = {**os.environ, "PYTHONPATH": str(outside)}
+    replayed = subprocess.run([rlrollout, "conformance", "-q", "-p", "nosocket", "--rl-replay=reference",
+                               "--rl-report=r.json"], capture_output=True, text=True, cwd=outside, env=offline,
+                              timeout=900)  # fmt: skip
     assert replayed.returncode == 0, replayed.stdout[-3000:]
+    assert "wall time" in replayed.stdout and "sockets opened: 0" in replayed.stdout.splitlines(), replayed.stdout
     got = outcomes(outside / "r.json")
     assert set(got.values()) <= JUDGED and len(got) >= 70, got
+    provenance = json.loads((outside / "r.json").read_text())["provenance"]
+    assert provenance["mode"] == "replay" and provenance["deployment"].startswith("accounts/"), provenance
+    assert provenance["cassettes"] == digest(installed / "cassettes" / "reference")
     local = subprocess.run([rlrollout, "conformance", "-q", "session", "inference"], capture_output=True, text=True,
                            cwd=outside, timeout=900)  # fmt: skip
     assert local.returncode == 0, local.stdout[-3000:]

@@ -14,31 +14,9 @@ from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 from pytest_rlrollout.suite.options import SHIPPED_CASSETTES as SHIPPED
 
+from .offline import NO_SOCKET
+
 JUDGED = {"pass", "not-applicable"}
-
-NO_SOCKET = """
-import socket
-
-opened = []
-saved = {}
-
-
-def refuse(*args, **kwargs):
-    opened.append(args)
-    raise OSError("networking is disabled in this test run")
-
-
-def pytest_configure(config):
-    saved.update(connect=socket.socket.connect, connect_ex=socket.socket.connect_ex)
-    saved.update(create_connection=socket.create_connection)
-    socket.socket.connect = socket.socket.connect_ex = socket.create_connection = refuse
-
-
-def pytest_unconfigure(config):
-    socket.socket.connect, socket.socket.connect_ex = saved["connect"], saved["connect_ex"]
-    socket.create_connection = saved["create_connection"]
-    print(f"sockets opened: {len(opened)}")
-"""
 
 
 def replay(pytester, cassettes: Path, *args: str):
@@ -52,8 +30,10 @@ def replay(pytester, cassettes: Path, *args: str):
     return {k: v["outcome"] for k, v in doc["clauses"].items()}, doc, result
 
 
-@pytest.mark.parametrize("name", ["reference", "reference-sync"])
-def test_shipped_cassettes_replay_offline(pytester, name):
+def test_shipped_sync_cassettes_replay_offline(pytester):
+    """The shipped `reference` cassettes are replayed offline the same way, from the installed
+    wheel, by test_wheel_in_a_fresh_venv_runs_the_suite (test_live_runs.py)."""
+    name = "reference-sync"
     copy = pytester.path / "elsewhere" / name  # another path than where they were recorded
     shutil.copytree(SHIPPED / name, copy)
     got, doc, result = replay(pytester, copy, str(CONFORMANCE))

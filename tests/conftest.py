@@ -102,6 +102,17 @@ def _outermost(session: pytest.Session) -> bool:
 _SESSIONS: dict[str, pytest.Session] = {}
 
 
+# Files of the longest single tests (a minute and more each: whole conformance runs against
+# `rlrollout serve`, a wheel in a fresh venv, recordings, `transformers serve`): collected first.
+# xdist (--dist loadgroup) hands out its groups, largest first, then single tests in collection
+# order; one of these handed out last ran alone at the end while the other worker idled.
+LONG_FIRST = ("tests/suite/test_live_runs.py", "tests/suite/test_replay.py", "tests/interop/test_transformers_serve.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))  # stable: the rest keep their order
+
+
 def pytest_sessionstart(session):
     if _outermost(session):
         for rows in (ROWS, HOSTILE_ROWS):

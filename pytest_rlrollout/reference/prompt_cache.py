@@ -59,8 +59,12 @@ class PromptCache:
             for key, e in self._entries.items():
                 if e.isolation != isolation and "CACHE-ISO-1" not in self.faults:
                     continue
-                shared_none = session is None and e.session is None and "CACHE-NOSESSION-1" in self.faults
-                if e.restricted and (session is None or e.session != session) and not shared_none:
+                if (
+                    e.restricted
+                    and (session is None or e.session != session)
+                    # the switch asked about only here, where it changes the answer (a restricted entry)
+                    and not (session is None and e.session is None and "CACHE-NOSESSION-1" in self.faults)
+                ):
                     continue
                 if e.shunned and session is not None and e.session == session:
                     continue

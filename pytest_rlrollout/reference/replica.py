@@ -385,11 +385,11 @@ class Replica:
             self._cond.notify_all()
 
     def _expire_pending(self) -> None:
-        if self.settings.fault("SWAP-ASYNC-4"):
-            return
         now = time.monotonic()
         with self._cond:
             late = [j for j in self._pending if now - j.arrived > j.drain_timeout]
+            if not late or self.settings.fault("SWAP-ASYNC-4"):  # the switch: a drain timeout never ends a wait
+                return
             self._pending = [j for j in self._pending if j not in late]
         for job in late:
             job.emit(("error", (425, "waited longer than the hot-load drain timeout")))

@@ -190,11 +190,12 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     # the wheel. Not system_site_packages: inside a virtualenv that is the base interpreter's, which
     # has not what this one has installed. A path line in a .pth is appended after the venv's own
     # site-packages, and the .pth files found there are not run (an editable install stays out).
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # this interpreter's pip installs into it: ensurepip cost 6 s of CPU
     running = [p for p in site.getsitepackages() if Path(p).is_dir()]
     (next(env_dir.glob("lib/python3*/site-packages")) / "running-interpreter.pth").write_text("\n".join(running) + "\n")
     py = env_dir / "bin" / "python"
-    subprocess.run([py, "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, timeout=600)  # fmt: skip
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     where = subprocess.run([py, "-c", "import pytest_rlrollout; print(pytest_rlrollout.__file__)"],

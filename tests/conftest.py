@@ -1,8 +1,11 @@
 import contextlib
+import functools
+import os
 import shutil
 import sys
 from pathlib import Path
 
+import httpx._transports.default
 import pytest
 
 # Imported once here: an in-process pytester run restores sys.meta_path when it ends, which drops
@@ -21,6 +24,35 @@ from .hostile.budget import assemble as assemble_hostile
 from .support import ROWS, Client, assemble
 
 pytest_plugins = ["pytester"]
+
+
+def _one_default_tls_context() -> None:
+    """Every httpx client the tests make (httpx.get, httpx.Client, the openai SDK's) builds a TLS
+    context and loads the CA bundle into it, 30 ms of CPU, although every server the tests talk
+    to is plain HTTP on loopback; thousands of clients spent over a minute of CPU on it. The
+    default context is made once per process (per SSL_CERT_FILE and SSL_CERT_DIR, which it reads)
+    here, as the deployment client already does (`remote.client._tls`); any other verify or a
+    client certificate still gets a context of its own."""
+    transports = httpx._transports.default
+    create = transports.create_ssl_context
+    if getattr(create, "shared_default", False):  # a pytester run in this process loads this file again
+        return
+
+    @functools.cache
+    def default(trust_env: bool, cert_file: str | None, cert_dir: str | None):
+        return create(trust_env=trust_env)
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is True and cert is None:
+            env = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if trust_env else (None, None)
+            return default(trust_env, *env)
+        return create(verify=verify, cert=cert, trust_env=trust_env)
+
+    create_ssl_context.shared_default = True
+    transports.create_ssl_context = create_ssl_context
+
+
+_one_default_tls_context()
 
 
 @pytest.fixture(scope="session", autouse=True)

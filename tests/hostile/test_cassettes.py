@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import gc
 import json
 import os
 import socket
@@ -38,7 +36,7 @@ from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Tar
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.secret import Secret
 
-from .budget import Budget
+from .budget import Budget, heap_returned, older_objects_frozen  # noqa: F401 (fixtures)
 
 KEY = Secret("sk-cassette-test")
 SECRET = "CONTENT-THAT-MUST-NOT-SHOW-5d2f"
@@ -46,13 +44,7 @@ TARGET = Target(None, "http://replay.invalid", "m", KEY, engine="openai")
 MB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def _heap_returned():
-    """Memory freed by earlier tests goes back to the system first, so RSS growth measures what
-    this test's inputs take."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+pytestmark = pytest.mark.usefixtures("heap_returned")
 
 
 def key_of(method: str, path: str, body: Any = None, **headers: str) -> str:

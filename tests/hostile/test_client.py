@@ -8,8 +8,6 @@ never another exception, never a hang, never the key."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import json
 import socket
 import threading
@@ -25,20 +23,14 @@ from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.sse import SSEDecoder
 from pytest_rlrollout.remote.stream import Stream
 
-from .budget import Budget
+from .budget import Budget, heap_returned, older_objects_frozen  # noqa: F401 (fixtures)
 
 KEY = "sk-hostile-5f1c0e2a9b7d4c3e"
 MB = 2**20
 Behaviour = Callable[[socket.socket, threading.Event], None]
 
 
-@pytest.fixture(autouse=True)
-def _heap_returned():
-    """Memory freed by earlier tests goes back to the system first, so RSS growth measures what
-    this test's inputs take rather than hiding in the heap an earlier test left."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+pytestmark = pytest.mark.usefixtures("heap_returned")
 
 
 # --------------------------------------------------------------------------- a hostile deployment

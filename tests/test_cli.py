@@ -208,6 +208,10 @@ def _start_serve(*args, until: str = "bucket:", seen: list[str] | None = None) -
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        # Ctrl-C reaches serve as it would from a terminal, however pytest was started: a shell
+        # running it in the background without job control ignores SIGINT, every child inherits
+        # that, and Python then installs no KeyboardInterrupt handler (the Ctrl-C test hung)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: queue.Queue[str | None] = queue.Queue()
 

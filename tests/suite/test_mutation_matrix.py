@@ -96,28 +96,39 @@ def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
 
 
 def group(engine: str, *, sync: bool = False, routed_experts: bool = False, one_replica: bool = False) -> str:
-    """The xdist group of the rows that start the deployment alike and of the no-fault test that
-    starts it so (what each test read in that test's run decides what each row runs)."""
+    """The name of a deployment set-up: the rows that start the deployment alike, and the
+    no-fault test that starts it so (what each test read in that run decides what each row runs)."""
     return f"mm-{engine}-{sync:d}{routed_experts:d}{one_replica:d}"
 
 
-@pytest.mark.parametrize(
-    "transition",
-    [pytest.param(t, marks=pytest.mark.xdist_group(group("fireworks", sync=t == "SYNC"))) for t in ("ASYNC", "SYNC")],
-)
-def test_no_fault_every_clause_passes(pytester, request, transition):
-    got, _, reads = run_no_fault(pytester, str(CONFORMANCE), "-o", f"rl_transition={transition}")
+# The no-fault run of each set-up that has a no-fault test. It is made once per process by the
+# first test that needs it, that test or a row: the rows carry no xdist group, so xdist spreads
+# them over both workers, and a worker that runs rows of a set-up makes its no-fault run once.
+ROUTING_MODULES = [str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py")]
+NO_FAULT_ARGS = {
+    group("fireworks"): [str(CONFORMANCE), "-o", "rl_transition=ASYNC"],
+    group("fireworks", sync=True): [str(CONFORMANCE), "-o", "rl_transition=SYNC"],
+    group("vllm"): [str(CONFORMANCE), "--rl-engine=vllm"],
+    group("vllm", routed_experts=True): [*ROUTING_MODULES, "--rl-engine=vllm"],
+    group("sglang"): [str(CONFORMANCE), "--rl-engine=sglang"],
+    group("sglang", routed_experts=True): [*ROUTING_MODULES, "--rl-engine=sglang"],
+    group("coreweave"): [str(CONFORMANCE), "--rl-engine=coreweave"],
+    group("coreweave", one_replica=True): [str(CONFORMANCE / "test_cache.py"), "--rl-engine=coreweave"],
+}
+
+
+@pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
+def test_no_fault_every_clause_passes(pytester, transition):
+    got, _, _ = no_fault(pytester, group("fireworks", sync=transition == "SYNC"))
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {c.id for c in catalogue()} <= set(got)
-    provides(request, reads)
 
 
-@pytest.mark.xdist_group(group("vllm"))
-def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester, request):
+def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
     """The reference deployment's vLLM dialect through the vLLM driver: every clause vLLM binds
     passes, but the ones whose binding needs what the dialect does not offer (routing matrices,
     as vLLM's CPU build; an API key nobody set), which say so."""
-    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=vllm")
+    got, doc, _ = no_fault(pytester, group("vllm"))
     assert doc["engine"]["name"] == "vllm"
     vllm = {c.id for c in catalogue() if c.binds("vllm")}
     unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
@@ -125,42 +136,35 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester, request)
     # the SNAP self-checks of the suite's own snapshots ask no deployment: they pass on either wire
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
-    provides(request, reads)
 
 
-@pytest.mark.xdist_group(group("sglang"))
-def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester, request):
+def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester):
     """The reference deployment's SGLang dialect through the SGLang driver: every clause SGLang
     binds passes, but the routing ones, which say the server flag they need; every other clause
     of a deployment is not-applicable."""
-    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=sglang")
+    got, doc, _ = no_fault(pytester, group("sglang"))
     assert doc["engine"]["name"] == "sglang"
     bound = {c.id for c in catalogue() if c.binds("sglang")}
     assert {k: v for k, v in got.items() if k in bound and v != "pass"} == dict.fromkeys(ROUTING & bound, "unsupported")
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
-    provides(request, reads)
 
 
-@pytest.mark.xdist_group(group("sglang", routed_experts=True))
-def test_no_fault_routing_passes_through_the_sglang_driver(pytester, request, routed_experts):
+def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_experts):
     """With --enable-return-routed-experts, every routing clause SGLang binds passes through its driver."""
-    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
-                                 "--rl-engine=sglang")  # fmt: skip
+    got, _, _ = no_fault(pytester, group("sglang", routed_experts=True))
     bound = {c.id for c in catalogue() if c.binds("sglang") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
-    provides(request, reads)
 
 
 # The reset-matrix cells judged on a new session: it must land on the replica holding the prefix.
 ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
 
 
-@pytest.mark.xdist_group(group("coreweave"))
-def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester, request):
+def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
-    got, doc, reads = run_no_fault(pytester, str(CONFORMANCE), "--rl-engine=coreweave")
+    got, doc, _ = no_fault(pytester, group("coreweave"))
     assert doc["engine"]["name"] == "coreweave"
     bound = {c.id for c in catalogue() if c.binds("coreweave")}
     unjudged = {k: got.get(k) for k in bound if got.get(k) != "pass"}
@@ -170,29 +174,23 @@ def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester, req
         assert "no fireworks-backend-host header" in doc["clauses"][cid]["tests"][0]["reason"]
     deployed = {c.id for c in catalogue()} - {c.id for c in catalogue().area("SNAP")}
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
-    provides(request, reads)
 
 
-@pytest.mark.xdist_group(group("coreweave", one_replica=True))
-def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(pytester, request, one_replica):
+def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(pytester, one_replica):
     """On one replica every session lands where the prefix is cached: the cells a header-less
     gateway leaves inconclusive on several replicas are judged, and pass."""
-    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_cache.py"), "--rl-engine=coreweave")
+    got, _, _ = no_fault(pytester, group("coreweave", one_replica=True))
     bound = {c.id for c in catalogue().area("CACHE") if c.binds("coreweave")}
     assert bound >= ACROSS_REPLICAS
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
-    provides(request, reads)
 
 
-@pytest.mark.xdist_group(group("vllm", routed_experts=True))
-def test_no_fault_routing_passes_through_the_vllm_driver(pytester, request, routed_experts):
+def test_no_fault_routing_passes_through_the_vllm_driver(pytester, routed_experts):
     """With routed_experts on (as a GPU server's --enable-return-routed-experts), every routing
     clause vLLM binds passes through the vLLM driver."""
-    got, _, reads = run_no_fault(pytester, str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py"),
-                                 "--rl-engine=vllm")  # fmt: skip
+    got, _, _ = no_fault(pytester, group("vllm", routed_experts=True))
     bound = {c.id for c in catalogue() if c.binds("vllm") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
-    provides(request, reads)
 
 
 def test_every_switch_and_variant_is_in_the_matrix():
@@ -245,8 +243,7 @@ class Setup:
 
     @property
     def group(self) -> str:
-        """The xdist group of the rows that start the deployment alike, with the no-fault test
-        of that deployment (`provides`), whose run says what each test reads."""
+        """The set-up's name (`group`): its no-fault run, where it has one, says what each test reads."""
         return group(self.engine, sync=self.sync, routed_experts=self.routed_experts, one_replica=self.one_replica)
 
     @property
@@ -256,9 +253,7 @@ class Setup:
 
 
 def _row(fault: str, engine: str):
-    setup = Setup.of(fault, engine)
-    return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}",
-                        marks=[pytest.mark.xdist_group(setup.group)] if setup.scopable else [])  # fmt: skip
+    return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}")
 
 
 ROWS = [_row(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
@@ -359,8 +354,9 @@ class _Only:
         items[:] = [i for i in items if wanted(i)]
 
 
-# What the no-fault runs of this process read: by xdist group (a no-fault test's, which passed),
-# else by Setup.key (a row's own no-fault run, when its group's test did not run here).
+# This process's no-fault runs: by set-up (`no_fault`), and by Setup.key (a row's own no-fault
+# run of its modules, for a set-up without a no-fault test).
+_NO_FAULT: dict[str, tuple[dict[str, str], dict, _Reads]] = {}
 _READS: dict[str, _Reads] = {}
 
 
@@ -374,7 +370,7 @@ def only_readers(reads: _Reads | None, switch: str, clauses: set[str] = frozense
 
 
 def run_no_fault(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str], dict, _Reads]:
-    """A no-fault run that records what each test reads; `provides` keeps it once it is judged."""
+    """A no-fault run that records what each test reads."""
     reads = _Reads()
     try:
         got, doc = run_suite_report(pytester, *args, plugins=(reads,))
@@ -383,17 +379,21 @@ def run_no_fault(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str],
     return got, doc, reads
 
 
-def provides(request: pytest.FixtureRequest, reads: _Reads) -> None:
-    """The rows of this no-fault test's xdist group run the tests that read their switch in it."""
-    _READS[request.node.get_closest_marker("xdist_group").args[0]] = reads
+def no_fault(pytester: pytest.Pytester, setup: str) -> tuple[dict[str, str], dict, _Reads]:
+    """The no-fault run of a set-up (`NO_FAULT_ARGS`), made once in this process."""
+    if setup not in _NO_FAULT:
+        _NO_FAULT[setup] = run_no_fault(pytester, *NO_FAULT_ARGS[setup])
+    return _NO_FAULT[setup]
 
 
 def reads_without_fault(pytester: pytest.Pytester, setup: Setup) -> _Reads:
-    """What each test of `setup`'s modules reads without a fault: from the no-fault test of its
-    xdist group, which ran first in this process, else from a no-fault run of its own (which
-    must then fail no clause: a row's "no other clause fails" compares against it)."""
-    if setup.group in _READS:
-        return _READS[setup.group]
+    """What each test of `setup`'s modules reads without a fault: from its set-up's no-fault run
+    (its no-fault test judges it in full), else from a no-fault run of its modules. Either must
+    fail no clause: a row's "no other clause fails" compares against it."""
+    if setup.group in NO_FAULT_ARGS:
+        got, _, reads = no_fault(pytester, setup.group)
+        assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.group} fails without a fault"
+        return reads
     if setup.key not in _READS:
         got, _, reads = run_no_fault(pytester, *setup.args())
         assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.key} fails without a fault"
@@ -445,13 +445,13 @@ CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
                    for m in ("inference", "swap", "cache", "r3", "version", "fidelity", "numerics")]  # fmt: skip
 
 
-@pytest.mark.xdist_group(group("fireworks"))
 def test_a_usage_only_final_chunk_is_legal(pytester):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
-    finish_reason: every clause is judged as without it. Run on the tests that read the switch
-    when the no-fault run of its group says which (the others pass there)."""
+    finish_reason: every clause is judged as without it. Run on the tests that read the switch in
+    the no-fault run (the others pass there)."""
+    reads = no_fault(pytester, group("fireworks"))[2]
     got = run_suite_report(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"),
-                           plugins=only_readers(_READS.get(group("fireworks")), "usage-only-chunk"))[0]  # fmt: skip
+                           plugins=only_readers(reads, "usage-only-chunk"))[0]  # fmt: skip
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {"INF-SSE-1", "INF-USAGE-1", "SWAP-ASYNC-1"} <= set(got), got  # streams were judged with it
 

@@ -444,8 +444,8 @@ def read_options(config: pytest.Config) -> RLOptions:
 
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
-    given = _given(config, "rl_deployment", "rl_base_url", "rl_inference_url", "rl_control_url", "rl_bucket_url",
-                   "rl_local_faults", "rl_engine")  # fmt: skip
+    # the deployment's further description (rl_inference_url, rl_control_url) is ini keys: left alone
+    given = _given(config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_engine")
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -558,8 +558,11 @@ def _is_deployment_name(name: str) -> bool:
 
 
 def _given(config: pytest.Config, *keys: str) -> list[str]:
-    """How the user named the settings among `keys` that have a value (flag or ini key)."""
-    return [SETTING[k].option or k for k in keys if setting(config, k)]
+    """The settings among `keys` given for this run: an option typed on the command line (its
+    ini key names the project's usual deployment, which a replay or a local run leaves alone), or
+    an ini-only key with a value."""
+    return [SETTING[k].option or k for k in keys
+            if (config.getoption(k) if SETTING[k].option else setting(config, k))]  # fmt: skip
 
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:

@@ -163,3 +163,14 @@ def test_a_dozen_options_and_every_setting_in_the_readme():
     assert len(options) <= 12, options
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert [s.key for s in SETTINGS if (s.option or s.key) not in readme] == []
+
+
+def test_a_replay_leaves_the_projects_usual_deployment_alone(pytester):
+    """A project's pytest.ini names its deployment; `--rl-replay` replays a recording all the same
+    (typing `--rl-deployment` beside it is the contradiction)."""
+    pytester.makeini(
+        f"[pytest]\nrl_deployment = {ACCOUNT}\nrl_model = m\nrl_inference_url = http://x/v2\nrl_engine = auto\n"
+    )
+    pytester.makepyfile(test_user="def test_x(rl_config):\n    print('MODE', rl_config.mode)\n")
+    result = pytester.runpytest_inprocess("--rl-replay=reference", "-s")
+    assert result.ret == 0 and "MODE replay" in result.stdout.str(), result.outlines[-10:] + result.errlines

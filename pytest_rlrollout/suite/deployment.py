@@ -574,7 +574,7 @@ def recorded_run_id(session: Path) -> str:
     return found
 
 
-# --------------------------------------------------------------------------- per test, one concern each
+# --------------------------------------------------------------------------- per test: its hold (rl_test)
 
 
 def _requirements(request: pytest.FixtureRequest, dep: RLDeployment) -> None:

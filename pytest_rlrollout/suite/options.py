@@ -361,9 +361,6 @@ FORMER_OPTIONS = {
 _FORMER_FLAGS = ("--rl-after-ledger-reset", "--rl-no-transformers")  # took no value
 
 
-RLOptions = RLConfig  # transitional: the modules still naming it are renamed in this change
-
-
 def option_arguments(s: Setting) -> tuple[tuple[str, ...], dict[str, Any]]:
     """`add_argument`'s arguments for a setting's command-line option (pytest's and argparse's)."""
     if s.kind is bool:
@@ -385,12 +382,16 @@ def add_options(parser: pytest.Parser) -> None:
             )
     for flag in FORMER_OPTIONS:  # parsed so that the run can say which key replaced them
         kind = {"action": "store_true"} if flag in _FORMER_FLAGS else {"action": "append"}
-        group.addoption(flag, dest="former_" + flag[2:].replace("-", "_"), help=argparse.SUPPRESS, **kind)
+        group.addoption(flag, dest=_former_dest(flag), help=argparse.SUPPRESS, **kind)
+
+
+def _former_dest(flag: str) -> str:
+    return "former_" + flag[2:].replace("-", "_")
 
 
 def _former_options(config: pytest.Config) -> None:
     for flag, key in FORMER_OPTIONS.items():
-        given = config.getoption("former_" + flag[2:].replace("-", "_"))
+        given = config.getoption(_former_dest(flag))
         if not given:
             continue
         if flag == "--rl-no-transformers":
@@ -411,7 +412,7 @@ def setting(config: pytest.Config, key: str) -> Any:
     return s.parse(config.getini(key)) if s.ini else None
 
 
-def read_options(config: pytest.Config) -> RLOptions:
+def read_options(config: pytest.Config) -> RLConfig:
     """The settings of this run, checked; raises pytest.UsageError naming what to fix."""
     _former_options(config)
 
@@ -443,7 +444,7 @@ def read_options(config: pytest.Config) -> RLOptions:
     return _live_options(config, deployment, common)
 
 
-def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLOptions:
+def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLConfig:
     # the deployment's further description (rl_inference_url, rl_control_url) is ini keys: left alone
     given = _given(config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_engine")
     if given:
@@ -454,12 +455,12 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
     timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, hold=0.0, long_stream_tokens=recorded.long_stream_tokens)
     common["transition"] = common["transition"] or meta.get("transition")
-    return RLOptions(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
+    return RLConfig(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
                      engine=meta.get("engine", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
 
 
-def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
+def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
     stray = _given(config, "rl_inference_url", "rl_control_url", "rl_model", "rl_bucket_url", "rl_api_key")
     if stray:
         _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
@@ -474,11 +475,11 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLOptions:
     common["transition"] = common["transition"] or "ASYNC"
     given = setting(config, "rl_engine")
     engine = given if given in ("vllm", "sglang", "coreweave") else "fireworks"  # the bundled deployment's dialect
-    return RLOptions(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
+    return RLConfig(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
                      allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
-def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLOptions:
+def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLConfig:
     def get(key: str) -> Any:
         return setting(config, key)
 
@@ -520,7 +521,7 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
         except ValueError as e:
             _usage(f"--rl-bucket-url: {e}")
     base_url = (get("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
-    return RLOptions(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
+    return RLConfig(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
                      inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url,
                      engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
 
@@ -707,9 +708,9 @@ def _usage(message: str):
     raise pytest.UsageError(message)
 
 
-OPTIONS = pytest.StashKey[RLOptions]()
+OPTIONS = pytest.StashKey[RLConfig]()
 
 
-def options(config: pytest.Config) -> RLOptions:
+def options(config: pytest.Config) -> RLConfig:
     """This run's options (read in pytest_configure)."""
     return config.stash[OPTIONS]

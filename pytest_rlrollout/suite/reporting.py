@@ -16,7 +16,7 @@ import pytest
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.suite.deployment import run_state
 from pytest_rlrollout.suite.evidence import evidence_of
-from pytest_rlrollout.suite.options import RLOptions, options
+from pytest_rlrollout.suite.options import RLConfig, options
 from pytest_rlrollout.suite.outcomes import outcome_of
 from pytest_rlrollout.suite.report.files import paths, write
 from pytest_rlrollout.suite.report.model import (
@@ -143,7 +143,7 @@ def _cassette_digest(directory: Path | None) -> str | None:
     return digest(directory)
 
 
-def _base_digest(o: RLOptions) -> str | None:
+def _base_digest(o: RLConfig) -> str | None:
     """sha256 over the base's config, index and spec (what a swap is built from)."""
     from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC
 
@@ -167,8 +167,9 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     if start is None:
         return {}
     end = state.end or start
-    removed = sorted({i for c in state.cleanups for i in c.removed})
-    kept = sorted({i for c in state.cleanups for i in c.kept})
+    cleanups = state.cleanups  # one read of the workers' files
+    removed = sorted({i for c in cleanups for i in c.removed})
+    kept = sorted({i for c in cleanups for i in c.kept})
     before, after = start.identities, end.identities
     adapters = sorted({i for r in end.replicas for i in served_by(r)} - {i for r in start.replicas for i in served_by(r)}
                       - set(after))  # fmt: skip

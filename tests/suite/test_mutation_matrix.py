@@ -13,8 +13,10 @@ land in `build/mutation-matrix/`; the session's end assembles `build/mutation-ma
 
 from __future__ import annotations
 
+import fcntl
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -118,17 +120,17 @@ NO_FAULT_ARGS = {
 
 
 @pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
-def test_no_fault_every_clause_passes(pytester, transition):
-    got, _, _ = no_fault(pytester, group("fireworks", sync=transition == "SYNC"))
+def test_no_fault_every_clause_passes(no_faults, transition):
+    got, _, _ = no_faults.of(group("fireworks", sync=transition == "SYNC"))
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {c.id for c in catalogue()} <= set(got)
 
 
-def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
+def test_no_fault_every_clause_passes_through_the_vllm_driver(no_faults):
     """The reference deployment's vLLM dialect through the vLLM driver: every clause vLLM binds
     passes, but the ones whose binding needs what the dialect does not offer (routing matrices,
     as vLLM's CPU build; an API key nobody set), which say so."""
-    got, doc, _ = no_fault(pytester, group("vllm"))
+    got, doc, _ = no_faults.of(group("vllm"))
     assert doc["engine"]["name"] == "vllm"
     vllm = {c.id for c in catalogue() if c.binds("vllm")}
     unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
@@ -138,11 +140,11 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(pytester):
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
 
 
-def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester):
+def test_no_fault_every_clause_passes_through_the_sglang_driver(no_faults):
     """The reference deployment's SGLang dialect through the SGLang driver: every clause SGLang
     binds passes, but the routing ones, which say the server flag they need; every other clause
     of a deployment is not-applicable."""
-    got, doc, _ = no_fault(pytester, group("sglang"))
+    got, doc, _ = no_faults.of(group("sglang"))
     assert doc["engine"]["name"] == "sglang"
     bound = {c.id for c in catalogue() if c.binds("sglang")}
     assert {k: v for k, v in got.items() if k in bound and v != "pass"} == dict.fromkeys(ROUTING & bound, "unsupported")
@@ -150,9 +152,9 @@ def test_no_fault_every_clause_passes_through_the_sglang_driver(pytester):
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
 
 
-def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_experts):
+def test_no_fault_routing_passes_through_the_sglang_driver(no_faults, routed_experts):
     """With --enable-return-routed-experts, every routing clause SGLang binds passes through its driver."""
-    got, _, _ = no_fault(pytester, group("sglang", routed_experts=True))
+    got, _, _ = no_faults.of(group("sglang", routed_experts=True))
     bound = {c.id for c in catalogue() if c.binds("sglang") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
 
@@ -161,10 +163,10 @@ def test_no_fault_routing_passes_through_the_sglang_driver(pytester, routed_expe
 ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
 
 
-def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
+def test_no_fault_every_clause_passes_through_the_coreweave_driver(no_faults):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
-    got, doc, _ = no_fault(pytester, group("coreweave"))
+    got, doc, _ = no_faults.of(group("coreweave"))
     assert doc["engine"]["name"] == "coreweave"
     bound = {c.id for c in catalogue() if c.binds("coreweave")}
     unjudged = {k: got.get(k) for k in bound if got.get(k) != "pass"}
@@ -176,19 +178,19 @@ def test_no_fault_every_clause_passes_through_the_coreweave_driver(pytester):
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
 
 
-def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(pytester, one_replica):
+def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(no_faults, one_replica):
     """On one replica every session lands where the prefix is cached: the cells a header-less
     gateway leaves inconclusive on several replicas are judged, and pass."""
-    got, _, _ = no_fault(pytester, group("coreweave", one_replica=True))
+    got, _, _ = no_faults.of(group("coreweave", one_replica=True))
     bound = {c.id for c in catalogue().area("CACHE") if c.binds("coreweave")}
     assert bound >= ACROSS_REPLICAS
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
 
 
-def test_no_fault_routing_passes_through_the_vllm_driver(pytester, routed_experts):
+def test_no_fault_routing_passes_through_the_vllm_driver(no_faults, routed_experts):
     """With routed_experts on (as a GPU server's --enable-return-routed-experts), every routing
     clause vLLM binds passes through the vLLM driver."""
-    got, _, _ = no_fault(pytester, group("vllm", routed_experts=True))
+    got, _, _ = no_faults.of(group("vllm", routed_experts=True))
     bound = {c.id for c in catalogue() if c.binds("vllm") and c.id in ROUTING}
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
 
@@ -354,12 +356,6 @@ class _Only:
         items[:] = [i for i in items if wanted(i)]
 
 
-# This process's no-fault runs: by set-up (`no_fault`), and by Setup.key (a row's own no-fault
-# run of its modules, for a set-up without a no-fault test).
-_NO_FAULT: dict[str, tuple[dict[str, str], dict, _Reads]] = {}
-_READS: dict[str, _Reads] = {}
-
-
 def only_readers(reads: _Reads | None, switch: str, clauses: set[str] = frozenset()) -> tuple:
     """The plugins that leave a run with `switch` on to the tests that read it without a fault
     and those of `clauses`; none (every test) when it is not known who reads it, or it is read
@@ -379,30 +375,67 @@ def run_no_fault(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, str],
     return got, doc, reads
 
 
-def no_fault(pytester: pytest.Pytester, setup: str) -> tuple[dict[str, str], dict, _Reads]:
-    """The no-fault run of a set-up (`NO_FAULT_ARGS`), made once in this process."""
-    if setup not in _NO_FAULT:
-        _NO_FAULT[setup] = run_no_fault(pytester, *NO_FAULT_ARGS[setup])
-    return _NO_FAULT[setup]
+# This process's copies of the no-fault runs: by set-up name (`NoFaultRuns.of`), and by Setup.key
+# (a row's own no-fault run of its modules, for a set-up without a no-fault test).
+_MADE: dict[str, tuple[dict[str, str], dict, _Reads]] = {}
 
 
-def reads_without_fault(pytester: pytest.Pytester, setup: Setup) -> _Reads:
-    """What each test of `setup`'s modules reads without a fault: from its set-up's no-fault run
-    (its no-fault test judges it in full), else from a no-fault run of its modules. Either must
-    fail no clause: a row's "no other clause fails" compares against it."""
-    if setup.group in NO_FAULT_ARGS:
-        got, _, reads = no_fault(pytester, setup.group)
-        assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.group} fails without a fault"
+class NoFaultRuns:
+    """The no-fault runs the rows compare against, each made once per pytest run: the first
+    worker that needs one makes it while holding a lock in a directory the workers share, and
+    leaves it there; a worker that needs it meanwhile waits for it (the rows of a set-up then
+    spread over every worker, and no two workers pay for one run)."""
+
+    def __init__(self, pytester: pytest.Pytester, shared: Path):
+        self.pytester, self.shared = pytester, shared
+
+    def of(self, setup: str) -> tuple[dict[str, str], dict, _Reads]:
+        """The no-fault run of a set-up (`NO_FAULT_ARGS`)."""
+        return self._made(setup, NO_FAULT_ARGS[setup])
+
+    def reads(self, setup: Setup) -> _Reads:
+        """What each test of `setup`'s modules reads without a fault: from its set-up's no-fault
+        run (its no-fault test judges it in full), else from a no-fault run of its modules. Either
+        must fail no clause: a row's "no other clause fails" compares against it."""
+        if setup.group in NO_FAULT_ARGS:
+            name, args = setup.group, NO_FAULT_ARGS[setup.group]
+        else:
+            name, args = setup.key, setup.args()
+        got, _, reads = self._made(name, args)
+        assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{name} fails without a fault"
         return reads
-    if setup.key not in _READS:
-        got, _, reads = run_no_fault(pytester, *setup.args())
-        assert {k: v for k, v in got.items() if v == "fail"} == {}, f"{setup.key} fails without a fault"
-        _READS[setup.key] = reads
-    return _READS[setup.key]
+
+    def _made(self, name: str, args: list[str]) -> tuple[dict[str, str], dict, _Reads]:
+        if name not in _MADE:
+            self.shared.mkdir(parents=True, exist_ok=True)
+            made = self.shared / f"{name}.json"
+            with open(self.shared / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if not made.is_file():
+                    _, doc, reads = run_no_fault(self.pytester, *args)
+                    kept = {"doc": doc, "by_test": {k: sorted(v) for k, v in reads.by_test.items()},
+                            "outside": sorted(reads.outside)}  # fmt: skip
+                    (self.shared / f"{name}.part").write_text(json.dumps(kept))
+                    (self.shared / f"{name}.part").rename(made)
+                kept = json.loads(made.read_text())
+            reads = _Reads()
+            reads.by_test = {k: set(v) for k, v in kept["by_test"].items()}
+            reads.outside = set(kept["outside"])
+            doc = kept["doc"]
+            _MADE[name] = ({k: v["outcome"] for k, v in doc["clauses"].items()}, doc, reads)
+        return _MADE[name]
+
+
+@pytest.fixture
+def no_faults(pytester, tmp_path_factory, worker_id) -> NoFaultRuns:
+    """The run's no-fault runs, kept where every xdist worker of this run finds them (the parent
+    of the workers' temporary directories; this run's own one without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return NoFaultRuns(pytester, (base if worker_id == "master" else base.parent) / "mutation-matrix-no-fault")
 
 
 @pytest.mark.parametrize(("fault", "engine"), ROWS)
-def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
+def test_fault_switch_fails_its_clause(pytester, no_faults, request, fault, engine):
     """A row runs its modules with the switch on, but only the tests whose requests read that
     switch in a no-fault run (a test that never asks about it meets nothing it changes) and the
     tests of its clause: every other test passed without the fault. A switch read outside any
@@ -420,7 +453,7 @@ def test_fault_switch_fails_its_clause(pytester, request, fault, engine):
     if area == "SNAP":  # the deployment stops enforcing one SNAP rule at hot-load time
         args += ["-k", f"{clause} or nested"]
     elif setup.scopable:
-        plugins = only_readers(reads_without_fault(pytester, setup), fault, {clause, *ALSO_FAILS.get(fault, ())})
+        plugins = only_readers(no_faults.reads(setup), fault, {clause, *ALSO_FAILS.get(fault, ())})
     got, doc = run_suite_report(pytester, *args, plugins=plugins)
     write_row(fault if engine == "fireworks" else f"{fault} ({engine})", "fault switch", got, clause)
     assert got.get(clause) == "fail", got
@@ -445,11 +478,11 @@ CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
                    for m in ("inference", "swap", "cache", "r3", "version", "fidelity", "numerics")]  # fmt: skip
 
 
-def test_a_usage_only_final_chunk_is_legal(pytester):
+def test_a_usage_only_final_chunk_is_legal(pytester, no_faults):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
     finish_reason: every clause is judged as without it. Run on the tests that read the switch in
     the no-fault run (the others pass there)."""
-    reads = no_fault(pytester, group("fireworks"))[2]
+    reads = no_faults.of(group("fireworks"))[2]
     got = run_suite_report(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"),
                            plugins=only_readers(reads, "usage-only-chunk"))[0]  # fmt: skip
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}

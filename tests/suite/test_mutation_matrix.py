@@ -74,6 +74,15 @@ def _shared_reference_cases(reference, monkeypatch):
     monkeypatch.setattr(cases, "ReferenceCases", lambda root: reference)
 
 
+@pytest.fixture(autouse=True)
+def _no_pictures(monkeypatch):
+    """The rows read their report's verdicts, never its NUM pictures (tests/numerics and the HTML
+    report's tests judge those): drawing them with matplotlib cost the rows 14 s of CPU."""
+    from pytest_rlrollout.suite.report import files
+
+    monkeypatch.setattr(files, "draw", lambda report: ({}, "not drawn in the mutation matrix"))
+
+
 def fault_args(switch: str) -> list[str]:
     """The inner run's arguments that start the reference deployment with `switch` on: the one
     place that spells the option."""

@@ -85,7 +85,7 @@ async def _stream(client, dep, i, results, started, max_tokens=30):
 
 @pytest.mark.parametrize("transition", ["ASYNC"])
 def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, bucket, transition):
-    dep = start(token_delay=0.01, transition=transition)
+    dep = start(token_delay=0.05, transition=transition)
     c = Client(dep)
     build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
     results: dict[int, tuple] = {}
@@ -98,14 +98,19 @@ def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, b
             tasks = [asyncio.create_task(_stream(ac, dep, i, results, started)) for i in range(64)]
             for _ in range(64):  # signal only once every stream has its first chunk
                 await asyncio.wait_for(started.acquire(), timeout=30)
+            # Order by events, not by speed: from here a decode step takes a second, so every
+            # stream still under way stays under way until every replica serves the new snapshot,
+            # however long the load takes on a busy machine; then the streams finish at full speed.
+            dep.deployment.set_pace(token_delay=1.0)
             r = await ac.post(
                 "/hot_load/v1/models/hot_load", json={"identity": "step-1"}, headers=dep.hot_load_headers()
             )
             assert r.status_code == 200
+            await asyncio.to_thread(c.wait_for, "step-1")
+            dep.deployment.set_pace(token_delay=0.0)
             await asyncio.gather(*tasks)
 
     asyncio.run(main())
-    c.wait_for("step-1")
     swapped = 0
     for i in range(64):
         status, lines = results[i]

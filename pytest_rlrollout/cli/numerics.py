@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pytest_rlrollout.cli.console import print_text, progress
 from pytest_rlrollout.cli.exits import EXIT_FINDINGS, EXIT_OK, UsageError
+from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT
 
 DESCRIPTION = (
     "Samples one completion per prompt (token-id prompts, temperature 1) with logprobs and, for an MoE model, "
@@ -45,10 +46,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     nm.add_argument("--no-routing", action="store_true", help="compare logprobs only (no routing matrices asked)")
     nm.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each read (default 120)")
     nm.add_argument("--out", type=Path, metavar="DIR", help="write numerics.json and the pictures (PNG) here")
-    nm.add_argument("--max-kl", type=float, default=1e-3, metavar="X", help="largest k3 KL (default 1e-3)")
+    nm.add_argument("--max-kl", type=float, default=MAX_KL, metavar="X", help=f"largest k3 KL (default {MAX_KL:g})")
     nm.add_argument("--max-logprob-delta", type=float, metavar="X", help="largest |logprob delta| (default: none)")
-    nm.add_argument("--min-route-agreement", type=float, default=0.9, metavar="F",
-                    help="least routing agreement over (layer, token), a fraction (default 0.9)")  # fmt: skip
+    nm.add_argument("--min-route-agreement", type=float, default=MIN_ROUTE_AGREEMENT, metavar="F",
+                    help=f"least routing agreement over (layer, token), a fraction (default {MIN_ROUTE_AGREEMENT:g})")  # fmt: skip
     nm.set_defaults(run=run)
 
 

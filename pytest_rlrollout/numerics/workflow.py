@@ -19,6 +19,7 @@ import httpx
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import MoeShape, moe_shape
+from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT
 from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, unavailable
 from pytest_rlrollout.numerics.rollouts import Rollout, RolloutError, compare, sample
@@ -42,9 +43,9 @@ class NumericsError(Exception):
 
 @dataclass(frozen=True)
 class Thresholds:
-    max_kl: float = 1e-3  # largest k3 KL
+    max_kl: float = MAX_KL  # largest k3 KL
     max_logprob_delta: float | None = None  # largest |logprob delta|; None: not judged
-    min_route_agreement: float = 0.9  # least agreement over (layer, token), a fraction
+    min_route_agreement: float = MIN_ROUTE_AGREEMENT  # least agreement over (layer, token), a fraction
 
     def crossed(self, figures: Figures) -> list[str]:
         """Each threshold the figures cross, as `figure value > --option limit` (a NaN crosses)."""

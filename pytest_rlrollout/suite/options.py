@@ -21,6 +21,7 @@ from typing import Any, Literal
 import pytest
 
 from pytest_rlrollout.contract.catalogue import ENGINES, Engine
+from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.shipped import shipped
@@ -66,7 +67,7 @@ class Numerics:
 
     fingerprint_tolerance: float = 1e-3  # |Δlogprob| two fingerprints of the same weights may differ by
     logprob_tolerance: float = 1e-3  # NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer
-    min_route_agreement: float = 0.99  # NUM-ROUTE-1: (layer, token) agreement with the local router
+    min_route_agreement: float = MIN_ROUTE_AGREEMENT  # NUM-ROUTE-1: (layer, token) agreement with the local router
     tokens: int = 64  # NUM: generated tokens compared (over several prompts)
     scorer: str = "auto"  # numpy | transformers | auto
     scorer_device: str = "cpu"

@@ -27,7 +27,7 @@ def test_thresholds_name_each_figure_crossed_and_a_nan_crosses() -> None:
     ]
     # no routing compared, no logprob limit: only the KL is judged
     assert Thresholds().crossed(_figures(max_abs=9.0)) == []
-    assert Thresholds().as_dict() == {"max_kl": 1e-3, "max_logprob_delta": None, "min_route_agreement": 0.9}
+    assert Thresholds().as_dict() == {"max_kl": 1e-3, "max_logprob_delta": None, "min_route_agreement": 0.99}
 
 
 def test_a_target_needs_a_model_and_a_fireworks_deployment_a_key() -> None:

@@ -1,0 +1,192 @@
+"""The soak's judge: every stream a rollout worker saw, against the swaps the trainer made.
+
+Workers may run on other machines, whose clocks are not the trainer's, so nothing here compares
+timestamps. The trainer numbers its swaps (epoch 0 is what was served before the first) and tells
+every worker when swap n was signalled and when every replica served it; a worker notes, for each
+request, the last of each it had heard of when it sent the request and when the stream ended.
+That order is enough for every verdict:
+
+- a request sent after swap n was served everywhere is answered by swap n or later (SWAP-NEW-1);
+- a stream overlapped swap n when it was sent before n was served and ended after n was signalled;
+- along a stream that crossed a swap the snapshot only moves forward (ASYNC: SWAP-ASYNC-2), and
+  not at all under SYNC (SWAP-SYNC-1);
+- a stream that crossed a swap ends as any stream must (ASYNC: SWAP-ASYNC-1; otherwise INF-SSE-1);
+- every chunk names a snapshot the trainer loaded (VER-STREAM-1);
+- a request sent during an ASYNC swap is queued and answered 200 (SWAP-ASYNC-3); 425 Too Early
+  only under SYNC (SWAP-SYNC-2); never a 5xx or a dropped stream (INF-SSE-1).
+
+Where a worker's late hearing of a swap could make a verdict wrong, the judge takes the side of
+the deployment: a 425 under SYNC is never placed outside a swap, and a chunk may name a snapshot
+the worker had not heard of yet (never one the trainer had not loaded).
+
+Each clause's verdict counts the streams it judged and the ones that broke it, with up to
+`EXAMPLES` of the exchanges that prove it; verdicts of several judges (one per worker) merge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Literal
+
+from pytest_rlrollout.contract.outcomes import Outcome
+
+EXAMPLES = 5  # exchanges kept per violated clause
+FINISHED = ("stop", "length", "tool_calls")  # the finish reasons a whole stream may end with
+Transition = Literal["ASYNC", "SYNC"]
+
+
+@dataclass(frozen=True)
+class Heard:
+    """The last swap a worker had heard was signalled, and the last it had heard every replica
+    served (epochs; 0 before the first swap)."""
+
+    signalled: int = 0
+    served: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.served <= self.signalled:
+            raise ValueError(f"a swap is served only after it is signalled: {self}")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One streamed request, as the worker that sent it saw it."""
+
+    worker: str
+    session: str
+    turn: int
+    sent: Heard  # what the worker had heard when it sent the request
+    ended: Heard  # ... and when the stream ended (or failed)
+    status: int  # the HTTP status; 0: no answer (the connection dropped)
+    identities: tuple[str | None, ...] = ()  # each chunk's snapshot ('@' suffix of its model); None: it named none
+    finish_reason: str | None = None
+    done: bool = False  # data: [DONE] was read
+    tokens: int = 0  # completion tokens streamed
+    usage_tokens: int | None = None  # usage.completion_tokens of the final chunk
+    exchange: str = ""  # the request and an excerpt of the answer (no key), shown when the stream breaks a clause
+
+    def overlapped(self) -> range:
+        """The swaps this stream overlapped: sent before every replica served them, ended after
+        they were signalled."""
+        return range(self.sent.served + 1, self.ended.signalled + 1)
+
+
+@dataclass
+class Verdict:
+    """One clause over a soak: the streams it judged, the ones that broke it, examples of those."""
+
+    clause: str
+    judged: int = 0
+    violations: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.violations:
+            return Outcome.FAIL
+        return Outcome.PASS if self.judged else Outcome.INCONCLUSIVE
+
+    def merge(self, other: Verdict) -> Verdict:
+        if other.clause != self.clause:
+            raise ValueError(f"cannot merge {other.clause} into {self.clause}")
+        examples = (self.examples + other.examples)[:EXAMPLES]
+        return Verdict(self.clause, self.judged + other.judged, self.violations + other.violations, examples)
+
+
+class Judge:
+    """Judges streams as they come, against the snapshots the trainer loaded in order
+    (`loaded[n]` is swap n's; `loaded[0]` what was served at the start). Each load has an
+    identity of its own, so a chunk's identity names its swap."""
+
+    def __init__(self, transition: Transition, loaded: Sequence[str]):
+        if transition not in ("ASYNC", "SYNC"):
+            raise ValueError(f"transition {transition!r}: ASYNC or SYNC")
+        if not loaded:
+            raise ValueError("the snapshot served at the start is needed (loaded[0])")
+        self.transition = transition
+        self.loaded: list[str] = []
+        self._epoch: dict[str, int] = {}
+        self.verdicts: dict[str, Verdict] = {}
+        for identity in loaded:
+            self.swapped(identity)
+
+    def swapped(self, identity: str) -> int:
+        """The trainer signalled its next swap, to `identity`: its epoch."""
+        if identity in self._epoch:
+            raise ValueError(
+                f"{identity} was loaded before (swap {self._epoch[identity]}): each load needs an identity of its own"
+            )
+        self._epoch[identity] = len(self.loaded)
+        self.loaded.append(identity)
+        return len(self.loaded) - 1
+
+    def judge_all(self, streams: Iterable[Stream]) -> None:
+        for stream in streams:
+            self.judge(stream)
+
+    def judge(self, s: Stream) -> None:
+        """Judge one stream. Call it once the trainer's swaps up to the stream's end are known
+        (`swapped`): a worker hears of a swap after it is signalled, so a chunk may name a
+        snapshot the worker had not heard of yet, never one the trainer had not loaded."""
+        if s.ended.signalled >= len(self.loaded):
+            raise ValueError(f"{s.worker} heard of swap {s.ended.signalled}; the trainer made {len(self.loaded) - 1}")
+        asynchronous = self.transition == "ASYNC"
+        during = s.sent.signalled > s.sent.served  # sent while a swap was under way, as far as the worker knew
+        if asynchronous and (during or s.status == 425):  # ASYNC queues (no drain timeout is sent)
+            self._rule("SWAP-ASYNC-3", s, s.status != 200,
+                       f"sent {'during swap ' + str(s.sent.signalled) if during else 'under ASYNC'}: "
+                       f"answered {s.status or 'nothing'}, not queued")  # fmt: skip
+        if s.status == 425:
+            if not asynchronous:  # a worker hears of a swap only after it started: never held against SYNC
+                self._rule("SWAP-SYNC-2", s, False, "")
+            return
+        if s.status != 200:
+            self._rule("INF-SSE-1", s, True, f"answered {s.status or 'nothing (the connection dropped)'}")
+            return
+        unknown = sorted({"no snapshot" if i is None else i for i in s.identities if i not in self._epoch})
+        self._rule("VER-STREAM-1", s, bool(unknown),
+                   f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})")  # fmt: skip
+        epochs = [self._epoch[i] for i in s.identities if i in self._epoch]  # type: ignore[index]
+        moves = [(a, b) for a, b in pairwise(epochs) if a != b]
+        crossed = bool(s.overlapped()) or bool(moves)
+        whole = s.done and s.finish_reason in FINISHED and s.usage_tokens == s.tokens
+        how = (f"ended with finish_reason {s.finish_reason!r}, [DONE] {'read' if s.done else 'missing'}, "
+               f"{s.tokens} tokens streamed, usage {s.usage_tokens}")  # fmt: skip
+        if crossed and asynchronous:
+            self._rule("SWAP-ASYNC-1", s, not whole, f"a stream across a swap {how}")
+        else:
+            self._rule("INF-SSE-1", s, not whole, how)
+        if not epochs:
+            return
+        path = " -> ".join(self.loaded[e] for e in _runs(epochs))
+        self._rule("SWAP-NEW-1", s, epochs[0] < s.sent.served,
+                   f"sent after every replica served {self.loaded[s.sent.served]} (swap {s.sent.served}), "
+                   f"answered by {self.loaded[epochs[0]]} (swap {epochs[0]})")  # fmt: skip
+        if asynchronous and crossed:
+            self._rule("SWAP-ASYNC-2", s, any(b < a for a, b in moves), f"the snapshot went back: {path}")
+        elif crossed:
+            self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
+
+    def _rule(self, clause: str, s: Stream, broken: bool, why: str) -> None:
+        v = self.verdicts.setdefault(clause, Verdict(clause))
+        v.judged += 1
+        if broken:
+            v.violations += 1
+            if len(v.examples) < EXAMPLES:
+                v.examples.append(f"{s.worker} session {s.session} turn {s.turn}: {why}\n{s.exchange}".rstrip())
+
+
+def _runs(epochs: Sequence[int]) -> list[int]:
+    """The epochs with repeats folded: [0, 0, 1, 1, 0] -> [0, 1, 0]."""
+    return [e for i, e in enumerate(epochs) if i == 0 or e != epochs[i - 1]]
+
+
+def merged(verdicts: Iterable[dict[str, Verdict]]) -> dict[str, Verdict]:
+    """Several judges' verdicts (one per worker) as one."""
+    out: dict[str, Verdict] = {}
+    for each in verdicts:
+        for clause, v in each.items():
+            out[clause] = out[clause].merge(v) if clause in out else Verdict(clause).merge(v)
+    return out

@@ -1,0 +1,127 @@
+"""The soak's judge on streams built by hand: each rule caught with its count and an example, and
+nothing held against a deployment for what a worker heard late."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_rlrollout.contract.outcomes import Outcome
+from pytest_rlrollout.soak.judge import EXAMPLES, Heard, Judge, Stream, Verdict, merged
+
+
+def stream(*identities, sent=(0, 0), ended=(0, 0), status=200, whole=True, session="s", **fields) -> Stream:
+    tokens = len(identities)
+    ending = {"done": True, "finish_reason": "stop", "usage_tokens": tokens} if whole else {}
+    return Stream("w1", session, 0, Heard(*sent), Heard(*ended), status, tuple(identities), tokens=tokens,
+                  exchange=f"POST /v1/completions ({session})", **{**ending, **fields})  # fmt: skip
+
+
+def outcomes(judge: Judge) -> dict[str, str]:
+    return {clause: str(v.outcome) for clause, v in judge.verdicts.items()}
+
+
+def test_a_stream_across_an_async_swap_passes_every_clause_it_meets():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("base", "base", "step-1", "step-1", sent=(0, 0), ended=(1, 1)))
+    assert outcomes(judge) == dict.fromkeys(["VER-STREAM-1", "SWAP-ASYNC-1", "SWAP-NEW-1", "SWAP-ASYNC-2"], "pass")
+
+
+def test_a_request_sent_after_the_swap_was_served_answered_by_the_old_snapshot():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("base", "base", sent=(1, 1), ended=(1, 1), session="late"))
+    v = judge.verdicts["SWAP-NEW-1"]
+    assert (v.outcome, v.judged, v.violations) == (Outcome.FAIL, 1, 1)
+    assert v.examples[0].startswith("w1 session late turn 0: sent after every replica served step-1 (swap 1), "
+                                    "answered by base (swap 0)")  # fmt: skip
+    assert "POST /v1/completions (late)" in v.examples[0]  # the exchange behind it
+
+
+def test_an_async_stream_whose_snapshot_goes_back_breaks_swap_async_2():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("base", "step-1", "base", ended=(1, 1)))
+    assert judge.verdicts["SWAP-ASYNC-2"].violations == 1
+    assert "the snapshot went back: base -> step-1 -> base" in judge.verdicts["SWAP-ASYNC-2"].examples[0]
+
+
+def test_a_stream_cut_by_a_swap_breaks_swap_async_1_and_one_cut_elsewhere_inf_sse_1():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("base", "base", ended=(1, 0), whole=False))  # overlapped swap 1 (signalled, not yet served)
+    judge.judge(stream("base", "base", whole=False))  # no swap near it
+    assert (judge.verdicts["SWAP-ASYNC-1"].violations, judge.verdicts["INF-SSE-1"].violations) == (1, 1)
+    assert "[DONE] missing, 2 tokens streamed, usage None" in judge.verdicts["SWAP-ASYNC-1"].examples[0]
+
+
+def test_a_chunk_naming_no_loaded_snapshot_breaks_ver_stream_1():
+    judge = Judge("ASYNC", ["base"])
+    judge.judge(stream("base", None, "mystery"))
+    v = judge.verdicts["VER-STREAM-1"]
+    assert (
+        v.violations == 1 and "chunks name mystery, no snapshot: no snapshot the trainer loaded (base)" in v.examples[0]
+    )
+
+
+def test_a_chunk_may_name_a_snapshot_its_worker_had_not_heard_of_yet():
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1")  # the trainer signalled it; the worker's message had not arrived
+    judge.judge(stream("base", "step-1", sent=(0, 0), ended=(0, 0)))
+    assert outcomes(judge) == dict.fromkeys(["VER-STREAM-1", "SWAP-ASYNC-1", "SWAP-NEW-1", "SWAP-ASYNC-2"], "pass")
+
+
+def test_sync_streams_keep_their_snapshot_and_425_is_theirs():
+    judge = Judge("SYNC", ["base", "step-1"])
+    judge.judge(stream("base", "base", ended=(1, 1)))  # drained on the old snapshot
+    judge.judge(stream("base", "step-1", ended=(1, 1), session="moved"))
+    judge.judge(stream(status=425, sent=(1, 0), ended=(1, 0)))
+    assert (judge.verdicts["SWAP-SYNC-1"].judged, judge.verdicts["SWAP-SYNC-1"].violations) == (2, 1)
+    assert "moved" in judge.verdicts["SWAP-SYNC-1"].examples[0]
+    assert judge.verdicts["SWAP-SYNC-2"].outcome == Outcome.PASS
+    assert "SWAP-ASYNC-1" not in judge.verdicts and "SWAP-ASYNC-3" not in judge.verdicts
+
+
+def test_async_refuses_nothing_during_a_swap():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("step-1", sent=(1, 0), ended=(1, 1)))  # queued, then served: fine
+    judge.judge(stream(status=425, sent=(1, 0), ended=(1, 0)))  # refused during the swap
+    judge.judge(stream(status=425, session="quiet"))  # refused with no swap anywhere
+    v = judge.verdicts["SWAP-ASYNC-3"]
+    assert (v.judged, v.violations) == (3, 2)  # one verdict per stream, never two
+    assert "sent during swap 1: answered 425, not queued" in v.examples[0]
+    assert "sent under ASYNC: answered 425" in v.examples[1]
+
+
+@pytest.mark.parametrize(("status", "words"), [(503, "answered 503"), (0, "nothing (the connection dropped)")])
+def test_a_5xx_or_a_dropped_connection_breaks_inf_sse_1(status, words):
+    judge = Judge("ASYNC", ["base"])
+    judge.judge(stream(status=status))
+    assert judge.verdicts["INF-SSE-1"].violations == 1 and words in judge.verdicts["INF-SSE-1"].examples[0]
+
+
+def test_examples_are_capped_and_verdicts_of_several_workers_merge():
+    one, two = Judge("ASYNC", ["base", "step-1"]), Judge("ASYNC", ["base", "step-1"])
+    for i in range(EXAMPLES + 2):
+        one.judge(stream("base", sent=(1, 1), ended=(1, 1), session=f"a{i}"))
+    two.judge(stream("base", sent=(1, 1), ended=(1, 1), session="b"))
+    two.judge(stream("step-1", sent=(1, 1), ended=(1, 1), session="c"))
+    assert len(one.verdicts["SWAP-NEW-1"].examples) == EXAMPLES
+    both = merged([one.verdicts, two.verdicts])["SWAP-NEW-1"]
+    assert (both.judged, both.violations, len(both.examples)) == (EXAMPLES + 4, EXAMPLES + 3, EXAMPLES)
+    with pytest.raises(ValueError, match="cannot merge SWAP-NEW-1 into VER-STREAM-1"):
+        Verdict("VER-STREAM-1").merge(both)
+
+
+def test_nothing_judged_is_inconclusive_never_a_pass():
+    assert Verdict("SWAP-ASYNC-1").outcome == Outcome.INCONCLUSIVE
+
+
+def test_what_cannot_be_judged_is_refused():
+    with pytest.raises(ValueError, match="served only after it is signalled"):
+        Heard(signalled=0, served=1)
+    with pytest.raises(ValueError, match="ASYNC or SYNC"):
+        Judge("LAZY", ["base"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="loaded\\[0\\]"):
+        Judge("ASYNC", [])
+    judge = Judge("ASYNC", ["base"])
+    with pytest.raises(ValueError, match="base was loaded before"):
+        judge.swapped("base")
+    with pytest.raises(ValueError, match="heard of swap 1; the trainer made 0"):
+        judge.judge(stream("base", ended=(1, 1)))

@@ -51,12 +51,12 @@ class Heard:
 
 
 @dataclass(frozen=True)
-class Stream:
-    """One streamed request, as the worker that sent it saw it."""
+class Turn:
+    """One turn of a rollout: one streamed request, as the worker that sent it saw it."""
 
     worker: str
     session: str
-    turn: int
+    index: int  # the turn's place in its session (0: the first request)
     sent: Heard  # what the worker had heard when it sent the request
     ended: Heard  # ... and when the stream ended (or failed)
     status: int  # the HTTP status; 0: no answer (the connection dropped)
@@ -122,14 +122,14 @@ class Judge:
         self.loaded.append(identity)
         return len(self.loaded) - 1
 
-    def judge_all(self, streams: Iterable[Stream]) -> None:
-        for stream in streams:
-            self.judge(stream)
+    def judge_all(self, turns: Iterable[Turn]) -> None:
+        for turn in turns:
+            self.judge(turn)
 
-    def judge(self, s: Stream) -> None:
-        """Judge one stream. Call it once the trainer's swaps up to the stream's end are known
-        (`swapped`): a worker hears of a swap after it is signalled, so a chunk may name a
-        snapshot the worker had not heard of yet, never one the trainer had not loaded."""
+    def judge(self, s: Turn) -> None:
+        """Judge one turn's stream, once the trainer's swaps up to its end are known (`swapped`):
+        a worker hears of a swap after it is signalled, so a chunk may name a snapshot the worker
+        had not heard of yet, never one the trainer had not loaded."""
         if s.ended.signalled >= len(self.loaded):
             raise ValueError(f"{s.worker} heard of swap {s.ended.signalled}; the trainer made {len(self.loaded) - 1}")
         asynchronous = self.transition == "ASYNC"
@@ -169,13 +169,13 @@ class Judge:
         elif crossed:
             self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
 
-    def _rule(self, clause: str, s: Stream, broken: bool, why: str) -> None:
+    def _rule(self, clause: str, s: Turn, broken: bool, why: str) -> None:
         v = self.verdicts.setdefault(clause, Verdict(clause))
         v.judged += 1
         if broken:
             v.violations += 1
             if len(v.examples) < EXAMPLES:
-                v.examples.append(f"{s.worker} session {s.session} turn {s.turn}: {why}\n{s.exchange}".rstrip())
+                v.examples.append(f"{s.worker} session {s.session} turn {s.index}: {why}\n{s.exchange}".rstrip())
 
 
 def _runs(epochs: Sequence[int]) -> list[int]:

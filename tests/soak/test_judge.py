@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pytest_rlrollout.contract.outcomes import Outcome
-from pytest_rlrollout.soak.judge import EXAMPLES, Heard, Judge, Stream, Verdict, merged
+from pytest_rlrollout.soak.judge import EXAMPLES, Heard, Judge, Turn, Verdict, merged
 
 
-def stream(*identities, sent=(0, 0), ended=(0, 0), status=200, whole=True, session="s", **fields) -> Stream:
+def stream(*identities, sent=(0, 0), ended=(0, 0), status=200, whole=True, session="s", **fields) -> Turn:
     tokens = len(identities)
     ending = {"done": True, "finish_reason": "stop", "usage_tokens": tokens} if whole else {}
-    return Stream("w1", session, 0, Heard(*sent), Heard(*ended), status, tuple(identities), tokens=tokens,
+    return Turn("w1", session, 0, Heard(*sent), Heard(*ended), status, tuple(identities), tokens=tokens,
                   exchange=f"POST /v1/completions ({session})", **{**ending, **fields})  # fmt: skip
 
 

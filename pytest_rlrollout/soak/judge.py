@@ -31,6 +31,7 @@ from itertools import pairwise
 from typing import Literal
 
 from pytest_rlrollout.contract.outcomes import Outcome
+from pytest_rlrollout.remote.stream import Stream
 
 EXAMPLES = 5  # exchanges kept per violated clause
 FINISHED = ("stop", "length", "tool_calls")  # the finish reasons a whole stream may end with
@@ -66,6 +67,18 @@ class Turn:
     tokens: int = 0  # completion tokens streamed
     usage_tokens: int | None = None  # usage.completion_tokens of the final chunk
     exchange: str = ""  # the request and an excerpt of the answer (no key), shown when the stream breaks a clause
+
+    @classmethod
+    def seen(cls, stream: Stream, *, worker: str, session: str, index: int, sent: Heard, ended: Heard,
+             exchange: str = "") -> Turn:  # fmt: skip
+        """The turn a worker saw in `stream`, a streamed completion as the remote client parsed it
+        through its engine's reading: every chunk's snapshot (vLLM's spans mapped onto the chunks
+        by the reading), the tokens its logprobs entries count (a soak always asks for logprobs),
+        and how it ended."""
+        usage = stream.usage if isinstance(stream.usage, dict) else {}
+        counted = usage.get("completion_tokens")
+        return cls(worker, session, index, sent, ended, stream.status, tuple(stream.versions), stream.finish_reason,
+                   stream.done, len(stream.entries), counted if type(counted) is int else None, exchange)  # fmt: skip
 
     def overlapped(self) -> range:
         """The swaps this stream overlapped: sent before every replica served them, ended after

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_rlrollout.contract.outcomes import Outcome
+from pytest_rlrollout.remote.stream import Stream
 from pytest_rlrollout.soak.judge import EXAMPLES, Heard, Judge, Turn, Verdict, merged
 
 
@@ -125,3 +126,24 @@ def test_what_cannot_be_judged_is_refused():
         judge.swapped("base")
     with pytest.raises(ValueError, match="heard of swap 1; the trainer made 0"):
         judge.judge(stream("base", ended=(1, 1)))
+
+
+def chunk(identity, *tokens, finish=None, usage=None):
+    entries = [{"token": str(t), "logprob": -0.5, "token_id": t} for t in tokens]
+    out = {"model": f"accounts/a/models/m@{identity}" if identity else "accounts/a/models/m",
+           "choices": [{"index": 0, "text": "x" * len(tokens), "logprobs": {"content": entries}, "finish_reason": finish}]}  # fmt: skip
+    return out | ({"usage": usage} if usage else {})
+
+
+def test_a_turn_is_read_from_the_stream_the_remote_client_parsed():
+    parsed = Stream(200, {}, chunks=[chunk("base", 5, 6), chunk("step-1", 7), chunk("step-1", finish="stop",
+                    usage={"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7})], done=True)  # fmt: skip
+    turn = Turn.seen(parsed, worker="w2", session="s9", index=3, sent=Heard(0, 0), ended=Heard(1, 1))
+    assert (turn.identities, turn.tokens, turn.usage_tokens, turn.finish_reason, turn.done) == (
+        ("base", "step-1", "step-1"), 3, 3, "stop", True)  # fmt: skip
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(turn)
+    assert set(outcomes(judge).values()) == {"pass"}
+    cut = Stream(200, {}, chunks=[chunk("base", 5), chunk(None, 6)])  # no [DONE], a chunk naming no snapshot
+    judge.judge(Turn.seen(cut, worker="w2", session="s9", index=4, sent=Heard(0, 0), ended=Heard(1, 1)))
+    assert judge.verdicts["VER-STREAM-1"].violations == judge.verdicts["SWAP-ASYNC-1"].violations == 1

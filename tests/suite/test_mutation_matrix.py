@@ -99,7 +99,12 @@ def run_suite_report(pytester: pytest.Pytester, *args: str, plugins: tuple = ())
     report = pytester.path / "r.json"
     assert report.is_file(), "\n".join(result.outlines[-30:])
     doc = json.loads(report.read_text())
-    return {k: v["outcome"] for k, v in doc["clauses"].items()}, doc
+    return outcomes(doc), doc
+
+
+def outcomes(doc: dict) -> dict[str, str]:
+    """A report's clause → outcome."""
+    return {k: v["outcome"] for k, v in doc["clauses"].items()}
 
 
 def run_suite(pytester: pytest.Pytester, *args: str) -> dict[str, str]:
@@ -112,9 +117,9 @@ def group(engine: str, *, sync: bool = False, routed_experts: bool = False, one_
     return f"mm-{engine}-{sync:d}{routed_experts:d}{one_replica:d}"
 
 
-# The no-fault run of each set-up that has a no-fault test. It is made once per process by the
-# first test that needs it, that test or a row: the rows carry no xdist group, so xdist spreads
-# them over both workers, and a worker that runs rows of a set-up makes its no-fault run once.
+# The no-fault run of each set-up that has a no-fault test. It is made once per pytest run by the
+# first test that needs it, that test or a row, on whichever worker (`NoFaultRuns`): the rows carry
+# no xdist group, so xdist spreads them over both workers.
 ROUTING_MODULES = [str(CONFORMANCE / "test_r3.py"), str(CONFORMANCE / "test_numerics.py")]
 NO_FAULT_ARGS = {
     group("fireworks"): [str(CONFORMANCE), "-o", "rl_transition=ASYNC"],
@@ -333,9 +338,16 @@ class _Reads:
     """Plugin of a no-fault run: the switches asked about while each test ran (its set-up,
     call and teardown, the deployment's threads included), and outside every test."""
 
-    def __init__(self):
-        self.by_test: dict[str, set[str]] = {}
-        self.outside: set[str] = set()
+    def __init__(self, by_test: dict[str, set[str]] | None = None, outside: set[str] | None = None):
+        self.by_test: dict[str, set[str]] = by_test or {}
+        self.outside: set[str] = outside or set()
+
+    def to_json(self) -> dict:
+        return {"by_test": {k: sorted(v) for k, v in self.by_test.items()}, "outside": sorted(self.outside)}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> _Reads:
+        return cls({k: set(v) for k, v in doc["by_test"].items()}, set(doc["outside"]))
 
     def pytest_sessionstart(self):
         faults.record_reads(self.outside)
@@ -422,16 +434,10 @@ class NoFaultRuns:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 if not made.is_file():
                     _, doc, reads = run_no_fault(self.pytester, *args)
-                    kept = {"doc": doc, "by_test": {k: sorted(v) for k, v in reads.by_test.items()},
-                            "outside": sorted(reads.outside)}  # fmt: skip
-                    (self.shared / f"{name}.part").write_text(json.dumps(kept))
+                    (self.shared / f"{name}.part").write_text(json.dumps({"doc": doc, "reads": reads.to_json()}))
                     (self.shared / f"{name}.part").rename(made)
                 kept = json.loads(made.read_text())
-            reads = _Reads()
-            reads.by_test = {k: set(v) for k, v in kept["by_test"].items()}
-            reads.outside = set(kept["outside"])
-            doc = kept["doc"]
-            _MADE[name] = ({k: v["outcome"] for k, v in doc["clauses"].items()}, doc, reads)
+            _MADE[name] = (outcomes(kept["doc"]), kept["doc"], _Reads.from_json(kept["reads"]))
         return _MADE[name]
 
 

@@ -77,6 +77,15 @@ class Timed:
         if any(b < a for a, b in pairwise((self.sent_at, *self.chunk_at))):
             raise ValueError("chunks arrive in order, after the request was sent")
 
+    def to_json(self) -> dict[str, Any]:
+        return {"turn": self.turn.to_json(), "sent_at": self.sent_at, "chunk_at": list(self.chunk_at),
+                "chunk_tokens": list(self.chunk_tokens)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Timed:
+        return cls(Turn.from_json(doc["turn"]), float(doc["sent_at"]), tuple(map(float, doc["chunk_at"])),
+                   tuple(map(int, doc["chunk_tokens"])))  # fmt: skip
+
 
 @dataclass
 class Figures:

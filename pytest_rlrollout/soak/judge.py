@@ -13,7 +13,13 @@ That order is enough for every verdict:
 - a stream that crossed a swap ends as any stream must (ASYNC: SWAP-ASYNC-1; otherwise INF-SSE-1);
 - every chunk names a snapshot the trainer loaded (VER-STREAM-1);
 - a request sent during an ASYNC swap is queued and answered 200 (SWAP-ASYNC-3); 425 Too Early
-  only under SYNC (SWAP-SYNC-2); never a 5xx or a dropped stream (INF-SSE-1).
+  only under SYNC (SWAP-SYNC-2); never a 5xx or a dropped stream (INF-SSE-1);
+- a chunk that came well after its worker heard swap n was served everywhere names swap n or a
+  later one (ASYNC: SWAP-ASYNC-2, the stale label); "well after" is the worker's own measure
+  (`Plan.grace`), since chunks generated before the swap may still be on their way;
+- after a swap that reset the prompt cache ('all'), a session's next turn reuses nothing cached
+  before it (CACHE-MATRIX-ALL-SAME): told by the deployment's own labels, the previous turn's
+  last chunk named a snapshot before that swap and this turn's first one a snapshot after it.
 
 Where a worker's late hearing of a swap could make a verdict wrong, the judge takes the side of
 the deployment: a 425 under SYNC is never placed outside a swap, and a chunk may name a snapshot
@@ -26,9 +32,9 @@ Each clause's verdict counts the streams it judged and the ones that broke it, w
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.remote.stream import Stream
@@ -67,10 +73,12 @@ class Turn:
     tokens: int = 0  # completion tokens streamed
     usage_tokens: int | None = None  # usage.completion_tokens of the final chunk
     exchange: str = ""  # the request and an excerpt of the answer (no key), shown when the stream breaks a clause
+    cached: int | None = None  # prompt tokens the deployment reported served from its cache
+    settled: tuple[int, ...] = ()  # per chunk: the last swap its worker had heard served, `grace` before it came
 
     @classmethod
     def seen(cls, stream: Stream, *, worker: str, session: str, index: int, sent: Heard, ended: Heard,
-             exchange: str = "") -> Turn:  # fmt: skip
+             exchange: str = "", settled: tuple[int, ...] = ()) -> Turn:  # fmt: skip
         """The turn a worker saw in `stream`, a streamed completion as the remote client parsed it
         through its engine's reading: every chunk's snapshot (vLLM's spans mapped onto the chunks
         by the reading), the tokens its logprobs entries count (a soak always asks for logprobs),
@@ -78,7 +86,21 @@ class Turn:
         usage = stream.usage if isinstance(stream.usage, dict) else {}
         counted = usage.get("completion_tokens")
         return cls(worker, session, index, sent, ended, stream.status, tuple(stream.versions), stream.finish_reason,
-                   stream.done, len(stream.entries), counted if type(counted) is int else None, exchange)  # fmt: skip
+                   stream.done, len(stream.entries), counted if type(counted) is int else None, exchange,
+                   stream.cached, settled)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["sent"], doc["ended"] = [self.sent.signalled, self.sent.served], [self.ended.signalled, self.ended.served]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Turn:
+        known = {f.name for f in fields(cls)}
+        if set(doc) != known:
+            raise ValueError(f"a turn record with fields {sorted(doc)}, not {sorted(known)}")
+        return cls(**{**doc, "sent": Heard(*doc["sent"]), "ended": Heard(*doc["ended"]),
+                      "identities": tuple(doc["identities"]), "settled": tuple(doc["settled"])})  # fmt: skip
 
     def overlapped(self) -> range:
         """The swaps this stream overlapped: sent before every replica served them, ended after
@@ -113,26 +135,31 @@ class Judge:
     (`loaded[n]` is swap n's; `loaded[0]` what was served at the start). Each load has an
     identity of its own, so a chunk's identity names its swap."""
 
-    def __init__(self, transition: Transition, loaded: Sequence[str]):
+    def __init__(self, transition: Transition, loaded: Sequence[str], *, versions: bool = True):
         if transition not in ("ASYNC", "SYNC"):
             raise ValueError(f"transition {transition!r}: ASYNC or SYNC")
         if not loaded:
             raise ValueError("the snapshot served at the start is needed (loaded[0])")
         self.transition = transition
+        self.versions = versions  # the deployment names a policy version per chunk (else nothing reads them)
         self.loaded: list[str] = []
+        self.resets: list[str] = []  # each swap's reset_prompt_cache ('all', 'new_session', 'none')
         self._epoch: dict[str, int] = {}
+        self._last: dict[tuple[str, str], int] = {}  # (worker, session) -> the epoch its last turn ended on
         self.verdicts: dict[str, Verdict] = {}
         for identity in loaded:
             self.swapped(identity)
 
-    def swapped(self, identity: str) -> int:
-        """The trainer signalled its next swap, to `identity`: its epoch."""
+    def swapped(self, identity: str, reset: str = "all") -> int:
+        """The trainer signalled its next swap, to `identity`, resetting the prompt cache as
+        `reset` says: its epoch."""
         if identity in self._epoch:
             raise ValueError(
                 f"{identity} was loaded before (swap {self._epoch[identity]}): each load needs an identity of its own"
             )
         self._epoch[identity] = len(self.loaded)
         self.loaded.append(identity)
+        self.resets.append(reset)
         return len(self.loaded) - 1
 
     def judge_all(self, turns: Iterable[Turn]) -> None:
@@ -158,29 +185,53 @@ class Judge:
         if s.status != 200:
             self._rule("INF-SSE-1", s, True, f"answered {s.status or 'nothing (the connection dropped)'}")
             return
+        if not self.versions:
+            self._rule("INF-SSE-1", s, not _whole(s), _how(s))
+            return
         unknown = sorted({"no snapshot" if i is None else i for i in s.identities if i not in self._epoch})
         self._rule("VER-STREAM-1", s, bool(unknown),
                    f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})")  # fmt: skip
         epochs = [self._epoch[i] for i in s.identities if i in self._epoch]  # type: ignore[index]
         moves = [(a, b) for a, b in pairwise(epochs) if a != b]
         crossed = bool(s.overlapped()) or bool(moves)
-        whole = s.done and s.finish_reason in FINISHED and s.usage_tokens == s.tokens
-        how = (f"ended with finish_reason {s.finish_reason!r}, [DONE] {'read' if s.done else 'missing'}, "
-               f"{s.tokens} tokens streamed, usage {s.usage_tokens}")  # fmt: skip
         if crossed and asynchronous:
-            self._rule("SWAP-ASYNC-1", s, not whole, f"a stream across a swap {how}")
+            self._rule("SWAP-ASYNC-1", s, not _whole(s), f"a stream across a swap {_how(s)}")
         else:
-            self._rule("INF-SSE-1", s, not whole, how)
-        if not epochs:
+            self._rule("INF-SSE-1", s, not _whole(s), _how(s))
+        if not epochs or len(epochs) != len(s.identities):
             return
         path = " -> ".join(self.loaded[e] for e in _runs(epochs))
         self._rule("SWAP-NEW-1", s, epochs[0] < s.sent.served,
                    f"sent after every replica served {self.loaded[s.sent.served]} (swap {s.sent.served}), "
                    f"answered by {self.loaded[epochs[0]]} (swap {epochs[0]})")  # fmt: skip
-        if asynchronous and crossed:
-            self._rule("SWAP-ASYNC-2", s, any(b < a for a, b in moves), f"the snapshot went back: {path}")
+        stale = next((i for i, (e, heard) in enumerate(zip(epochs, s.settled, strict=False)) if e < heard), None)
+        if asynchronous and (crossed or stale is not None):
+            back = any(b < a for a, b in moves)
+            why = f"the snapshot went back: {path}" if back else ""
+            if stale is not None and not back:
+                why = (f"chunk {stale} of {len(epochs)} names {self.loaded[epochs[stale]]}, though its worker had heard "
+                       f"every replica served {self.loaded[s.settled[stale]]} before it came")  # fmt: skip
+            self._rule("SWAP-ASYNC-2", s, back or stale is not None, why)
         elif crossed:
             self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
+        truthful = stale is None and not any(b < a for a, b in moves)
+        self._cache(s, epochs, truthful)
+
+    def _cache(self, s: Turn, epochs: list[int], truthful: bool) -> None:
+        """CACHE-MATRIX-ALL-SAME across the swaps between a session's previous turn and this one,
+        dated by the previous turn's labels: not when they were caught lying (SWAP-ASYNC-2), as
+        a stale label would date KV computed after a swap before it."""
+        key = (s.worker, s.session)
+        before = self._last.pop(key, None)
+        if truthful:
+            self._last[key] = epochs[-1]
+        if before is None or s.cached is None:
+            return
+        resets = [m for m in range(before + 1, epochs[0] + 1) if self.resets[m] == "all"]
+        if resets:
+            self._rule("CACHE-MATRIX-ALL-SAME", s, s.cached > 0,
+                       f"{s.cached} prompt tokens served from the cache, though swap {resets[-1]} "
+                       f"({self.loaded[resets[-1]]}) reset it ('all') after the session's previous turn")  # fmt: skip
 
     def _rule(self, clause: str, s: Turn, broken: bool, why: str) -> None:
         v = self.verdicts.setdefault(clause, Verdict(clause))
@@ -189,6 +240,16 @@ class Judge:
             v.violations += 1
             if len(v.examples) < EXAMPLES:
                 v.examples.append(f"{s.worker} session {s.session} turn {s.index}: {why}\n{s.exchange}".rstrip())
+
+
+def _whole(s: Turn) -> bool:
+    """The stream ended as every stream must: a finish reason, [DONE], usage counting what came."""
+    return s.done and s.finish_reason in FINISHED and s.usage_tokens == s.tokens
+
+
+def _how(s: Turn) -> str:
+    return (f"ended with finish_reason {s.finish_reason!r}, [DONE] {'read' if s.done else 'missing'}, "
+            f"{s.tokens} tokens streamed, usage {s.usage_tokens}")  # fmt: skip
 
 
 def _runs(epochs: Sequence[int]) -> list[int]:

@@ -99,6 +99,7 @@ class RLConfig:
     replay_meta: dict[str, Any] | None = None  # the recording's _session.json meta
     local_faults: frozenset[str] = frozenset()
     timeouts: Timeouts = LOCAL
+    soak: dict[str, Any] | None = None  # --rl-soak: the soak's settings given (`soak.run.Settings` fields)
     numerics: Numerics = Numerics()
     # the exporter gate (--rl-snapshot)
     snapshot: Path | None = None
@@ -335,6 +336,32 @@ SETTINGS = (
         metavar="auto|numpy|transformers",
     ),
     Setting("rl_scorer_device", "NUM: where the transformers scorer runs (default cpu; cuda)", metavar="DEVICE"),
+    # the soak (--rl-soak)
+    Setting(
+        "rl_soak",
+        "run the soak: rollouts on Locust at concurrency across many swaps, judged throughout "
+        "(its tests are left out otherwise)",
+        bool,
+        option="--rl-soak",
+        ini=False,
+    ),
+    Setting("rl_soak_seconds", "the soak ends after this long (default 600)", float, check="positive"),
+    Setting("rl_soak_swaps", "... or after this many swaps (default 20)", int, check="positive"),
+    Setting("rl_soak_every", "seconds of load before each swap (default 20)", float, check="positive"),
+    Setting("rl_soak_users", "rollouts in flight at once, each a session (default 64)", int, check="positive"),
+    Setting("rl_soak_workers", "Locust worker processes on this machine (default 0: Locust in one process)", int),
+    Setting("rl_soak_turns", "turns of each rollout (default 4)", int, check="positive"),
+    Setting(
+        "rl_soak_full_every",
+        "every n-th swap loads a full snapshot, the others an ARC2 delta (default 5; 0: never)",
+        int,
+    ),
+    Setting(
+        "rl_soak_resets",
+        "each swap's reset_prompt_cache, in turn (default all)",
+        list,
+        metavar="all|new_session|none ...",
+    ),
     # the exporter gate (--rl-snapshot)
     Setting("rl_parent", "the parent snapshot: --rl-snapshot is an ARC2 diff of it", metavar="DIR"),
     Setting("rl_signal", "the hot-load request body (JSON file) announcing --rl-snapshot", metavar="FILE"),
@@ -433,6 +460,7 @@ def read_options(config: pytest.Config) -> RLConfig:
         record_mode=get("rl_record_mode") or "rewrite",
         transition=get("rl_transition"),
         numerics=_numerics(config),
+        soak=_soak_options(config),
         **_gate_options(config),
     )
     deployment = get("rl_deployment")
@@ -579,6 +607,22 @@ def _numerics(config: pytest.Config) -> Numerics:
              "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
              "scorer": get("rl_scorer"), "scorer_device": get("rl_scorer_device")}  # fmt: skip
     return replace(Numerics(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _soak_options(config: pytest.Config) -> dict[str, Any] | None:
+    """--rl-soak's settings, by `soak.run.Settings`'s field names (only those given); None without it."""
+    if not setting(config, "rl_soak"):
+        return None
+    given = {k.removeprefix("rl_soak_"): setting(config, k) for k in SETTING if k.startswith("rl_soak_")}
+    out = {k: v for k, v in given.items() if v is not None}
+    if "resets" in out:
+        bad = [r for r in out["resets"] if r not in ("all", "new_session", "none")]
+        if bad or not out["resets"]:
+            _usage(f"rl_soak_resets = {out['resets']}: each one of all, new_session, none")
+        out["resets"] = tuple(out["resets"])
+    if out.get("workers", 0) < 0 or out.get("full_every", 0) < 0:
+        _usage("rl_soak_workers and rl_soak_full_every are 0 or more")
+    return out
 
 
 def _gate_options(config: pytest.Config) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""SOAK — the contract at rollout concurrency, across many swaps (`rlrollout soak`, `--rl-soak`).
+
+One soak per run (the `soak` fixture): simulated agentic rollouts on Locust (multi-turn sessions
+with growing prefixes, streamed, with logprobs) while a trainer swaps a snapshot in every few
+seconds through the same swap path as the SWAP tests. Every turn is judged as it comes in
+(`pytest_rlrollout.soak.judge`); each clause the soak judges is a test here that reads its
+verdict: how many streams (or swaps) it judged, and on a failure how many broke it, with up to
+five of their exchanges. Left out of every run that does not ask for it.
+"""
+
+import json
+
+import pytest
+
+from pytest_rlrollout.suite.marks import clause, requires
+from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
+
+pytestmark = pytest.mark.rl_soak
+
+# clause -> what one of its judgements is; the transition a clause needs, where it needs one
+JUDGED = {
+    "SWAP-NEW-1": "streams sent after every replica served a swap, answered by that snapshot or a later one",
+    "SWAP-ASYNC-1": "streams across a swap that ended whole",
+    "SWAP-ASYNC-2": "streams across a swap whose policy version only moved forward and named every swap served",
+    "SWAP-ASYNC-3": "requests sent during a swap, queued and answered 200",
+    "SWAP-SYNC-1": "streams in flight at a swap that kept their snapshot",
+    "SWAP-SYNC-2": "425 answers, each inside a swap",
+    "VER-STREAM-1": "streams whose every chunk named a snapshot the trainer loaded",
+    "INF-SSE-1": "streams that ended whole",
+    "CACHE-MATRIX-ALL-SAME": "turns after a reset_prompt_cache 'all' swap that reused nothing cached before it",
+    "FID-SWAP-1": "replicas whose fingerprint moved with a swap",
+    "HL-GET-2": "swaps every replica served",
+}
+TRANSITION = {"SWAP-ASYNC-1": "ASYNC", "SWAP-ASYNC-2": "ASYNC", "SWAP-ASYNC-3": "ASYNC", "SWAP-SYNC-1": "SYNC",
+              "SWAP-SYNC-2": "SYNC"}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
+    from pytest_rlrollout.soak.run import Settings, Soak
+    from pytest_rlrollout.suite.swaps import Swapper
+
+    if rl_deployment.mode == "replay":
+        not_applicable("a soak runs against a deployment, not a recording")
+    if _rl_snapshots is None:
+        inconclusive("the soak swaps snapshots in: it needs --rl-bucket-url and --rl-base-snapshot")
+    factory = _rl_snapshots
+    factory.for_test("soak")
+    settings = Settings(**(rl_deployment.options.soak or {}))
+    report = rl_deployment.options.report
+    workdir = report.parent / "soak" if report is not None else tmp_path_factory.mktemp("rl-soak")
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if terminal is not None:
+            terminal.write_line(f"soak {line}")
+
+    # the exchanges of a soak are its own: no test's deadline bounds them (the soak bounds itself)
+    with rl_deployment.observable_swaps(), rl_deployment.client.scoped(None):
+        result = Soak(rl_deployment, Swapper(rl_deployment, factory), settings, workdir, say).run()
+    (workdir / "soak.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    return result
+
+
+@pytest.mark.parametrize(
+    "clause_id",
+    [pytest.param(c, marks=[clause(c), *([requires(f"transition:{TRANSITION[c]}")] if c in TRANSITION else [])],
+                  id=c) for c in JUDGED],
+)  # fmt: skip
+def test_soak(soak, clause_id, rl_observe):
+    v = soak.verdicts.get(clause_id)
+    what = JUDGED[clause_id]
+    if v is None or not v.judged:
+        inconclusive(f"the soak met no occasion to judge: no {what.split(',')[0]} ({len(soak.swaps)} swaps, "
+                     f"{soak.figures.turns} turns)")  # fmt: skip
+    assert not v.violations, (
+        f"{v.violations} of {v.judged} judged broke {clause_id} in a {soak.seconds:.0f} s soak ({len(soak.swaps)} "
+        f"swaps, {soak.figures.turns} turns); the first {len(v.examples)}:\n\n" + "\n\n".join(v.examples)
+    )
+    rl_observe(v.judged, what)

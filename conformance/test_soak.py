@@ -78,3 +78,18 @@ def test_soak(soak, clause_id, rl_observe):
         f"swaps, {soak.figures.turns} turns); the first {len(v.examples)}:\n\n" + "\n\n".join(v.examples)
     )
     rl_observe(v.judged, what)
+
+
+def test_soak_books(soak, request):
+    """The soak's own books, and its figures for the report: every turn a worker counted reached the
+    judge (the verdicts above rest on all of them). A failure here is the soak's, not the deployment's."""
+    from pytest_rlrollout.soak.summary import summary
+    from pytest_rlrollout.suite.reporting import SOAK_PROPERTY
+
+    request.node.user_properties.append((SOAK_PROPERTY, json.dumps(summary(soak).to_json())))
+    assert soak.figures.turns, "no rollout turn came back from Locust"
+    counted = soak.summed()
+    assert counted.to_json() == soak.figures.to_json(), (
+        f"{len(soak.workers)} workers counted {counted.turns} turns and {counted.tokens} tokens; the judge saw "
+        f"{soak.figures.turns} turns and {soak.figures.tokens} tokens"
+    )

@@ -1,5 +1,5 @@
 """The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics,
-conformance, clauses, matrix.
+conformance, soak, clauses, matrix.
 
 One module a command (the snapshot tools share one), each holding its sub-parser's `register`
 and its `run`; this module assembles the parser and ends every run the same way: a usage error as
@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pytest_rlrollout.cli import clauses, conformance, matrix, numerics, serve, snapshot_tools, validate
+from pytest_rlrollout.cli import clauses, conformance, matrix, numerics, serve, snapshot_tools, soak, validate
 from pytest_rlrollout.cli.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_FINDINGS,
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
     sub = p.add_subparsers(dest="command", required=True)
     # in the order `rlrollout --help` lists them
-    for command in (validate, snapshot_tools, serve, numerics, conformance, clauses, matrix):
+    for command in (validate, snapshot_tools, serve, numerics, conformance, soak, clauses, matrix):
         command.register(sub)
     return p
 
@@ -73,6 +73,12 @@ def _main(argv: list[str]) -> int:
             return EXIT_OK
         # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
         return conformance.run(argparse.Namespace(pytest_args=argv[1:]))
+    if argv[:1] == ["soak"]:  # its own options, then everything else to pytest, as above
+        try:
+            return soak.run(argparse.Namespace(pytest_args=argv[1:]))
+        except UsageError as e:
+            print(f"rlrollout soak: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     args = parser().parse_args(argv)
     from pytest_rlrollout.snapshot.arc2 import DeltaError
     from pytest_rlrollout.snapshot.build import SnapshotError

@@ -43,7 +43,7 @@ def unavailable() -> str | None:
     return None
 
 
-def _png(draw: Callable[[Axes], None]) -> bytes:
+def png_of(draw: Callable[[Axes], None]) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -84,7 +84,7 @@ def delta_histogram(figures: Figures) -> bytes:
         ax.set_ylabel("tokens")
         ax.set_title(f"{TITLES['delta-histogram']}: {len(deltas)} tokens, max |Δ| {figures.max_abs:.3g}", fontsize=10)
 
-    return _png(draw)
+    return png_of(draw)
 
 
 def delta_by_position(figures: Figures) -> bytes:
@@ -108,7 +108,7 @@ def delta_by_position(figures: Figures) -> bytes:
         ax.set_title(TITLES["delta-by-position"], fontsize=10)
         ax.legend(loc="best", fontsize=8, frameon=False)
 
-    return _png(draw)
+    return png_of(draw)
 
 
 def routing_by_layer(figures: Figures) -> bytes:
@@ -132,7 +132,7 @@ def routing_by_layer(figures: Figures) -> bytes:
         ax.set_ylabel("tokens with the same experts (%)")
         ax.set_title(f"{TITLES['routing-by-layer']}: {figures.route_tokens} tokens{overall}", fontsize=10)
 
-    return _png(draw)
+    return png_of(draw)
 
 
 def pictures(figures: Figures) -> dict[str, bytes]:

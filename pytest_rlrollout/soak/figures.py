@@ -18,6 +18,7 @@ from typing import Any
 from pytest_rlrollout.soak.judge import Turn
 
 GROWTH = 1.05  # each latency bucket is 5% wider than the one below it
+BIN = 5  # seconds: the latencies over time are kept per bin of this width
 FLOOR = 1e-4  # seconds: the upper bound of the lowest bucket (shorter latencies land in it)
 
 
@@ -101,6 +102,8 @@ class Figures:
     gap: Latencies = field(default_factory=Latencies)
     stall: dict[int, Latencies] = field(default_factory=dict)  # by swap epoch
     per_second: Counter[int] = field(default_factory=Counter)  # tokens by whole second since the start
+    ttft_at: dict[int, Latencies] = field(default_factory=dict)  # by BIN-second bin of the first chunk
+    gap_at: dict[int, Latencies] = field(default_factory=dict)  # by BIN-second bin of the later chunk
 
     def record(self, t: Timed) -> None:
         turn = t.turn
@@ -113,33 +116,42 @@ class Figures:
             return
         self.tokens += sum(t.chunk_tokens)
         self.ttft.add(t.chunk_at[0] - t.sent_at)
+        self.ttft_at.setdefault(math.floor(t.chunk_at[0] / BIN), Latencies()).add(t.chunk_at[0] - t.sent_at)
         gaps = [b - a for a, b in pairwise(t.chunk_at)]
-        for g in gaps:
+        for g, at in zip(gaps, t.chunk_at[1:], strict=True):
             self.gap.add(g)
+            self.gap_at.setdefault(math.floor(at / BIN), Latencies()).add(g)
         for epoch in turn.overlapped():
             self.stall.setdefault(epoch, Latencies()).add(max(gaps, default=0.0))
         for at, n in zip(t.chunk_at, t.chunk_tokens, strict=True):
             self.per_second[math.floor(at)] += n
 
     def merge(self, other: Figures) -> Figures:
-        stall = {e: self.stall.get(e, Latencies()).merge(other.stall.get(e, Latencies()))
-                 for e in sorted(self.stall.keys() | other.stall.keys())}  # fmt: skip
         return Figures(self.sessions | other.sessions, self.turns + other.turns, self.tokens + other.tokens,
-                       self.errors + other.errors, self.ttft.merge(other.ttft), self.gap.merge(other.gap), stall,
-                       self.per_second + other.per_second)  # fmt: skip
+                       self.errors + other.errors, self.ttft.merge(other.ttft), self.gap.merge(other.gap),
+                       _merged(self.stall, other.stall), self.per_second + other.per_second,
+                       _merged(self.ttft_at, other.ttft_at), _merged(self.gap_at, other.gap_at))  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"sessions": sorted(self.sessions), "turns": self.turns, "tokens": self.tokens,
                 "errors": dict(sorted(self.errors.items())), "ttft": self.ttft.to_json(), "gap": self.gap.to_json(),
                 "stall": {str(e): v.to_json() for e, v in sorted(self.stall.items())},
-                "per_second": {str(s): n for s, n in sorted(self.per_second.items())}}  # fmt: skip
+                "per_second": {str(s): n for s, n in sorted(self.per_second.items())},
+                "ttft_at": {str(b): v.to_json() for b, v in sorted(self.ttft_at.items())},
+                "gap_at": {str(b): v.to_json() for b, v in sorted(self.gap_at.items())}}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Figures:
         return cls(set(doc["sessions"]), int(doc["turns"]), int(doc["tokens"]), Counter(doc["errors"]),
                    Latencies.from_json(doc["ttft"]), Latencies.from_json(doc["gap"]),
                    {int(e): Latencies.from_json(v) for e, v in doc["stall"].items()},
-                   Counter({int(s): int(n) for s, n in doc["per_second"].items()}))  # fmt: skip
+                   Counter({int(s): int(n) for s, n in doc["per_second"].items()}),
+                   {int(b): Latencies.from_json(v) for b, v in doc["ttft_at"].items()},
+                   {int(b): Latencies.from_json(v) for b, v in doc["gap_at"].items()})  # fmt: skip
+
+
+def _merged(a: dict[int, Latencies], b: dict[int, Latencies]) -> dict[int, Latencies]:
+    return {k: a.get(k, Latencies()).merge(b.get(k, Latencies())) for k in sorted(a.keys() | b.keys())}
 
 
 def _error(turn: Turn) -> str | None:

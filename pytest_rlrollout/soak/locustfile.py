@@ -133,9 +133,11 @@ class Hub:
     def runner(self) -> Any:
         return self.environment.runner
 
-    def connected(self, client_id: str, **_: Any) -> None:
-        self.runner.send_message("soak_plan", self.plan.to_json(), client_id)
-        self.runner.send_message("soak_heard", [self.heard.signalled, self.heard.served], client_id)
+    def hello(self, environment: Any, msg: Any, **_: Any) -> None:
+        """A worker is ready for its plan (asked by the worker: Locust's worker_connect comes
+        before a worker has registered what it listens to, so a plan sent then is lost)."""
+        self.runner.send_message("soak_plan", self.plan.to_json(), msg.node_id)
+        self.runner.send_message("soak_heard", [self.heard.signalled, self.heard.served], msg.node_id)
 
     def orders(self) -> None:
         """Read the soak's orders until stop (or until the soak is gone: its end of the pipe closed)."""
@@ -181,7 +183,7 @@ def _init(environment: Any, runner: Any, **_: Any) -> None:
         runner.register_message("soak_turns", hub.turns)
         runner.register_message("soak_final", hub.final)
         if isinstance(runner, MasterRunner):
-            environment.events.worker_connect.add_listener(hub.connected)
+            runner.register_message("soak_hello", hub.hello)
             emit({"master": runner.server.port})
         else:
             ROLLOUTS.take_plan(hub.plan.to_json())
@@ -192,6 +194,8 @@ def _init(environment: Any, runner: Any, **_: Any) -> None:
         runner.register_message("soak_heard", lambda environment, msg, **_: ROLLOUTS.hear(*msg.data))
         runner.register_message("soak_drain", lambda environment, msg, **_: gevent.spawn(ROLLOUTS.drain, runner))
         gevent.spawn(_flushing, runner)
+        if isinstance(runner, WorkerRunner):
+            runner.send_message("soak_hello", ROLLOUTS.name)
 
 
 def _flushing(runner: Any) -> None:

@@ -8,6 +8,7 @@ import datetime
 import hashlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pytest_rlrollout.suite.report.model import (
     ClauseResult,
     Provenance,
     Report,
+    SoakSummary,
     Summary,
     TestResult,
     in_catalogue_order,
@@ -32,6 +34,8 @@ from pytest_rlrollout.suite.report.text import OUTCOMES
 from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
 
+SOAK_PROPERTY = "rl_soak"  # a soak's summary (`SoakSummary` JSON), on the report of the test that carries it
+
 
 class Collector:
     """Gathers the outcome of every clause-tagged test (xdist workers' reports included): the
@@ -39,8 +43,12 @@ class Collector:
 
     def __init__(self) -> None:
         self.by_test: dict[str, tuple[list[str], TestResult]] = {}
+        self.soak: SoakSummary | None = None
 
     def record(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == SOAK_PROPERTY:
+                self.soak = SoakSummary.from_json(json.loads(value))
         clauses = [v for k, v in report.user_properties if k == "rl_clause"]
         if not clauses:
             return
@@ -84,7 +92,8 @@ class Reporting:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = options(self.config).report
         if path and self.collector.by_test:
-            write(path, Report.judged(self.collector.clauses(), provenance(self.config), self._discovery()))
+            report = Report.judged(self.collector.clauses(), provenance(self.config), self._discovery())
+            write(path, replace(report, soak=self.collector.soak))
 
     def _discovery(self) -> dict[str, Any] | None:
         """The engine and capabilities the run judged: found in this process, by a worker, or

@@ -1,5 +1,5 @@
 """The report's files, written in one place: `PATH.json`, `PATH.md` and `PATH.html`, and the NUM
-pictures beside them as PNG files (which the JSON and Markdown name and the HTML embeds)."""
+and soak pictures beside them as PNG files (which the JSON and Markdown name and the HTML embeds)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from pytest_rlrollout.suite.report.html import html
 from pytest_rlrollout.suite.report.markdown import markdown
 from pytest_rlrollout.suite.report.model import PictureFile, Pictures, Report
-from pytest_rlrollout.suite.report.pictures import draw
+from pytest_rlrollout.suite.report.pictures import draw, draw_soak
 
 SUFFIXES = (".json", ".md", ".html")
 
@@ -39,9 +39,9 @@ def write(path: str | Path, report: Report) -> tuple[Path, Path, Path]:
     out = paths(path)
     where, stem = out[0].parent, out[0].stem
     where.mkdir(parents=True, exist_ok=True)
-    prefix = f"{stem}.numerics-"
+    prefixes = (f"{stem}.numerics-", f"{stem}.soak-")
     for stale in where.iterdir():
-        if stale.name.startswith(prefix) and stale.name.endswith(".png"):
+        if stale.name.startswith(prefixes) and stale.name.endswith(".png"):
             stale.unlink()
     drawn, why = draw(report)
     tests = report.numerics_tests()
@@ -51,7 +51,14 @@ def write(path: str | Path, report: Report) -> tuple[Path, Path, Path]:
             listed.append(PictureFile(t.clause.clause, t.key, name, picture_file(stem, t.key, name)))
             (where / listed[-1].file).write_bytes(png)
     report = replace(report, pictures=Pictures(tuple(listed), why) if tests else None)
+    soak_drawn: dict[str, bytes] = {}
+    if report.soak is not None:
+        soak_drawn, soak_why = draw_soak(report.soak)
+        for name, png in soak_drawn.items():
+            (where / f"{stem}.soak-{name}.png").write_bytes(png)
+        files = tuple(f"{stem}.soak-{name}.png" for name in soak_drawn)
+        report = replace(report, soak=replace(report.soak, pictures=files, no_pictures=soak_why))
     out[0].write_text(json_text(report))
     out[1].write_text(markdown(report))
-    out[2].write_text(html(report, drawn))
+    out[2].write_text(html(report, drawn, soak_drawn))
     return out

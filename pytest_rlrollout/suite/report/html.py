@@ -12,15 +12,18 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pytest_rlrollout.contract import Outcome
 from pytest_rlrollout.numerics.pictures import TITLES
 from pytest_rlrollout.suite.report.model import Report
-from pytest_rlrollout.suite.report.pictures import Drawn, draw
+from pytest_rlrollout.suite.report.pictures import SOAK_TITLES, Drawn, draw, draw_soak
 from pytest_rlrollout.suite.report.text import (
     FOLD,
     NUMERICS_INTRO,
     OUTCOMES,
+    SOAK_INTRO,
+    SOAK_SWAP_HEADS,
     UPLOAD_HEADS,
     measures_note,
     numerics_grid,
     one_line,
+    soak_swap_cells,
     upload_cells,
 )
 from pytest_rlrollout.suite.report.timeline import ink, picture
@@ -44,12 +47,18 @@ def _environment() -> Environment:
     return env
 
 
-def html(report: Report, drawn: Drawn | None = None) -> str:
+def html(report: Report, drawn: Drawn | None = None, soak_drawn: dict[str, bytes] | None = None) -> str:
     """The report as one HTML page that needs nothing but itself. `drawn` are the NUM tests'
-    pictures as `pictures.draw` draws them; None draws them here."""
+    pictures as `pictures.draw` draws them, `soak_drawn` the soak's as `draw_soak` does; None
+    draws them here."""
     why = report.pictures.no_pictures if report.pictures is not None else None
     if drawn is None:
         drawn, why = draw(report)
+    soak_why = report.soak.no_pictures if report.soak is not None else None
+    if soak_drawn is None and report.soak is not None:
+        soak_drawn, soak_why = draw_soak(report.soak)
+    soak_pictures = [(f"soak: {SOAK_TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
+                     for name, png in (soak_drawn or {}).items()]  # fmt: skip
     numerics = report.numerics_tests()
     pictures: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for t in numerics:
@@ -74,6 +83,12 @@ def html(report: Report, drawn: Drawn | None = None) -> str:
         numerics_intro=NUMERICS_INTRO,
         no_pictures=why,
         pictures=pictures,
+        soak=report.soak,
+        soak_intro=SOAK_INTRO,
+        soak_heads=SOAK_SWAP_HEADS,
+        soak_rows=[soak_swap_cells(s) for s in report.soak.swaps] if report.soak is not None else [],
+        soak_pictures=soak_pictures,
+        soak_no_pictures=soak_why,
         upload_heads=UPLOAD_HEADS,
         fold=FOLD,
         quiet=QUIET,

@@ -1,5 +1,6 @@
 """The Markdown report: provenance, the roll-up, capabilities, one row per clause, the NUM figures
-and their pictures (files beside the report), uploads, and every failure with its exchanges."""
+and their pictures (files beside the report), a soak's figures and pictures, uploads, and every
+failure with its exchanges."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ from urllib.parse import quote
 
 from pytest_rlrollout.numerics.pictures import TITLES
 from pytest_rlrollout.suite.report.model import Report
+from pytest_rlrollout.suite.report.pictures import SOAK_TITLES
 from pytest_rlrollout.suite.report.text import (
     FOLD,
     NUMERICS_INTRO,
     OUTCOMES,
+    SOAK_INTRO,
+    SOAK_SWAP_HEADS,
     measures_note,
     numerics_grid,
     one_line,
+    soak_swap_cells,
     upload_cells,
 )
 
@@ -36,7 +41,8 @@ def markdown(report: Report) -> str:
     if report.engine is not None:
         lines.append(f"- **engine**: {report.engine.name} ({report.engine.decided})")
     lines += [f"- **contract**: {report.contract.document}, version {report.contract.version}"]
-    lines += _summary(report) + _capabilities(report) + _clauses(report) + _numerics(report) + _uploads(report)
+    lines += _summary(report) + _capabilities(report) + _clauses(report) + _numerics(report) + _soak(report)
+    lines += _uploads(report)
     lines += _failures(report)
     return "\n".join(lines) + "\n"
 
@@ -80,6 +86,25 @@ def _numerics(report: Report) -> list[str]:
         lines += [f"![{p.clause}: {TITLES.get(p.picture, p.picture)}]({quote(p.file)})" for p in pictures.files]
     if pictures is not None and pictures.no_pictures:
         lines += ["", f"No pictures: {pictures.no_pictures}"]
+    return lines
+
+
+def _soak(report: Report) -> list[str]:
+    soak = report.soak
+    if soak is None:
+        return []
+    lines = ["", "## Soak", "", SOAK_INTRO, "", "| figure | value |", "|---|---|"]
+    lines += [f"| {cell(name)} | {cell(str(value))} |" for name, value in soak.rows]
+    if soak.swaps:
+        lines += ["", "| " + " | ".join(SOAK_SWAP_HEADS) + " |", "|---" * len(SOAK_SWAP_HEADS) + "|"]
+        lines += ["| " + " | ".join(map(cell, soak_swap_cells(s))) + " |" for s in soak.swaps]
+    if soak.pictures:
+        lines.append("")
+        for file in soak.pictures:
+            name = file.rpartition(".soak-")[2].removesuffix(".png")
+            lines.append(f"![soak: {SOAK_TITLES.get(name, name)}]({quote(file)})")
+    if soak.no_pictures:
+        lines += ["", f"No pictures: {soak.no_pictures}"]
     return lines
 
 

@@ -422,6 +422,61 @@ class Pictures:
 
 
 @dataclass(frozen=True)
+class SoakSwap:
+    """One of a soak's swaps: when (seconds since the soak began), the stall the streams across it
+    saw (each stream's longest gap between chunks), and the least any replica's fingerprint moved."""
+
+    epoch: int
+    identity: str
+    kind: str  # full, incremental
+    reset: str  # its reset_prompt_cache
+    signalled_at: float
+    served_at: float | None  # None: never served everywhere (`error` says why)
+    streams: int = 0  # streams in flight across it
+    stall_p50: float | None = None
+    stall_p99: float | None = None
+    stall_max: float | None = None
+    moved: float | None = None  # max |Δlogprob| of the replica whose fingerprint moved least
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class SoakSummary:
+    """A soak's figures as the report shows them (`soak.summary` makes one): rows of figures,
+    each swap, series over time for the pictures, and the pictures written beside the report."""
+
+    rows: tuple[tuple[str, Scalar], ...]
+    swaps: tuple[SoakSwap, ...] = ()
+    # name (tokens_per_s, ttft_p50, ttft_p99, gap_p50, gap_p99) -> (seconds since the start, value)
+    series: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    pictures: tuple[str, ...] = ()  # files beside the report: <stem>.soak-<name>.png
+    no_pictures: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": [list(r) for r in self.rows], "swaps": [s.to_json() for s in self.swaps],
+                "series": {k: [list(p) for p in v] for k, v in self.series.items()},
+                "pictures": list(self.pictures), "no_pictures": self.no_pictures}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any) -> SoakSummary:
+        doc = _object(doc, "soak")
+        try:
+            return cls(
+                tuple((str(k), v) for k, v in doc["rows"]),
+                tuple(SoakSwap(**_object(s, "soak: swap")) for s in doc.get("swaps") or []),
+                {str(k): tuple((float(t), float(x)) for t, x in v)
+                 for k, v in _object(doc.get("series") or {}, "soak: series").items()},
+                tuple(_strings(doc.get("pictures") or [], "soak: pictures")),
+                doc.get("no_pictures"),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"soak: {e}") from None
+
+
+@dataclass(frozen=True)
 class NumericsTest:
     """A test that reports the NUM figures; `key` (the clause, numbered when a clause has several
     such tests) names its pictures."""
@@ -447,6 +502,7 @@ class Report:
     engine: Engine | None = None
     capabilities: list[Capability] = field(default_factory=list)
     pictures: Pictures | None = None
+    soak: SoakSummary | None = None  # a soak's figures (--rl-soak)
 
     @classmethod
     def judged(
@@ -490,7 +546,11 @@ class Report:
             "summary": self.summary.to_json(),
             "clauses": {k: v.to_json() for k, v in self.clauses.items()},
         }
-        return out if self.pictures is None else {**out, "numerics": self.pictures.to_json()}
+        if self.pictures is not None:
+            out["numerics"] = self.pictures.to_json()
+        if self.soak is not None:
+            out["soak"] = self.soak.to_json()
+        return out
 
     @classmethod
     def from_json(cls, doc: Any) -> Report:
@@ -508,6 +568,7 @@ class Report:
                 engine=Engine(str(engine["name"]), str(engine["decided"]), engine.get("version")) if engine else None,
                 capabilities=[Capability.from_json(c) for c in doc.get("capabilities") or []],
                 pictures=Pictures.from_json(doc["numerics"]) if doc.get("numerics") is not None else None,
+                soak=SoakSummary.from_json(doc["soak"]) if doc.get("soak") is not None else None,
             )
         except KeyError as e:
             raise ReportError(f"report: no {e.args[0]!r}") from None

@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from pytest_rlrollout.contract import SEVERITY, Outcome
-from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, Upload
+from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, SoakSwap, Upload
 
 # Outcomes as the tables list them: the plain pass first, the most telling last.
 OUTCOMES: tuple[Outcome, ...] = tuple(reversed(SEVERITY))
@@ -84,3 +84,19 @@ def numerics_grid(tests: list[NumericsTest]) -> list[tuple[str, list[str]]]:
     columns = [dict(numerics_rows(t.figures)) for t in tests]
     labels = dict.fromkeys(label for c in columns for label in c)
     return [(label, [c.get(label, "") for c in columns]) for label in labels]
+
+
+SOAK_INTRO = ("Simulated agentic rollouts on Locust at concurrency while a trainer swapped snapshots in; every turn "
+              "and swap was judged by the clauses above (the SOAK tests). A stall is the longest gap between two "
+              "chunks of a stream across the swap.")  # fmt: skip
+SOAK_SWAP_HEADS = ("swap", "snapshot", "kind", "reset", "signalled (s)", "served (s)", "streams across",
+                   "stall p50 (ms)", "stall p99 (ms)", "stall max (ms)", "fingerprint moved")  # fmt: skip
+
+
+def soak_swap_cells(s: SoakSwap) -> tuple[str, ...]:
+    def ms(x: float | None) -> str:
+        return "" if x is None else number(x * 1000, ".4g")
+
+    served = (s.error or "never") if s.served_at is None else number(s.served_at, ".4g")
+    return (str(s.epoch), s.identity, s.kind, s.reset, number(s.signalled_at, ".4g"), served, str(s.streams),
+            ms(s.stall_p50), ms(s.stall_p99), ms(s.stall_max), "" if s.moved is None else number(s.moved))  # fmt: skip

@@ -1,0 +1,65 @@
+"""A soak's result as the suite's report shows it (`suite.report.model.SoakSummary`): rows of
+figures, one row per swap, and the series the pictures draw."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from pytest_rlrollout.soak.figures import BIN, Latencies
+from pytest_rlrollout.suite.report.model import Scalar, SoakSummary, SoakSwap
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.soak.run import Result, Swap
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def summary(result: Result) -> SoakSummary:
+    f, s = result.figures, result.settings
+    served = [w.served_at - w.signalled_at for w in result.swaps if w.served_at is not None]
+    rows: list[tuple[str, Scalar]] = [
+        ("seconds", round(result.seconds, 1)),
+        ("transition", result.transition),
+        ("rollouts in flight (users)", s.users),
+        ("Locust workers", s.workers or "one process"),
+        ("swaps", len(result.swaps)),
+        ("sessions", len(f.sessions)),
+        ("turns", f.turns),
+        ("tokens", f.tokens),
+        ("tokens/s", round(f.tokens / result.seconds, 1) if result.seconds else None),
+        ("time to first token p50 (ms)", _ms(f.ttft.quantile(0.5))),
+        ("time to first token p99 (ms)", _ms(f.ttft.quantile(0.99))),
+        ("inter-chunk gap p50 (ms)", _ms(f.gap.quantile(0.5))),
+        ("inter-chunk gap p99 (ms)", _ms(f.gap.quantile(0.99))),
+        ("signal to every replica serving, median (s)", round(statistics.median(served), 3) if served else None),
+        ("signal to every replica serving, max (s)", round(max(served), 3) if served else None),
+        *((f"errors: {kind}", n) for kind, n in sorted(f.errors.items())),
+        ("turns counted by the workers", result.summed().turns if result.workers else None),
+    ]
+    swaps = tuple(_swap(w, f.stall.get(w.epoch)) for w in result.swaps)
+    series = {
+        "tokens_per_s": tuple((b * BIN, n / BIN) for b, n in sorted(_binned(f.per_second).items())),
+        **{f"{name}_{q}": tuple((b * BIN, lat.quantile(p) or 0.0) for b, lat in sorted(by.items()))
+           for name, by in (("ttft", f.ttft_at), ("gap", f.gap_at)) for q, p in (("p50", 0.5), ("p99", 0.99))},
+    }  # fmt: skip
+    return SoakSummary(tuple(rows), swaps, series)
+
+
+def _swap(w: Swap, stall: Latencies | None) -> SoakSwap:
+    served = None if w.served_at is None else round(w.served_at, 3)
+    moved = min(w.moved.values()) if w.moved else None
+    if stall is None or not stall.count:
+        return SoakSwap(w.epoch, w.identity, w.kind, w.reset, round(w.signalled_at, 3), served, moved=moved,
+                        error=w.error)  # fmt: skip
+    return SoakSwap(w.epoch, w.identity, w.kind, w.reset, round(w.signalled_at, 3), served, stall.count,
+                    stall.quantile(0.5), stall.quantile(0.99), stall.max, moved, w.error)  # fmt: skip
+
+
+def _binned(per_second: dict[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for second, n in per_second.items():
+        out[second // BIN] = out.get(second // BIN, 0) + n
+    return out

@@ -1,4 +1,4 @@
-"""SOAK — the contract at rollout concurrency, across many swaps (`rlrollout soak`, `--rl-soak`).
+"""SOAK — the contract at rollout concurrency, across many swaps (`rlrollout soak`, `-o rl_soak=true`).
 
 One soak per run (the `soak` fixture): simulated agentic rollouts on Locust (multi-turn sessions
 with growing prefixes, streamed, with logprobs) while a trainer swaps a snapshot in every few

@@ -73,4 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
     ini = [a for o in overrides for a in ("-o", o)]
     suite = str(CONFORMANCE / "test_soak.py")
-    return int(pytest.main([suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "--rl-soak", *ini, *rest]))
+    return int(
+        pytest.main([suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "-o", "rl_soak=true", *ini, *rest])
+    )

@@ -99,7 +99,7 @@ class RLConfig:
     replay_meta: dict[str, Any] | None = None  # the recording's _session.json meta
     local_faults: frozenset[str] = frozenset()
     timeouts: Timeouts = LOCAL
-    soak: dict[str, Any] | None = None  # --rl-soak: the soak's settings given (`soak.run.Settings` fields)
+    soak: dict[str, Any] | None = None  # rl_soak: the soak's settings given (`soak.run.Settings` fields)
     numerics: Numerics = Numerics()
     # the exporter gate (--rl-snapshot)
     snapshot: Path | None = None
@@ -336,17 +336,15 @@ SETTINGS = (
         metavar="auto|numpy|transformers",
     ),
     Setting("rl_scorer_device", "NUM: where the transformers scorer runs (default cpu; cuda)", metavar="DEVICE"),
-    # the soak (--rl-soak)
+    # the soak (`rlrollout soak`, or -o rl_soak=true)
     Setting(
         "rl_soak",
-        "run the soak: rollouts on Locust at concurrency across many swaps, judged throughout "
-        "(its tests are left out otherwise)",
+        "run the soak (`rlrollout soak` sets it): rollouts on Locust at concurrency across many swaps, judged "
+        "throughout; its tests are left out otherwise",
         bool,
-        option="--rl-soak",
-        ini=False,
     ),
     Setting("rl_soak_seconds", "the soak ends after this long (default 600)", float, check="positive"),
-    Setting("rl_soak_swaps", "... or after this many swaps (default 20)", int, check="positive"),
+    Setting("rl_soak_swaps", "... or after this many swaps (default 20; 0: load alone)", int),
     Setting("rl_soak_every", "seconds of load before each swap (default 20)", float, check="positive"),
     Setting("rl_soak_users", "rollouts in flight at once, each a session (default 64)", int, check="positive"),
     Setting("rl_soak_workers", "Locust worker processes on this machine (default 0: Locust in one process)", int),
@@ -610,7 +608,7 @@ def _numerics(config: pytest.Config) -> Numerics:
 
 
 def _soak_options(config: pytest.Config) -> dict[str, Any] | None:
-    """--rl-soak's settings, by `soak.run.Settings`'s field names (only those given); None without it."""
+    """The soak's settings (rl_soak true), by `soak.run.Settings`'s field names (only those given); None without it."""
     if not setting(config, "rl_soak"):
         return None
     given = {k.removeprefix("rl_soak_"): setting(config, k) for k in SETTING if k.startswith("rl_soak_")}
@@ -620,8 +618,9 @@ def _soak_options(config: pytest.Config) -> dict[str, Any] | None:
         if bad or not out["resets"]:
             _usage(f"rl_soak_resets = {out['resets']}: each one of all, new_session, none")
         out["resets"] = tuple(out["resets"])
-    if out.get("workers", 0) < 0 or out.get("full_every", 0) < 0:
-        _usage("rl_soak_workers and rl_soak_full_every are 0 or more")
+    negative = [k for k in ("swaps", "workers", "full_every") if out.get(k, 0) < 0]
+    if negative:
+        _usage(f"{', '.join('rl_soak_' + k for k in negative)}: 0 or more")
     return out
 
 

@@ -38,7 +38,7 @@ MARKERS = (
     "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets); implied by the rl_swap fixture",
     "rl_requires(*capabilities): optional features the test needs",
     "rl_breaks: the test signals a snapshot that may leave the deployment unable to serve; it runs after the others",
-    "rl_soak: a verdict of the soak, run only with --rl-soak",
+    "rl_soak: a verdict of the soak, run only with -o rl_soak=true (rlrollout soak)",
 )
 
 
@@ -98,13 +98,13 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Clause marks checked and carried on every report. Against a live or recorded deployment,
     the SNAP tests' checks of the suite's own bundled snapshots are left out: they would be
-    reported as verdicts on a deployment they never asked; without --rl-soak, the soak's."""
+    reported as verdicts on a deployment they never asked; without rl_soak, the soak's."""
     from pytest_rlrollout.contract import catalogue
 
     own: list[pytest.Item] = []
     if options(config).mode != "local" and options(config).snapshot is None:
         own = [i for i in items if "rl_snapshot_under_test" in getattr(i, "fixturenames", ())]
-    if options(config).soak is None:  # a soak takes minutes: asked for by name (--rl-soak, `rlrollout soak`)
+    if options(config).soak is None:  # a soak takes minutes: asked for by name (`rlrollout soak`, -o rl_soak=true)
         own += [i for i in items if i.get_closest_marker("rl_soak") is not None]
     if own:
         config.hook.pytest_deselected(items=own)

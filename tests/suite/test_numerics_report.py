@@ -201,7 +201,7 @@ def test_histogram_counts_read_as_whole_counts(tokens: int, scale: str, monkeypa
         fig.canvas.draw()
         return b""
 
-    monkeypatch.setattr(pictures, "_png", keep)
+    monkeypatch.setattr(pictures, "png_of", keep)
     rng = np.random.default_rng(2)
     served = rng.normal(-2.0, 1.0, tokens)
     pictures.delta_histogram(logprob_figures(served, served + rng.normal(0.0, 2e-3, tokens)))

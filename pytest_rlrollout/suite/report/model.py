@@ -502,7 +502,7 @@ class Report:
     engine: Engine | None = None
     capabilities: list[Capability] = field(default_factory=list)
     pictures: Pictures | None = None
-    soak: SoakSummary | None = None  # a soak's figures (--rl-soak)
+    soak: SoakSummary | None = None  # a soak's figures (`rlrollout soak`)
 
     @classmethod
     def judged(

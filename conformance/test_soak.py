@@ -49,10 +49,16 @@ def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
     settings = Settings(**(rl_deployment.options.soak or {}))
     report = rl_deployment.options.report
     workdir = report.parent / "soak" if report is not None else tmp_path_factory.mktemp("rl-soak")
-    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+    plugins = request.config.pluginmanager
+    terminal, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
 
-    def say(line: str) -> None:
-        if terminal is not None:
+    def say(line: str) -> None:  # progress on the terminal while the soak runs, past pytest's capture
+        if terminal is None:
+            return
+        if capture is None:
+            terminal.write_line(f"soak {line}")
+            return
+        with capture.global_and_fixture_disabled():
             terminal.write_line(f"soak {line}")
 
     # the exchanges of a soak are its own: no test's deadline bounds them (the soak bounds itself)

@@ -134,6 +134,39 @@ def test_conformance_passes_every_other_argument_to_pytest(monkeypatch):
     assert args[0].endswith("test_swap.py") and args[-5:] == ["-n", "2", "-o", "rl_level=must", "--help"]
 
 
+# --------------------------------------------------------------------------- soak
+
+
+def test_soak_turns_its_options_into_the_suites_settings_and_passes_the_rest_to_pytest(monkeypatch):
+    import pytest as pytest_module
+
+    seen = []
+    monkeypatch.setattr(pytest_module, "main", lambda args: seen.append(args) or 0)
+    assert main(["soak", "--seconds", "30", "--workers", "2", "--resets", "all", "none", "--rl-report=r.json",
+                 "-x"]) == 0  # fmt: skip
+    [args] = seen
+    assert args[0].endswith("test_soak.py") and args[-2:] == ["--rl-report=r.json", "-x"]
+    settings = [args[i + 1] for i, a in enumerate(args) if a == "-o"]
+    assert settings == ["rl_soak=true", "rl_soak_seconds=30.0", "rl_soak_workers=2", "rl_soak_resets=all none"]
+
+
+def test_soak_without_locust_says_how_to_get_it(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "locust" else real(name, *a))
+    assert main(["soak", "--seconds", "5"]) == 2
+    assert "pip install 'pytest-rlrollout[soak]'" in capsys.readouterr().err
+
+
+def test_soak_help_names_its_options(capsys):
+    assert main(["soak", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlrollout soak") and all(
+        o in out for o in ("--seconds", "--remote-workers", "--resets")
+    )
+
+
 # --------------------------------------------------------------------------- serve --fault
 
 

@@ -19,6 +19,8 @@ OPTIONS = {
     "--every": ("rl_soak_every", float, "seconds of load before each swap (default 20)"),
     "--users": ("rl_soak_users", int, "rollouts in flight at once, each a session (default 64)"),
     "--workers": ("rl_soak_workers", int, "Locust worker processes on this machine (default 0: one process)"),
+    "--remote-workers": ("rl_soak_remote_workers", int, "Locust workers from other machines the master also waits "
+                         "for; it prints the command they run (default 0)"),
     "--turns": ("rl_soak_turns", int, "turns of each rollout (default 4)"),
     "--full-every": ("rl_soak_full_every", int, "every n-th swap loads a full snapshot, the others an ARC2 delta "
                      "(default 5; 0: never)"),

@@ -1,9 +1,10 @@
 """Locust's processes for one soak, seen from the soak's process: started, fed orders, read, ended.
 
 Locust runs in child processes only (importing it patches a process for gevent: see
-`locustfile`). With `workers=0` one process runs the hub and the rollout users; with N, a master
+`locustfile`). With no workers one process runs the hub and the rollout users; with N, a master
 runs the hub and N worker processes on this machine run the users, the way Locust distributes a
-test over machines (`remote_worker_command` is what another machine runs to join).
+test over machines; with `remote` more, the master listens on every interface and waits for that
+many workers from other machines too (`remote_worker_command` is what such a machine runs).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pytest_rlrollout.soak.plan import KEY_ENV, PLAN_ENV
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 PREFIX = "SOAK "  # the locustfile's lines for the soak
-START_TIMEOUT = 60.0  # seconds for the master to bind and every worker to connect and spawn its users
+START_TIMEOUT = 60.0  # seconds for the master to bind and every worker here to connect and spawn its users
+REMOTE_TIMEOUT = 600.0  # ... and for workers on other machines, which people start by hand
 
 
 class LocustError(RuntimeError):
@@ -49,10 +51,11 @@ class Locust:
     """The soak's Locust processes. `events` holds what the hub printed, in order (each a dict:
     `master`, `spawned`, `turns`, `final`, `finished`), then None once its output ended."""
 
-    def __init__(self, plan: Path, *, users: int, workers: int, workdir: Path, api_key: str | None):
-        if users < 1 or workers < 0:
-            raise ValueError(f"{users} users on {workers} workers: at least one user, workers >= 0")
-        self.plan, self.users, self.workers, self.workdir = plan, users, workers, workdir
+    def __init__(self, plan: Path, *, users: int, workers: int, workdir: Path, api_key: str | None, remote: int = 0):
+        if users < 1 or workers < 0 or remote < 0:
+            raise ValueError(f"{users} users on {workers} + {remote} workers: at least one user, no negative count")
+        self.plan, self.users, self.workers, self.remote, self.workdir = plan, users, workers, remote, workdir
+        self.start_timeout = REMOTE_TIMEOUT if remote else START_TIMEOUT
         # Locust reads LOCUST_* variables and locust.conf / [tool.locust] from the working
         # directory: a soak's processes see none of the user's
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
@@ -68,12 +71,13 @@ class Locust:
         self.workdir.mkdir(parents=True, exist_ok=True)
         run = ["--headless", "-u", str(self.users), "-r", str(self.users), "--exit-code-on-error", "0",
                "--stop-timeout", "5", "--only-summary", "--logfile", str(self.workdir / "hub.log")]  # fmt: skip
-        if self.workers:
-            run += ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", "0",
-                    "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(int(START_TIMEOUT))]  # fmt: skip
+        if self.workers or self.remote:
+            run += ["--master", "--master-bind-host", "*" if self.remote else "127.0.0.1", "--master-bind-port", "0",
+                    "--expect-workers", str(self.workers + self.remote),
+                    "--expect-workers-max-wait", str(int(self.start_timeout))]  # fmt: skip
         self.hub = self._start(_command(*run), "hub", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         threading.Thread(target=self._read, args=(self.hub.stdout,), name="rlrollout-soak-hub", daemon=True).start()
-        if self.workers:
+        if self.workers or self.remote:
             first = self.next(START_TIMEOUT)
             if "master" not in first:
                 raise LocustError(f"the master said {first} before its port{self._tail('hub')}")

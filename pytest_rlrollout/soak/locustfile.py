@@ -109,11 +109,10 @@ class Rollouts:
 
     def drain(self, runner: Any) -> None:
         """Start no new turn, let those in flight end, send the last turns and this worker's figures."""
-        assert self.plan is not None
         self.draining = True
         if self.inflight:
             self.idle.clear()
-            self.idle.wait(timeout=self.plan.timeout + 5)
+            self.idle.wait(timeout=(self.plan.timeout if self.plan else 0) + 5)
         self.flush(runner)
         runner.send_message("soak_final", {"worker": self.name, "figures": self.figures.to_json(),
                                            "inflight": self.inflight})  # fmt: skip

@@ -11,6 +11,7 @@ judged here, with the clauses of `judge`, and counted into the figures.
 from __future__ import annotations
 
 import functools
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_rlrollout.remote.fingerprint import FingerprintError, Sweep, sweep
 from pytest_rlrollout.soak.figures import Figures, Timed
 from pytest_rlrollout.soak.judge import Judge, Verdict
-from pytest_rlrollout.soak.locust import Locust
+from pytest_rlrollout.soak.locust import Locust, remote_worker_command
 from pytest_rlrollout.soak.plan import Plan
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class Settings:
     swaps: int = 20  # ... or once this many swaps were made and the load ran `every` more seconds
     every: float = 20.0  # seconds of load before each swap's signal (and after the last swap)
     users: int = 64  # rollouts in flight at once (each a session)
-    workers: int = 0  # Locust worker processes on this machine (0: Locust in one process)
+    workers: int = 0  # Locust worker processes on this machine (0 and no remote ones: Locust in one process)
+    remote_workers: int = 0  # Locust workers the master also waits for, started on other machines
     full_every: int = 5  # every n-th swap loads a full snapshot, the others a sentinel delta (0: never)
     resets: tuple[str, ...] = ("all",)  # each swap's reset_prompt_cache, in turn
     fingerprints: bool = True  # fingerprint every replica after every swap (FID-SWAP-1)
@@ -50,7 +52,14 @@ class Settings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.seconds <= 0 or self.swaps < 0 or self.every < 0 or self.users < 1 or self.workers < 0:
+        if (
+            self.seconds <= 0
+            or self.swaps < 0
+            or self.every < 0
+            or self.users < 1
+            or self.workers < 0
+            or self.remote_workers < 0
+        ):
             raise ValueError(f"a soak needs time, users, and no negative counts: {self}")
         bad = [r for r in self.resets if r not in ("all", "new_session", "none")]
         if not self.resets or bad:
@@ -115,6 +124,7 @@ class Soak:
         self._start = time.monotonic()
         self.replicas = max(1, len(dep.replicas()))
         self.last_sweep: Sweep | None = None
+        self.failure: Exception | None = None  # what stopped the trainer, other than a verdict
 
     def clock(self) -> float:
         return time.monotonic() - self._start
@@ -134,8 +144,12 @@ class Soak:
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan = self.plan().write(self.workdir / "plan.json")
         key = self.dep.target.api_key.reveal() if self.dep.target.api_key else None
-        with Locust(plan, users=s.users, workers=s.workers, workdir=self.workdir / "locust", api_key=key) as loc:
-            self._until(loc, "spawned")
+        with Locust(plan, users=s.users, workers=s.workers, workdir=self.workdir / "locust", api_key=key,
+                    remote=s.remote_workers) as loc:  # fmt: skip
+            if s.remote_workers:
+                self.say(f"waiting for {s.remote_workers} Locust workers from other machines; on each, run:\n"
+                         + remote_worker_command(socket.getfqdn(), loc.port or 0))  # fmt: skip
+            self._until(loc, "spawned", loc.start_timeout)
             if s.fingerprints:
                 self.last_sweep = self._sweep(0)
             self.trainer = threading.Thread(target=self._train, args=(loc,), name="rlrollout-soak-trainer", daemon=True)
@@ -150,14 +164,16 @@ class Soak:
             self.trainer.join(timeout=self.dep.timeouts.swap + 60)
             loc.send({"stop": True})
             self._until(loc, "finished")
+        if self.failure is not None:  # the trainer's own error (not a verdict): after Locust has ended
+            raise self.failure
         self.say(self.progress())
         return Result(self.transition, s, self.judge.verdicts, self.figures, self.workers, self.swaps, self.clock(),
                       loc.exit_codes)  # fmt: skip
 
-    def _until(self, loc: Locust, kind: str) -> dict[str, Any]:
+    def _until(self, loc: Locust, kind: str, timeout: float = 0.0) -> dict[str, Any]:
         """Take the hub's events until one of `kind` (bounded by each wait for the next event)."""
         while True:
-            event = loc.next(self.dep.timeouts.request + 60)
+            event = loc.next(max(timeout, self.dep.timeouts.request + 60))
             self._take(event)
             if kind in event:
                 return event
@@ -183,6 +199,12 @@ class Soak:
     # ----------------------------------------------------------------------- the trainer
 
     def _train(self, loc: Locust) -> None:
+        try:
+            self._swaps(loc)
+        except Exception as e:  # raised in the soak's thread once the load has stopped
+            self.failure = e
+
+    def _swaps(self, loc: Locust) -> None:
         s = self.settings
         for n in range(1, s.swaps + 1):
             if self.stop.wait(s.every):  # the load's pace between swaps, cut short when time is up

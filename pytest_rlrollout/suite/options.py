@@ -348,6 +348,7 @@ SETTINGS = (
     Setting("rl_soak_every", "seconds of load before each swap (default 20)", float, check="positive"),
     Setting("rl_soak_users", "rollouts in flight at once, each a session (default 64)", int, check="positive"),
     Setting("rl_soak_workers", "Locust worker processes on this machine (default 0: Locust in one process)", int),
+    Setting("rl_soak_remote_workers", "Locust workers from other machines the master also waits for (default 0)", int),
     Setting("rl_soak_turns", "turns of each rollout (default 4)", int, check="positive"),
     Setting(
         "rl_soak_full_every",
@@ -618,7 +619,7 @@ def _soak_options(config: pytest.Config) -> dict[str, Any] | None:
         if bad or not out["resets"]:
             _usage(f"rl_soak_resets = {out['resets']}: each one of all, new_session, none")
         out["resets"] = tuple(out["resets"])
-    negative = [k for k in ("swaps", "workers", "full_every") if out.get(k, 0) < 0]
+    negative = [k for k in ("swaps", "workers", "remote_workers", "full_every") if out.get(k, 0) < 0]
     if negative:
         _usage(f"{', '.join('rl_soak_' + k for k in negative)}: 0 or more")
     return out

@@ -55,6 +55,9 @@ UNSUPPORTED = {f"R3-{x}" for x in ("SHAPE-1", "RANGE-1", "COMP-1", "DET-1", "CAC
 
 
 SCORED = list(range(10, 42))  # a prompt whose logprobs tell weights apart
+# the soak's verdicts on vLLM (pause/resume swaps under load)
+SOAK_VERDICTS = {"SWAP-NEW-1": "pass", "VER-STREAM-1": "pass", "INF-SSE-1": "pass", "HL-GET-2": "pass",
+                 "FID-SWAP-1": "pass"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +164,30 @@ def test_rl_routes_answer_without_the_key(vllm):
     for path, body in (("/update_weight_version", {"new_version": "default"}), ("/pause", None), ("/resume", None)):
         r = httpx.post(server.url + path, json=body, timeout=30)
         assert r.status_code == 200, f"{path}: {r.status_code} {r.text[:200]}"
+
+
+def test_a_soak_with_pause_resume_swaps_reports_its_figures(pytester, vllm):
+    """The soak against vLLM: rollouts on Locust while the trainer swaps through vLLM's RL API (pause
+    keep, reload_weights, a new label, the prefix cache reset, resume), every turn judged."""
+    server, bucket, base = vllm
+    pytester.runpytest_inprocess(
+        str(CONFORMANCE / "test_soak.py"), "-p", "no:randomly", f"--rl-base-url={server.url}",
+        f"--rl-model={server.model}", f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "--rl-report=soak.json", "-o", "rl_soak=true",
+        "-o", "rl_soak_seconds=90", "-o", "rl_soak_swaps=3", "-o", "rl_soak_every=5", "-o", "rl_soak_users=8",
+        "-o", "rl_soak_full_every=2",
+    )  # fmt: skip
+    doc = json.loads((pytester.path / "soak.json").read_text())
+    rows = dict(doc["soak"]["rows"])
+    assert rows["swaps"] == 3 and rows["turns"] > 0 and rows["tokens/s"] > 0, rows
+    assert [s["kind"] for s in doc["soak"]["swaps"]] == ["incremental", "full", "incremental"] or all(
+        s["kind"] == "full" for s in doc["soak"]["swaps"]
+    ), doc["soak"]["swaps"]
+    assert all(s["served_at"] is not None for s in doc["soak"]["swaps"]), doc["soak"]["swaps"]
+    assert rows["turns counted by the workers"] == rows["turns"]
+    assert doc["provenance"]["served_at_end"] == ["default"], doc["provenance"]
+    got = verdicts(doc)
+    assert {c: got[c] for c in SOAK_VERDICTS} == SOAK_VERDICTS, got
 
 
 def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm):

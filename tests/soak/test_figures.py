@@ -3,6 +3,7 @@ merged equal to one worker recording everything."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -78,6 +79,8 @@ def test_workers_figures_merged_equal_one_worker_recording_them_all():
     assert together.to_json() == alone.to_json()
     assert Figures.from_json(together.to_json()).to_json() == alone.to_json()
     assert together.turns == sum(p.turns for p in parts) == 200
+    assert len(alone.ttft_at) > 5 and sum(v.count for v in alone.gap_at.values()) == alone.gap.count
+    assert all(Timed.from_json(json.loads(json.dumps(t.to_json()))) == t for t in turns)  # as the hub passes them on
 
 
 def test_a_timed_turn_must_time_every_chunk_in_order():

@@ -147,3 +147,59 @@ def test_a_turn_is_read_from_the_stream_the_remote_client_parsed():
     cut = Stream(200, {}, chunks=[chunk("base", 5), chunk(None, 6)])  # no [DONE], a chunk naming no snapshot
     judge.judge(Turn.seen(cut, worker="w2", session="s9", index=4, sent=Heard(0, 0), ended=Heard(1, 1)))
     assert judge.verdicts["VER-STREAM-1"].violations == judge.verdicts["SWAP-ASYNC-1"].violations == 1
+
+
+def test_a_chunk_that_came_well_after_its_worker_heard_the_swap_served_must_name_it():
+    judge = Judge("ASYNC", ["base", "step-1"])
+    # `settled`: per chunk, the last swap its worker had heard served `grace` before the chunk came
+    judge.judge(stream("base", "base", "base", sent=(0, 0), ended=(1, 1), settled=(0, 0, 1), session="stale"))
+    judge.judge(stream("base", "base", "step-1", sent=(0, 0), ended=(1, 1), settled=(0, 0, 1), session="fresh"))
+    v = judge.verdicts["SWAP-ASYNC-2"]
+    assert (v.judged, v.violations) == (2, 1)
+    assert v.examples[0].startswith("w1 session stale turn 0: chunk 2 of 3 names base, though its worker had heard "
+                                    "every replica served step-1 before it came")  # fmt: skip
+    sync = Judge("SYNC", ["base", "step-1"])  # SYNC drains: the old snapshot ends what it began
+    sync.judge(stream("base", "base", "base", sent=(0, 0), ended=(1, 1), settled=(0, 0, 1)))
+    assert "SWAP-ASYNC-2" not in sync.verdicts and sync.verdicts["SWAP-SYNC-1"].violations == 0
+
+
+def turn(index: int, *identities: str, cached: int | None, settled: tuple[int, ...] = (), ended=(1, 1)) -> Turn:
+    t = stream(*identities, sent=(0, 0), ended=ended, cached=cached, settled=settled)
+    return Turn(**{**t.__dict__, "index": index})
+
+
+def test_after_an_all_swap_a_sessions_next_turn_reuses_nothing_cached_before_it():
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1", reset="all")
+    judge.swapped("step-2", reset="none")
+    judge.judge(turn(0, "base", "base", cached=0))
+    judge.judge(turn(1, "step-1", "step-1", cached=24))  # swap 1 ('all') between the turns: 24 reused
+    judge.judge(turn(2, "step-2", cached=40, ended=(2, 2)))  # only swap 2 ('none') between: reuse is allowed
+    v = judge.verdicts["CACHE-MATRIX-ALL-SAME"]
+    assert (v.judged, v.violations) == (1, 1)
+    assert "24 prompt tokens served from the cache, though swap 1 (step-1) reset it ('all')" in v.examples[0]
+
+
+def test_the_cache_is_not_judged_by_labels_caught_lying():
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1", reset="all")
+    # a stale label: the turn's last chunk came after step-1 was served everywhere yet names base,
+    # so the KV it left may well be step-1's: the next turn's reuse is not held against the cache
+    judge.judge(turn(0, "base", "base", cached=0, settled=(0, 1)))
+    judge.judge(turn(1, "step-1", cached=24))
+    assert judge.verdicts["SWAP-ASYNC-2"].violations == 1
+    assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts
+
+
+def test_a_deployment_without_policy_versions_is_judged_on_how_its_streams_end_only():
+    judge = Judge("ASYNC", ["base", "step-1"], versions=False)
+    judge.judge(stream(None, None, sent=(0, 0), ended=(1, 1)))
+    judge.judge(stream(None, None, whole=False))
+    assert outcomes(judge) == {"INF-SSE-1": "fail"} and judge.verdicts["INF-SSE-1"].judged == 2
+
+
+def test_a_turn_record_travels_as_json_and_a_stranger_is_refused():
+    t = turn(3, "base", "step-1", cached=7, settled=(0, 1))
+    assert Turn.from_json(t.to_json()) == t
+    with pytest.raises(ValueError, match="a turn record with fields"):
+        Turn.from_json({**t.to_json(), "extra": 1})

@@ -195,3 +195,38 @@ def test_the_writers_read_the_model_top_down():
     assert "- **served_at_start**: base" in md
     assert "| INF-USAGE-1 | MUST | fail |" in md and "| SWAP-ASYNC-2 | MUST | pass |" in md
     assert "### INF-USAGE-1: `t.py::test_usage`" in md and "answer: <b>6</b>" in md
+
+
+def _soaked() -> Report:
+    from dataclasses import replace
+
+    from pytest_rlrollout.suite.report.model import SoakSummary, SoakSwap
+
+    swaps = (SoakSwap(1, "rlt-1", "incremental", "all", 20.0, 20.8, 12, 0.21, 0.36, 0.37, 3.4),
+             SoakSwap(2, "rlt-2<b>", "full", "none", 40.0, None, error="not served within 3 s"))  # fmt: skip
+    series = {"tokens_per_s": ((0.0, 600.0), (5.0, 640.0)), "ttft_p50": ((0.0, 0.1), (5.0, 0.12)),
+              "ttft_p99": ((0.0, 0.5), (5.0, 0.6)), "gap_p50": ((0.0, 0.02), (5.0, 0.02)),
+              "gap_p99": ((0.0, 0.2), (5.0, 0.3))}  # fmt: skip
+    soak = SoakSummary((("turns", 14069), ("tokens/s", 701.3), ("errors: 425", 3)), swaps, series)
+    return replace(_report(), soak=soak)
+
+
+def test_a_soaks_section_reads_back_and_both_writers_show_it(tmp_path):
+    from pytest_rlrollout.suite.report.files import write
+
+    report = _soaked()
+    assert Report.from_json(json.loads(json.dumps(report.to_json()))) == report
+    json_path, md_path, html_path = write(tmp_path / "r.json", report)
+    doc = json.loads(json_path.read_text())
+    assert doc["soak"]["pictures"] == ["r.soak-throughput.png", "r.soak-latency.png", "r.soak-stalls.png"]
+    assert all((tmp_path / f).read_bytes().startswith(b"\x89PNG") for f in doc["soak"]["pictures"])
+    md = md_path.read_text()
+    assert "## Soak" in md and "| turns | 14069 |" in md and "| errors: 425 | 3 |" in md
+    assert "| 1 | rlt-1 | incremental | all | 20 | 20.8 | 12 | 210 | 360 | 370 | 3.4 |" in md
+    assert "| 2 | rlt-2<b> | full | none | 40 | not served within 3 s |" in md
+    assert "![soak: tokens per second over the soak" in md
+    page = html_path.read_text()
+    assert '<h2 id="soak">Soak</h2>' in page and page.count("data:image/png;base64,") == 3
+    assert "rlt-2&lt;b&gt;" in page and "rlt-2<b>" not in page
+    # a report without a soak has no section
+    assert "Soak" not in markdown(_report()) and 'id="soak"' not in html(_report())

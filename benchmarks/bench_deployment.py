@@ -31,15 +31,15 @@ PROMPT = list(range(10, 74))
 ENV: dict[str, str] = {}
 
 
-async def stream_tokens(dep, session: str, max_tokens: int) -> int:
+async def stream_tokens(dep, session: str, max_tokens: int, prompt: list[int] = PROMPT, temperature: float = 0) -> int:
     """One streamed completion over a raw socket; counts token entries in the SSE bytes. (A lean
     client: with httpx parsing 32 streams, the load generator would eat the core the server needs.)"""
     body = json.dumps(
         {
             "model": dep.name,
-            "prompt": PROMPT,
+            "prompt": prompt,
             "max_tokens": max_tokens,
-            "temperature": 0,
+            "temperature": temperature,
             "stream": True,
             "logprobs": True,
         }
@@ -130,6 +130,8 @@ class Served:
         self.name = re.search(r"deployment:\s+(\S+)", out).group(1)
         self.model = re.search(r"model:\s+(\S+)", out).group(1)
         self.api_key = "rl-reference-key"
+        # the suite's options for it, as `serve` prints them (`rlrollout conformance ...`)
+        self.options = re.search(r"conformance: rlrollout conformance (.+)", out).group(1).split()
 
     def hot_load_headers(self) -> dict[str, str]:
         return {

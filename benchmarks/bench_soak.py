@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import resource
 import subprocess
 import sys
@@ -26,47 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# `rlrollout serve` at full speed in its own process, and the lean client's one stream
+from bench_deployment import Served, stream_tokens
+
 USERS, MAX_TOKENS = 64, 32
-
-
-class Served:
-    """`rlrollout serve` at full speed, and the suite's options for it (what it printed)."""
-
-    def __init__(self, bucket: Path):
-        command = [sys.executable, "-m", "pytest_rlrollout.cli", "serve", "--token-delay=0", "--swap-delay=0",
-                   "--load-delay=0", "--bucket", str(bucket)]  # fmt: skip
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        out = ""
-        for line in self.proc.stdout:
-            out += line
-            if line.startswith("serving"):
-                break
-        self.base_url = re.search(r"base URL:\s+(\S+)", out).group(1)
-        self.name = re.search(r"deployment:\s+(\S+)", out).group(1)
-        self.options = re.search(r"conformance: rlrollout conformance (.+)", out).group(1).split()
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
-async def stream(dep: Served, session: str, prompt: list[int]) -> int:
-    body = json.dumps({"model": dep.name, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 1.0,
-                       "stream": True, "logprobs": True}).encode()  # fmt: skip
-    host, port = dep.base_url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    head = (f"POST /inference/v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer rl-reference-key\r\n"
-            f"x-multi-turn-session-id: {session}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
-    writer.write(head.encode() + body)
-    n, tail = 0, b""
-    while data := await reader.read(65536):
-        window = tail + data
-        n += window.count(b'"token_id"') - tail.count(b'"token_id"')
-        tail = window[-16:]
-        if b"data: [DONE]" in window:
-            break
-    writer.close()
-    return n
 
 
 async def alone(dep: Served, seconds: float) -> float:
@@ -76,7 +38,8 @@ async def alone(dep: Served, seconds: float) -> float:
     async def user(i: int) -> int:
         rng, n, turn = random.Random(i), 0, 0
         while time.monotonic() < deadline:
-            n += await stream(dep, f"alone-{i}-{turn // 4}", [rng.randrange(10, 500) for _ in range(48)])
+            prompt = [rng.randrange(10, 500) for _ in range(48)]
+            n += await stream_tokens(dep, f"alone-{i}-{turn // 4}", MAX_TOKENS, prompt, temperature=1.0)
             turn += 1
         return n
 
@@ -104,7 +67,7 @@ def soak(dep: Served, seconds: float, workers: int, where: Path) -> tuple[float,
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     with tempfile.TemporaryDirectory() as d:
-        dep = Served(Path(d) / "bucket")
+        dep = Served("--bucket", str(Path(d) / "bucket"))
         try:
             served = asyncio.run(alone(dep, seconds))
             one = soak(dep, seconds, 0, Path(d) / "one")

@@ -471,7 +471,7 @@ class Deployment:
         """vLLM's /reset_prefix_cache: every replica forgets every cached prefix; False (nothing
         reset) while requests decode on KV of their own, as vLLM refuses while blocks are held,
         unless `running` (vLLM's reset_running_requests: they recompute their KV). Requests
-        frozen by a keep pause do not hold it up; they keep their KV and are not cached after."""
+        frozen by a keep pause hold it up too (measured on vLLM 0.32: `success: false`)."""
         f = self.settings.fault
         lies = f("CTL-CACHE-1") or f("SWAP-KV-1")  # both bugs report success whatever runs
         if not running and not lies and any(r.running() for r in self.replicas):

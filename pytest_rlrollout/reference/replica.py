@@ -229,9 +229,11 @@ class Replica:
             self._cond.notify_all()
 
     def running(self) -> bool:
-        """Whether requests hold KV they are decoding on (frozen by a keep pause, they do not)."""
+        """Whether requests hold KV they are decoding on: frozen by a keep pause they still do
+        (vLLM), unless they released it to recompute it once resumed (SGLang's retract)."""
         with self._cond:
-            return bool(self._active) and self.paused != "keep"
+            released = self.paused == "keep" and self._recompute  # released at the next token boundary
+            return not released and any(job.seq.length for job in self._active)
 
     def reset_cache(self, preempt: bool = False) -> None:
         """Drop every cached prefix (vLLM's POST /reset_prefix_cache). Requests in flight keep

@@ -54,12 +54,14 @@ class Locust:
     def __init__(self, plan: Path, *, users: int, workers: int, workdir: Path, api_key: str | None, remote: int = 0):
         if users < 1 or workers < 0 or remote < 0:
             raise ValueError(f"{users} users on {workers} + {remote} workers: at least one user, no negative count")
-        self.plan, self.users, self.workers, self.remote, self.workdir = plan, users, workers, remote, workdir
+        # absolute: Locust's processes run in `workdir` and are told their files by path
+        self.plan, self.workdir = plan.resolve(), workdir.resolve()
+        self.users, self.workers, self.remote = users, workers, remote
         self.start_timeout = REMOTE_TIMEOUT if remote else START_TIMEOUT
         # Locust reads LOCUST_* variables and locust.conf / [tool.locust] from the working
         # directory: a soak's processes see none of the user's
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
-        self.env |= {PLAN_ENV: str(plan), "PYTHONUNBUFFERED": "1"}
+        self.env |= {PLAN_ENV: str(self.plan), "PYTHONUNBUFFERED": "1"}
         if api_key is not None:
             self.env[KEY_ENV] = api_key
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()

@@ -42,6 +42,7 @@ from locust.runners import MasterRunner, WorkerRunner
 sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
 
 from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.discovery import Discovery
 from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.soak.figures import Figures, Timed
@@ -219,6 +220,8 @@ class Rollout(User):
                         engine=p.engine)  # type: ignore[arg-type]  # fmt: skip
         self.client = DeploymentClient(target, timeout=p.timeout)
         self.driver = driver_for(p.engine, self.client, bucket=p.bucket)  # type: ignore[arg-type]
+        if p.discovery is not None:
+            self.driver.adopt(Discovery.from_dict(p.discovery))
 
     def on_stop(self) -> None:
         self.client.close()

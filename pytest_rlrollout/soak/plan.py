@@ -38,6 +38,9 @@ class Plan:
     grace: float = 0.5  # seconds after a worker heard a swap served before its chunks must name it
     timeout: float = 60.0  # per request
     t0: float = 0.0  # the soak's start, wall-clock seconds (each worker's times count from it)
+    # what the soak's probes found (`Discovery.as_dict`): a worker's driver adopts it, as an xdist
+    # worker's does, and sends what the deployment was found to answer (vLLM: its generate route)
+    discovery: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.turns < 1 or self.max_tokens < 1 or self.vocab < 2:

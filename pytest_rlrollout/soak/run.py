@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from pytest_rlrollout.suite.swaps import Swapper
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines
+# The least patience for a swap under load: a SYNC swap drains every stream in flight first, and
+# the suite's local profile (3 s, for a quiet reference deployment) is no measure of that.
+UNDER_LOAD = {"swap": 60.0, "stalled_after": 10.0}
 
 
 @dataclass(frozen=True)
@@ -135,11 +138,19 @@ class Soak:
         return Plan(t.engine, t.base_url, t.model, t.deployment, t.inference_url,
                     getattr(self.dep.driver, "bucket", None), vocab=vocab, turns=s.turns, max_tokens=s.max_tokens,
                     think=s.think, routing=self.dep.capabilities.has("routing_matrix"), seed=s.seed, grace=s.grace,
-                    timeout=self.dep.timeouts.request, t0=self.t0)  # fmt: skip
+                    timeout=self.dep.timeouts.request, t0=self.t0, discovery=self.dep.capabilities.as_dict())  # fmt: skip
 
     # ----------------------------------------------------------------------- the soak
 
     def run(self) -> Result:
+        quiet = self.dep.timeouts
+        self.dep.timeouts = quiet.with_(**{k: max(v, getattr(quiet, k)) for k, v in UNDER_LOAD.items()})
+        try:
+            return self._run()
+        finally:
+            self.dep.timeouts = quiet
+
+    def _run(self) -> Result:
         s = self.settings
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan = self.plan().write(self.workdir / "plan.json")

@@ -18,7 +18,7 @@ def soak(pytester, tmp_path, *more: str, swaps: int = 2, users: int = 12, worker
     report = tmp_path / "report.json"
     pytester.inline_run(
         str(CONFORMANCE / "test_soak.py"), "-o", "rl_soak=true", "-p", "no:randomly", f"--rl-report={report}",
-        "-o", "rl_soak_seconds=25", "-o", f"rl_soak_swaps={swaps}", "-o", "rl_soak_every=2",
+        "-o", "rl_soak_seconds=25", "-o", f"rl_soak_swaps={swaps}", "-o", "rl_soak_every=1.5",
         "-o", f"rl_soak_users={users}", "-o", f"rl_soak_workers={workers}", *more,
     )  # fmt: skip
     doc = json.loads(report.read_text())

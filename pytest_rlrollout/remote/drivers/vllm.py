@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import numpy as np
 from numpy.lib import format as npy
 
@@ -52,8 +53,6 @@ from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
 from pytest_rlrollout.remote.stream import Reading, Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    import httpx
-
     from pytest_rlrollout.remote.client import DeploymentClient, Waited
 
 GENERATE = "/inference/v1/generate"
@@ -294,8 +293,10 @@ class VLLMDriver(Driver):
         midway: Callable[[], None] | None = None,
     ) -> httpx.Response:
         """Pause (keep), reload from the bucket, [`midway`], publish the label, reset the prefix
-        cache for `all` (the default, as on the contract's wire), resume. The answer of the
-        reload, or of the step that refused; generation is resumed whatever happened."""
+        cache for `all` (the default, as on the contract's wire; the requests in flight recompute
+        their KV), resume. The answer of the reload, or of the step that refused (a reset that
+        answered 200 {"success": false}: that answer as a 503); generation is resumed whatever
+        happened."""
         if signal.get("incremental_snapshot_metadata"):
             raise self.unbound("incremental (ARC2) snapshots")
         if self.bucket is None:
@@ -318,9 +319,20 @@ class VLLMDriver(Driver):
             if labelled.status_code != 200:
                 return labelled
             if policy == "all":
-                reset = self._post("/reset_prefix_cache", headers=headers)
+                # The requests frozen by the pause hold KV blocks, and vLLM resets nothing while any
+                # block is held: a plain reset answers 200 {"success": false} whenever a request is
+                # in flight (measured, vLLM 0.32). reset_running_requests preempts them: they
+                # recompute their KV on the new weights once resumed, and the reset happens.
+                reset = self._post("/reset_prefix_cache", headers=headers, reset_running_requests=True)
                 if reset.status_code != 200:
                     return reset
+                if (json_object(reset) or {}).get("success") is not True:
+                    # 200 with success false is vLLM's refusal ("callers may retry"): the swap is
+                    # not done, and no caller may take the 200 for it
+                    refused = (
+                        f"POST /reset_prefix_cache answered 200 {reset.text[:200]}: the prefix cache was not reset"
+                    )
+                    return httpx.Response(503, request=reset.request, text=refused)
             return reloaded
         finally:
             self._post("/resume", headers=headers)

@@ -31,7 +31,7 @@ Each clause's verdict counts the streams it judged and the ones that broke it, w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
 from typing import Any, Literal
@@ -234,12 +234,19 @@ class Judge:
                        f"({self.loaded[resets[-1]]}) reset it ('all') after the session's previous turn")  # fmt: skip
 
     def _rule(self, clause: str, s: Turn, broken: bool, why: str) -> None:
+        self.record(
+            clause, broken, lambda: f"{s.worker} session {s.session} turn {s.index}: {why}\n{s.exchange}".rstrip()
+        )
+
+    def record(self, clause: str, broken: bool, example: Callable[[], str]) -> None:
+        """One judgement of `clause` (a turn's, or the trainer's of a swap); `example` says what
+        broke it, asked for only while fewer than EXAMPLES are kept."""
         v = self.verdicts.setdefault(clause, Verdict(clause))
         v.judged += 1
         if broken:
             v.violations += 1
             if len(v.examples) < EXAMPLES:
-                v.examples.append(f"{s.worker} session {s.session} turn {s.index}: {why}\n{s.exchange}".rstrip())
+                v.examples.append(example())
 
 
 def _whole(s: Turn) -> bool:

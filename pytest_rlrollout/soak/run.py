@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_rlrollout.remote.fingerprint import FingerprintError, Sweep, sweep
 from pytest_rlrollout.soak.figures import Figures, Timed
 from pytest_rlrollout.soak.judge import Judge, Verdict
-from pytest_rlrollout.soak.locust import Locust, remote_worker_command
+from pytest_rlrollout.soak.locust import Locust, LocustError, remote_worker_command
 from pytest_rlrollout.soak.plan import Plan
 
 if TYPE_CHECKING:
@@ -182,12 +182,16 @@ class Soak:
                       loc.exit_codes)  # fmt: skip
 
     def _until(self, loc: Locust, kind: str, timeout: float = 0.0) -> dict[str, Any]:
-        """Take the hub's events until one of `kind` (bounded by each wait for the next event)."""
-        while True:
-            event = loc.next(max(timeout, self.dep.timeouts.request + 60))
+        """Take the hub's events until one of `kind`: within `timeout` or a request's timeout and a
+        minute, whichever is longer (a drain waits for the turns in flight)."""
+        limit = max(timeout, self.dep.timeouts.request + 60)
+        deadline = time.monotonic() + limit
+        while (left := deadline - time.monotonic()) > 0:
+            event = loc.next(left)
             self._take(event)
             if kind in event:
                 return event
+        raise LocustError(f"Locust did not say {kind!r} within {limit:g} s")
 
     def _take(self, event: dict[str, Any] | None) -> None:
         if not event:
@@ -240,11 +244,12 @@ class Soak:
         loc.send({"signalled": epoch})
         result = self.swapper.signal(built, reset_prompt_cache=reset)
         served = result.waited is not None and result.waited.ok
-        self._rule("HL-GET-2", not served, f"swap {epoch} to {built.identity}: " + (
+        why = f"swap {epoch} to {built.identity}: " + (
             f"the signal was answered {result.response.status_code}: {result.response.text[:200]}"
-            if result.waited is None else str(result.waited.error)))  # fmt: skip
+            if result.waited is None else str(result.waited.error))  # fmt: skip
+        self._rule("HL-GET-2", not served, why)
         if not served:
-            swap.error = self.judge.verdicts["HL-GET-2"].examples[-1]
+            swap.error = why
             return False
         swap.served_at = self.clock()
         loc.send({"served": epoch})
@@ -274,9 +279,4 @@ class Soak:
 
     def _rule(self, clause: str, broken: bool, why: str) -> None:
         with self.lock:
-            v = self.judge.verdicts.setdefault(clause, Verdict(clause))
-            v.judged += 1
-            if broken:
-                v.violations += 1
-                if len(v.examples) < 5:
-                    v.examples.append(why)
+            self.judge.record(clause, broken, lambda: why)

@@ -26,6 +26,7 @@ JUDGED = {
     "SWAP-SYNC-1": "streams in flight at a swap that kept their snapshot",
     "SWAP-SYNC-2": "425 answers, each inside a swap",
     "VER-STREAM-1": "streams whose every chunk named a snapshot the trainer loaded",
+    "VER-SPAN-1": "streams whose version spans covered their output once, each naming a snapshot the trainer loaded",
     "INF-SSE-1": "streams that ended whole",
     "CACHE-MATRIX-ALL-SAME": "turns after a reset_prompt_cache 'all' swap that reused nothing cached before it",
     "FID-SWAP-1": "replicas whose fingerprint moved with a swap",

@@ -11,7 +11,8 @@ That order is enough for every verdict:
 - along a stream that crossed a swap the snapshot only moves forward (ASYNC: SWAP-ASYNC-2), and
   not at all under SYNC (SWAP-SYNC-1);
 - a stream that crossed a swap ends as any stream must (ASYNC: SWAP-ASYNC-1; otherwise INF-SSE-1);
-- every chunk names a snapshot the trainer loaded (VER-STREAM-1);
+- every chunk names a snapshot the trainer loaded (VER-STREAM-1); where versions come as spans
+  over the output (vLLM, SGLang), they cover it exactly once and name such snapshots (VER-SPAN-1);
 - a request sent during an ASYNC swap is queued and answered 200 (SWAP-ASYNC-3); 425 Too Early
   only under SYNC (SWAP-SYNC-2); never a 5xx or a dropped stream (INF-SSE-1);
 - a chunk that came well after its worker heard swap n was served everywhere names swap n or a
@@ -38,6 +39,7 @@ from typing import Any, Literal
 
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.remote.stream import Stream
+from pytest_rlrollout.remote.stream import span_problems as uncovered
 
 EXAMPLES = 5  # exchanges kept per violated clause
 FINISHED = ("stop", "length", "tool_calls")  # the finish reasons a whole stream may end with
@@ -75,6 +77,9 @@ class Turn:
     exchange: str = ""  # the request and an excerpt of the answer (no key), shown when the stream breaks a clause
     cached: int | None = None  # prompt tokens the deployment reported served from its cache
     settled: tuple[int, ...] = ()  # per chunk: the last swap its worker had heard served, `grace` before it came
+    # where the engine says versions as spans over the output (vLLM, SGLang): what keeps them from
+    # covering it exactly once (VER-SPAN-1; () when they do); None where it sends none
+    span_problems: tuple[str, ...] | None = None
 
     @classmethod
     def seen(cls, stream: Stream, *, worker: str, session: str, index: int, sent: Heard, ended: Heard,
@@ -85,9 +90,11 @@ class Turn:
         and how it ended."""
         usage = stream.usage if isinstance(stream.usage, dict) else {}
         counted = usage.get("completion_tokens")
+        spans = stream.spans
+        problems = None if spans is None else tuple(uncovered(spans, len(stream.entries)))
         return cls(worker, session, index, sent, ended, stream.status, tuple(stream.versions), stream.finish_reason,
                    stream.done, len(stream.entries), counted if type(counted) is int else None, exchange,
-                   stream.cached, settled)  # fmt: skip
+                   stream.cached, settled, problems)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -99,8 +106,10 @@ class Turn:
         known = {f.name for f in fields(cls)}
         if set(doc) != known:
             raise ValueError(f"a turn record with fields {sorted(doc)}, not {sorted(known)}")
+        problems = doc["span_problems"]
         return cls(**{**doc, "sent": Heard(*doc["sent"]), "ended": Heard(*doc["ended"]),
-                      "identities": tuple(doc["identities"]), "settled": tuple(doc["settled"])})  # fmt: skip
+                      "identities": tuple(doc["identities"]), "settled": tuple(doc["settled"]),
+                      "span_problems": None if problems is None else tuple(problems)})  # fmt: skip
 
     def overlapped(self) -> range:
         """The swaps this stream overlapped: sent before every replica served them, ended after
@@ -189,8 +198,12 @@ class Judge:
             self._rule("INF-SSE-1", s, not _whole(s), _how(s))
             return
         unknown = sorted({"no snapshot" if i is None else i for i in s.identities if i not in self._epoch})
-        self._rule("VER-STREAM-1", s, bool(unknown),
-                   f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})")  # fmt: skip
+        named = f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})"
+        if s.span_problems is None:
+            self._rule("VER-STREAM-1", s, bool(unknown), named)
+        else:  # versions said as spans: VER-SPAN-1 asks for both their cover and their names
+            why = "; ".join([*s.span_problems, *([named.replace("chunks", "spans over chunks")] if unknown else [])])
+            self._rule("VER-SPAN-1", s, bool(unknown or s.span_problems), why)
         epochs = [self._epoch[i] for i in s.identities if i in self._epoch]  # type: ignore[index]
         moves = [(a, b) for a, b in pairwise(epochs) if a != b]
         crossed = bool(s.overlapped()) or bool(moves)

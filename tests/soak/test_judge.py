@@ -203,3 +203,14 @@ def test_a_turn_record_travels_as_json_and_a_stranger_is_refused():
     assert Turn.from_json(t.to_json()) == t
     with pytest.raises(ValueError, match="a turn record with fields"):
         Turn.from_json({**t.to_json(), "extra": 1})
+
+
+def test_versions_said_as_spans_must_cover_the_output_once_and_name_loaded_snapshots():
+    judge = Judge("ASYNC", ["default", "step-1"])
+    judge.judge(stream("default", "step-1", ended=(1, 1), span_problems=()))
+    judge.judge(stream("default", "default", span_problems=("span 1 starts at 3, not at 2 (a gap)",), session="gap"))
+    judge.judge(stream("stranger", span_problems=(), session="named"))
+    v = judge.verdicts["VER-SPAN-1"]
+    assert (v.judged, v.violations) == (3, 2) and "VER-STREAM-1" not in judge.verdicts
+    assert v.examples[0].startswith("w1 session gap turn 0: span 1 starts at 3, not at 2 (a gap)")
+    assert "spans over chunks name stranger: no snapshot the trainer loaded" in v.examples[1]

@@ -75,3 +75,14 @@ def test_faults_are_caught_and_named_with_counts(pytester, tmp_path, faults, cau
         v = books["verdicts"][cid]
         assert 0 < v["violations"] <= v["judged"] and v["examples"]
         assert failed[cid].startswith(f"{v['violations']} of {v['judged']} judged broke {cid}")
+
+
+def test_a_soak_of_the_vllm_dialect_swaps_through_the_vllm_driver_and_reads_its_spans(pytester, tmp_path):
+    # one engine, full snapshots, pause (keep) -> reload -> label -> reset -> resume; spans cut short
+    outcomes, doc, books = soak(pytester, tmp_path, "--rl-engine=vllm", "-o", "rl_local_faults=VER-SPAN-1", users=8)
+    assert failures(doc).keys() == {"VER-SPAN-1"}
+    assert {c: outcomes[c] for c in ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1")} == dict.fromkeys(
+        ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1"), "pass")  # fmt: skip
+    assert outcomes["VER-STREAM-1"] == "not-applicable" and all(s["kind"] == "full" for s in books["swaps"])
+    v = books["verdicts"]["VER-SPAN-1"]
+    assert v["violations"] == v["judged"] > 0 and "(a gap)" in v["examples"][0]

@@ -8,6 +8,7 @@ verdict: how many streams (or swaps) it judged, and on a failure how many broke 
 five of their exchanges. Left out of every run that does not ask for it.
 """
 
+import contextlib
 import json
 
 import pytest
@@ -54,13 +55,9 @@ def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
     terminal, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
 
     def say(line: str) -> None:  # progress on the terminal while the soak runs, past pytest's capture
-        if terminal is None:
-            return
-        if capture is None:
-            terminal.write_line(f"soak {line}")
-            return
-        with capture.global_and_fixture_disabled():
-            terminal.write_line(f"soak {line}")
+        if terminal is not None:
+            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+                terminal.write_line(f"soak {line}")
 
     # the exchanges of a soak are its own: no test's deadline bounds them (the soak bounds itself)
     with rl_deployment.observable_swaps(), rl_deployment.client.scoped(None):

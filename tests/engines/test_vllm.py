@@ -174,7 +174,7 @@ def test_a_soak_with_pause_resume_swaps_reports_its_figures(pytester, vllm):
         str(CONFORMANCE / "test_soak.py"), "-p", "no:randomly", f"--rl-base-url={server.url}",
         f"--rl-model={server.model}", f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load",
         f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "--rl-report=soak.json", "-o", "rl_soak=true",
-        "-o", "rl_soak_seconds=90", "-o", "rl_soak_swaps=3", "-o", "rl_soak_every=5", "-o", "rl_soak_users=8",
+        "-o", "rl_soak_seconds=90", "-o", "rl_soak_swaps=3", "-o", "rl_soak_every=2.5", "-o", "rl_soak_users=8",
         "-o", "rl_soak_full_every=2",
     )  # fmt: skip
     doc = json.loads((pytester.path / "soak.json").read_text())

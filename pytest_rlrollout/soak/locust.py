@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_rlrollout.soak.plan import KEY_ENV, PLAN_ENV
+from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PLAN_ENV
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-PREFIX = "SOAK "  # the locustfile's lines for the soak
 START_TIMEOUT = 60.0  # seconds for the master to bind and every worker here to connect and spawn its users
 REMOTE_TIMEOUT = 600.0  # ... and for workers on other machines, which people start by hand
 
@@ -97,8 +96,8 @@ class Locust:
 
     def _read(self, out: IO[str]) -> None:
         for line in out:
-            if line.startswith(PREFIX):
-                self.events.put(json.loads(line[len(PREFIX) :]))
+            if line.startswith(EVENT_PREFIX):
+                self.events.put(json.loads(line[len(EVENT_PREFIX) :]))
         self.events.put(None)
 
     def poll(self, timeout: float) -> dict[str, Any] | None:

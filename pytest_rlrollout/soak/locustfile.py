@@ -47,17 +47,16 @@ from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.soak.figures import Figures, Timed
 from pytest_rlrollout.soak.judge import Heard, Turn
-from pytest_rlrollout.soak.plan import KEY_ENV, PLAN_ENV, SESSION_HEADER, Plan
+from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PLAN_ENV, SESSION_HEADER, Plan
 from pytest_rlrollout.soak.rollouts import Trajectory
 
-PREFIX = "SOAK "  # the hub's lines on stdout for the soak (Locust's own logs go to stderr)
 BATCH = 32  # turns a worker sends at once
 FLUSH_EVERY = 0.5  # seconds: a worker sends what it has at least this often, so judging keeps up
 EXCHANGE = 800  # characters of a turn's exchange kept (the evidence when it breaks a clause)
 
 
 def emit(doc: dict[str, Any]) -> None:
-    sys.stdout.write(PREFIX + json.dumps(doc) + "\n")
+    sys.stdout.write(EVENT_PREFIX + json.dumps(doc) + "\n")
     sys.stdout.flush()
 
 

@@ -20,7 +20,8 @@ That order is enough for every verdict:
   (`Plan.grace`), since chunks generated before the swap may still be on their way;
 - after a swap that reset the prompt cache ('all'), a session's next turn reuses nothing cached
   before it (CACHE-MATRIX-ALL-SAME): told by the deployment's own labels, the previous turn's
-  last chunk named a snapshot before that swap and this turn's first one a snapshot after it.
+  last chunk named a snapshot before that swap and this turn's first one a snapshot after it
+  (labels caught lying, and turns between that could not be dated, leave the turn unjudged).
 
 Where a worker's late hearing of a swap could make a verdict wrong, the judge takes the side of
 the deployment: a 425 under SYNC is never placed outside a swap, and a chunk may name a snapshot
@@ -190,7 +191,10 @@ class Judge:
         if s.status == 425:
             if not asynchronous:  # a worker hears of a swap only after it started: never held against SYNC
                 self._rule("SWAP-SYNC-2", s, False, "")
-            return
+            return  # refused before any KV was computed: the session's previous turn still dates its cache
+        # any other answer may have left KV of its own: the session's next turn is dated by this
+        # one, or (where this one cannot be dated) not at all
+        before = self._last.pop((s.worker, s.session), None)
         if s.status != 200:
             self._rule("INF-SSE-1", s, True, f"answered {s.status or 'nothing (the connection dropped)'}")
             return
@@ -227,17 +231,16 @@ class Judge:
             self._rule("SWAP-ASYNC-2", s, back or stale is not None, why)
         elif crossed:
             self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
-        truthful = stale is None and not any(b < a for a, b in moves)
-        self._cache(s, epochs, truthful)
-
-    def _cache(self, s: Turn, epochs: list[int], truthful: bool) -> None:
-        """CACHE-MATRIX-ALL-SAME across the swaps between a session's previous turn and this one,
-        dated by the previous turn's labels: not when they were caught lying (SWAP-ASYNC-2), as
-        a stale label would date KV computed after a swap before it."""
-        key = (s.worker, s.session)
-        before = self._last.pop(key, None)
+        # labels caught lying date nothing: a stale one (SWAP-ASYNC-2) would date KV computed after
+        # a swap before it, spans with a gap (VER-SPAN-1) may give a token the next span's snapshot
+        truthful = stale is None and not any(b < a for a, b in moves) and not s.span_problems
         if truthful:
-            self._last[key] = epochs[-1]
+            self._cache(s, epochs, before)
+
+    def _cache(self, s: Turn, epochs: list[int], before: int | None) -> None:
+        """CACHE-MATRIX-ALL-SAME across the swaps between a session's previous turn (which ended
+        on epoch `before`) and this one (which began on `epochs[0]`), both dated by their labels."""
+        self._last[(s.worker, s.session)] = epochs[-1]
         if before is None or s.cached is None:
             return
         resets = [m for m in range(before + 1, epochs[0] + 1) if self.resets[m] == "all"]

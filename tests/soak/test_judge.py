@@ -163,8 +163,9 @@ def test_a_chunk_that_came_well_after_its_worker_heard_the_swap_served_must_name
     assert "SWAP-ASYNC-2" not in sync.verdicts and sync.verdicts["SWAP-SYNC-1"].violations == 0
 
 
-def turn(index: int, *identities: str, cached: int | None, settled: tuple[int, ...] = (), ended=(1, 1)) -> Turn:
-    t = stream(*identities, sent=(0, 0), ended=ended, cached=cached, settled=settled)
+def turn(index: int, *identities: str | None, cached: int | None, settled: tuple[int, ...] = (), ended=(1, 1),
+         **fields) -> Turn:  # fmt: skip
+    t = stream(*identities, sent=(0, 0), ended=ended, cached=cached, settled=settled, **fields)
     return Turn(**{**t.__dict__, "index": index})
 
 
@@ -189,6 +190,34 @@ def test_the_cache_is_not_judged_by_labels_caught_lying():
     judge.judge(turn(1, "step-1", cached=24))
     assert judge.verdicts["SWAP-ASYNC-2"].violations == 1
     assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts
+
+
+def test_a_turn_that_cannot_be_dated_leaves_the_next_one_unjudged_for_the_cache():
+    # turn 1 came after the 'all' swap and left step-1's KV, but one of its chunks names nothing
+    # (a gap in its spans): turn 2's reuse is of turn 1's KV, not of turn 0's, and is no violation
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1", reset="all")
+    judge.judge(turn(0, "base", "base", cached=0, ended=(0, 0)))
+    judge.judge(turn(1, "step-1", None, cached=0))
+    judge.judge(turn(2, "step-1", cached=24))
+    assert judge.verdicts["VER-STREAM-1"].violations == 1
+    assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts
+    # spans with a gap gave turn 1's first chunk the next span's snapshot: admitted (and served
+    # its cached prefix) before the swap, it reads as begun after it (seen in a soak's CI run)
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1", reset="all")
+    judge.judge(turn(0, "base", "base", cached=0, ended=(0, 0)))
+    judge.judge(turn(1, "step-1", "step-1", cached=128, span_problems=("span 1 starts at 1, not at 0 (a gap)",)))
+    assert judge.verdicts["VER-SPAN-1"].violations == 1
+    assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts
+    # a failed turn may have left KV of its own too; a 425 left none
+    for status, judged in ((503, 0), (425, 1)):
+        judge = Judge("SYNC", ["base"])
+        judge.swapped("step-1", reset="all")
+        judge.judge(turn(0, "base", cached=0, ended=(0, 0)))
+        judge.judge(stream(status=status, sent=(1, 1), ended=(1, 1)))
+        judge.judge(turn(2, "step-1", cached=24))
+        assert judge.verdicts.get("CACHE-MATRIX-ALL-SAME", Verdict("")).judged == judged
 
 
 def test_a_deployment_without_policy_versions_is_judged_on_how_its_streams_end_only():

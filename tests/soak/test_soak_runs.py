@@ -74,7 +74,8 @@ def test_a_master_and_two_workers_soak_the_vllm_dialect_and_their_books_add_up(p
         ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1"), "pass")  # fmt: skip
     assert outcomes["VER-STREAM-1"] == "not-applicable" and all(s["kind"] == "full" for s in books["swaps"])
     v = books["verdicts"]["VER-SPAN-1"]
-    assert v["violations"] == v["judged"] > 0 and "(a gap)" in v["examples"][0]
+    # (a one-token output has one span, and no room for the fault's gap)
+    assert 0 < v["violations"] <= v["judged"] and all("(a gap)" in e for e in v["examples"])
     # two worker processes, each counted its own turns; their sum is exactly what reached the
     # judge (turns, tokens, every latency bucket, every error)
     assert len(books["workers"]) == 2 and all(w["turns"] for w in books["workers"].values())

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from pytest_rlrollout.cli.console import print_text, progress
 from pytest_rlrollout.cli.exits import EXIT_FINDINGS, EXIT_OK, UsageError
-from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT
+from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT, Sampling
+
+DEFAULT = Sampling()
 
 DESCRIPTION = (
     "Samples one completion per prompt (token-id prompts, temperature 1) with logprobs and, for an MoE model, "
@@ -30,21 +32,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     nm.add_argument("--base-url", metavar="URL", help="the API base (default https://api.fireworks.ai with "
                     "--deployment; without it, an OpenAI-compatible server)")  # fmt: skip
     nm.add_argument("--model", help="the model the deployment serves")
-    nm.add_argument("--engine", choices=["auto", "fireworks", "vllm", "openai"], default="auto",
+    nm.add_argument("--engine", choices=["auto", "fireworks", "vllm", "openai"], default=DEFAULT.engine,
                     help="whose wire the deployment speaks (default auto: decided as the suite decides it)")  # fmt: skip
     nm.add_argument("--api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
     nm.add_argument("--inference-url", metavar="URL", help="where /v1/completions is (default: from --base-url)")
     nm.add_argument("--snapshot", type=Path, required=True, metavar="DIR",
                     help="a local copy of the weights the deployment serves (config.json and safetensors)")  # fmt: skip
-    nm.add_argument("--prompts", type=_count, default=8, metavar="N", help="prompts, one completion each (default 8)")
-    nm.add_argument("--tokens", type=_count, default=32, metavar="N", help="tokens generated per prompt (default 32)")
+    nm.add_argument("--prompts", type=_count, default=DEFAULT.prompts, metavar="N",
+                    help=f"prompts, one completion each (default {DEFAULT.prompts})")  # fmt: skip
+    nm.add_argument("--tokens", type=_count, default=DEFAULT.tokens, metavar="N",
+                    help=f"tokens generated per prompt (default {DEFAULT.tokens})")  # fmt: skip
     nm.add_argument("--scorer", choices=["auto", "numpy", "transformers"], default="auto",
                     help="the local forward pass (default auto: the numpy engine for small models on the CPU, else "
                          "transformers)")  # fmt: skip
     nm.add_argument("--device", default="cpu", help="where the transformers scorer runs (default cpu; cuda, cuda:1)")
-    nm.add_argument("--seed", type=int, default=0, help="the sampling seed of the first prompt (prompt i: seed + i)")
+    nm.add_argument("--seed", type=int, default=DEFAULT.seed,
+                    help=f"the sampling seed of the first prompt (prompt i: seed + i; default {DEFAULT.seed})")  # fmt: skip
     nm.add_argument("--no-routing", action="store_true", help="compare logprobs only (no routing matrices asked)")
-    nm.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each read (default 120)")
+    nm.add_argument("--timeout", type=float, default=DEFAULT.timeout,
+                    help=f"seconds to wait for each read (default {DEFAULT.timeout:g})")  # fmt: skip
     nm.add_argument("--out", type=Path, metavar="DIR", help="write numerics.json and the pictures (PNG) here")
     nm.add_argument("--max-kl", type=float, default=MAX_KL, metavar="X", help=f"largest k3 KL (default {MAX_KL:g})")
     nm.add_argument("--max-logprob-delta", type=float, metavar="X", help="largest |logprob delta| (default: none)")
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("pass --deployment accounts/<a>/deployments/<d> and/or --base-url URL")
     thresholds = workflow.Thresholds(max_kl=args.max_kl, max_logprob_delta=args.max_logprob_delta,
                                      min_route_agreement=args.min_route_agreement)  # fmt: skip
-    sampling = workflow.Sampling(prompts=args.prompts, tokens=args.tokens, seed=args.seed, routing=not args.no_routing,
+    sampling = Sampling(prompts=args.prompts, tokens=args.tokens, seed=args.seed, routing=not args.no_routing,
                                  engine=args.engine, timeout=args.timeout)  # fmt: skip
     try:
         target = workflow.deployment_target(args.deployment, args.base_url or DEFAULT_BASE_URL, args.model,

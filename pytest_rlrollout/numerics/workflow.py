@@ -19,7 +19,7 @@ import httpx
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import MoeShape, moe_shape
-from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT
+from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT, Sampling
 from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, unavailable
 from pytest_rlrollout.numerics.rollouts import Rollout, RolloutError, compare, sample
@@ -62,16 +62,6 @@ class Thresholds:
     def as_dict(self) -> dict[str, float | None]:
         return {"max_kl": self.max_kl, "max_logprob_delta": self.max_logprob_delta,
                 "min_route_agreement": self.min_route_agreement}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Sampling:
-    prompts: int = 8  # one completion each
-    tokens: int = 32  # generated per prompt
-    seed: int = 0  # of the first prompt; prompt i samples with seed + i
-    routing: bool = True  # ask for routing matrices (of an MoE model)
-    engine: str = "auto"  # whose wire: auto (as the suite's preflight decides), fireworks, vllm, openai
-    timeout: float = 120.0  # seconds per read
 
 
 @dataclass(frozen=True)

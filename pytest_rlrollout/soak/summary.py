@@ -41,7 +41,7 @@ def summary(result: Result) -> SoakSummary:
     ]
     swaps = tuple(_swap(w, f.stall.get(w.epoch)) for w in result.swaps)
     series = {
-        "tokens_per_s": tuple((b * BIN, n / BIN) for b, n in sorted(_binned(f.per_second).items())),
+        "tokens_per_s": rates(f.per_second, result.seconds),
         **{f"{name}_{q}": tuple((b * BIN, lat.quantile(p) or 0.0) for b, lat in sorted(by.items()))
            for name, by in (("ttft", f.ttft_at), ("gap", f.gap_at)) for q, p in (("p50", 0.5), ("p99", 0.99))},
     }  # fmt: skip
@@ -58,8 +58,10 @@ def _swap(w: Swap, stall: Latencies | None) -> SoakSwap:
                     stall.quantile(0.5), stall.quantile(0.99), stall.max, moved, w.error)  # fmt: skip
 
 
-def _binned(per_second: dict[int, int]) -> dict[int, int]:
-    out: dict[int, int] = {}
+def rates(per_second: dict[int, int], seconds: float) -> tuple[tuple[float, float], ...]:
+    """Tokens/s per BIN-second bin; the last bin over the part of it the soak lasted (a soak of
+    62 s ends on a 2-second bin, which over 5 s would read as a collapse)."""
+    binned: dict[int, int] = {}
     for second, n in per_second.items():
-        out[second // BIN] = out.get(second // BIN, 0) + n
-    return out
+        binned[second // BIN] = binned.get(second // BIN, 0) + n
+    return tuple((b * BIN, n / min(BIN, max(seconds - b * BIN, 1.0))) for b, n in sorted(binned.items()))

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_rlrollout.soak.figures import FLOOR, GROWTH, Figures, Latencies, Timed
 from pytest_rlrollout.soak.judge import Heard, Turn
+from pytest_rlrollout.soak.summary import rates
 
 
 def timed(worker, session, sent_at, chunk_at, *, identities=None, status=200, ended=(0, 0), whole=True) -> Timed:
@@ -89,3 +90,9 @@ def test_a_timed_turn_must_time_every_chunk_in_order():
         Timed(turn, 0.0, (0.1,), (1,))
     with pytest.raises(ValueError, match="in order"):
         Timed(turn, 0.5, (0.1, 0.2), (1, 1))
+
+
+def test_tokens_per_second_over_bins_the_last_one_over_the_part_the_soak_lasted():
+    per_second = {0: 50, 4: 50, 5: 100, 11: 40}  # a 12-second soak: bins [0, 5), [5, 10), [10, 12)
+    assert rates(per_second, 12.0) == ((0, 20.0), (5, 20.0), (10, 20.0))
+    assert rates({0: 3}, 0.2) == ((0, 3.0),)  # under a second: counted over one, not inflated

@@ -46,11 +46,11 @@ class Server:
         return self.process.poll() is None
 
 
-# Streams must outlast a swap by far: 2000 tokens stream for about 4 s (a pause or a swap sent at
-# the first chunk lands within the first 40 tokens here, see TWO_CORES; the tiny base has 8192
-# positions).
+# Streams must outlast a swap by far: 1000 tokens stream for about 2 s (a pause or a swap sent at
+# the first chunk lands within the first 40 tokens here, see TWO_CORES, and a whole swap is done
+# within 0.3 s; the tiny base has 8192 positions).
 CONTEXT = 6144
-STREAM_TOKENS = 2000
+STREAM_TOKENS = 1000
 FLAGS = (
     "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", "float32",
     "--enable-scale-out",  # weight_versions spans on /inference/v1/generate (VER-SPAN-1, policy versions)

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     thresholds = workflow.Thresholds(max_kl=args.max_kl, max_logprob_delta=args.max_logprob_delta,
                                      min_route_agreement=args.min_route_agreement)  # fmt: skip
     sampling = Sampling(prompts=args.prompts, tokens=args.tokens, seed=args.seed, routing=not args.no_routing,
-                                 engine=args.engine, timeout=args.timeout)  # fmt: skip
+                        engine=args.engine, timeout=args.timeout)  # fmt: skip
     try:
         target = workflow.deployment_target(args.deployment, args.base_url or DEFAULT_BASE_URL, args.model,
                                             args.api_key or os.environ.get("FIREWORKS_API_KEY") or "",

@@ -222,8 +222,8 @@ class Judge:
                    f"sent after every replica served {self.loaded[s.sent.served]} (swap {s.sent.served}), "
                    f"answered by {self.loaded[epochs[0]]} (swap {epochs[0]})")  # fmt: skip
         stale = next((i for i, (e, heard) in enumerate(zip(epochs, s.settled, strict=False)) if e < heard), None)
+        back = any(b < a for a, b in moves)  # the snapshot went back along the stream
         if asynchronous and (crossed or stale is not None):
-            back = any(b < a for a, b in moves)
             why = f"the snapshot went back: {path}" if back else ""
             if stale is not None and not back:
                 why = (f"chunk {stale} of {len(epochs)} names {self.loaded[epochs[stale]]}, though its worker had heard "
@@ -233,8 +233,7 @@ class Judge:
             self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
         # labels caught lying date nothing: a stale one (SWAP-ASYNC-2) would date KV computed after
         # a swap before it, spans with a gap (VER-SPAN-1) may give a token the next span's snapshot
-        truthful = stale is None and not any(b < a for a, b in moves) and not s.span_problems
-        if truthful:
+        if stale is None and not back and not s.span_problems:
             self._cache(s, epochs, before)
 
     def _cache(self, s: Turn, epochs: list[int], before: int | None) -> None:

@@ -22,6 +22,7 @@ OPTIONS = {
     "--remote-workers": ("rl_soak_remote_workers", int, "Locust workers from other machines the master also waits "
                          "for; it prints the command they run (default 0)"),
     "--turns": ("rl_soak_turns", int, "turns of each rollout (default 4)"),
+    "--max-tokens": ("rl_soak_max_tokens", int, "tokens each turn generates at most (default 32)"),
     "--full-every": ("rl_soak_full_every", int, "every n-th swap loads a full snapshot, the others an ARC2 delta "
                      "(default 5; 0: never)"),
 }  # fmt: skip

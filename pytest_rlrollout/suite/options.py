@@ -350,6 +350,7 @@ SETTINGS = (
     Setting("rl_soak_workers", "Locust worker processes on this machine (default 0: Locust in one process)", int),
     Setting("rl_soak_remote_workers", "Locust workers from other machines the master also waits for (default 0)", int),
     Setting("rl_soak_turns", "turns of each rollout (default 4)", int, check="positive"),
+    Setting("rl_soak_max_tokens", "tokens each turn generates at most (default 32)", int, check="positive"),
     Setting(
         "rl_soak_full_every",
         "every n-th swap loads a full snapshot, the others an ARC2 delta (default 5; 0: never)",

@@ -121,7 +121,12 @@ def test_a_failed_load_fails_the_hot_load_and_names_why(start, bucket):
         r = http.post(HOT_LOADS, json={"deploymentId": dep.settings.deployment_id, "identity": "step-1", "type": 1})
         (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")  # gone before it is read
         hot_load = finished(http, r.json()["hotLoad"]["spec"]["id"])
-        replicas = http.get(f"{HOT_LOADS}/{hot_load['spec']['id']}/replicas").json()["replicas"]
+
+        def every_replica_done():  # the hot-load fails with the first replica's error; the others end after
+            got = http.get(f"{HOT_LOADS}/{hot_load['spec']['id']}/replicas").json()["replicas"]
+            return got if all(x["state"] in ("READY", "ERROR") for x in got) else None
+
+        replicas = wait_until(every_replica_done, timeout=20, interval=0.01, what="every replica's load to end")
     assert hot_load["status"]["state"] == "HOT_LOAD_STATE_FAILED"
     assert {x["state"] for x in replicas} == {"ERROR"} and all(x["errorReason"] for x in replicas)
     assert {x["currentSnapshotIdentity"] for x in replicas} == {BASE}  # the previous weights keep serving

@@ -45,18 +45,23 @@ def test_a_sync_soak_is_green(pytester, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "faults, caught",
+    "faults, caught, tokens",
     [
-        # a stale label after a swap; cache entries kept across 'all'; a replica that keeps its old weights
-        (["SWAP-ASYNC-2:stale", "CACHE-MATRIX-ALL-SAME", "FID-SWAP-1:one"],
-         ["SWAP-ASYNC-2", "CACHE-MATRIX-ALL-SAME", "FID-SWAP-1"]),
+        # a stale label after a swap, in turns of 256 tokens: a stream outlasts a swap by more than
+        # the judge's 0.5 s grace whatever the machine's speed (a 32-token turn lasts about 0.1 s,
+        # and only a loaded machine stretched one past the grace)
+        (["SWAP-ASYNC-2:stale"], ["SWAP-ASYNC-2"], 256),
+        # cache entries kept across 'all'; a replica that keeps its old weights. Apart from the stale
+        # labels, which leave turns undated for the cache (and long turns leave few turns to date)
+        (["CACHE-MATRIX-ALL-SAME", "FID-SWAP-1:one"], ["CACHE-MATRIX-ALL-SAME", "FID-SWAP-1"], 32),
         # a swap that ends the streams in flight (on its own: a cut stream carries no stale label)
-        (["SWAP-ASYNC-1"], ["SWAP-ASYNC-1"]),
+        (["SWAP-ASYNC-1"], ["SWAP-ASYNC-1"], 32),
     ],
-    ids=["stale-cache-replica", "cut-streams"],
+    ids=["stale-labels", "cache-and-replica", "cut-streams"],
 )  # fmt: skip
-def test_faults_are_caught_and_named_with_counts(pytester, tmp_path, faults, caught):
-    _, doc, books = soak(pytester, tmp_path, "-o", f"rl_local_faults={' '.join(faults)}", swaps=3, users=16)
+def test_faults_are_caught_and_named_with_counts(pytester, tmp_path, faults, caught, tokens):
+    _, doc, books = soak(pytester, tmp_path, "-o", f"rl_local_faults={' '.join(faults)}",
+                         "-o", f"rl_soak_max_tokens={tokens}", swaps=3, users=16)  # fmt: skip
     failed = failures(doc)
     assert sorted(failed) == sorted(caught), failed
     for cid in caught:

@@ -141,8 +141,7 @@ class Served:
         }
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        _end(self.proc)
 
 
 def serve_startup() -> float:
@@ -160,8 +159,17 @@ def serve_startup() -> float:
         assert r.status_code == 200
         return time.perf_counter() - t
     finally:
-        p.terminate()
-        p.wait(timeout=10)
+        _end(p)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM (serve stops within a second when nothing is in flight), SIGKILL if it did not."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main() -> int:

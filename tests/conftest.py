@@ -15,12 +15,14 @@ with contextlib.suppress(ImportError):
     import matplotlib.backends.backend_agg
     import matplotlib.figure  # noqa: F401
 
+from pytest_rlrollout.cli.stopping import interrupting
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.snapshot.cases import ReferenceCases
 
 from .hostile.budget import ROWS as HOSTILE_ROWS
 from .hostile.budget import assemble as assemble_hostile
+from .processes import Child, ended, serving
 from .support import ROWS, Client, assemble
 
 pytest_plugins = ["pytester"]
@@ -152,6 +154,15 @@ _SESSIONS: dict[str, pytest.Session] = {}
 LONG_FIRST = ("tests/suite/test_live_runs.py", "tests/suite/test_replay.py", "tests/interop/test_transformers_serve.py")
 
 
+def pytest_configure(config):
+    """SIGTERM and SIGHUP end a test run through its teardown, as Ctrl-C does: the servers and
+    processes the tests started are stopped by their fixtures and `finally` blocks (pytest alone
+    dies of SIGTERM where it stands, and leaves them running)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(interrupting())
+    config.add_cleanup(stack.close)
+
+
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))  # stable: the rest keep their order
 
@@ -170,3 +181,18 @@ def pytest_sessionfinish(session):
         hostile = assemble_hostile()
         if hostile is not None:
             print(f"hostile inputs: {hostile['inputs']} fed to {len(hostile['targets'])} targets -> build/hostile.md")
+
+
+@pytest.fixture
+def serve():
+    """`serve(*args)`: `rlrollout serve ARGS` in a process of its own, once it serves (a
+    `processes.Child`). Whatever the test does, none is left running after it."""
+    children: list[Child] = []
+
+    def start(*args: str) -> Child:
+        children.append(serving(*map(str, args)))
+        return children[-1]
+
+    yield start
+    for child in children:
+        ended(child.proc, within=5)

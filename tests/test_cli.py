@@ -1,14 +1,11 @@
 import argparse
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -232,68 +229,24 @@ def test_serve_list_faults_names_every_switch(capsys):
 # --------------------------------------------------------------------------- serve's bucket
 
 
-def _start_serve(*args, until: str = "bucket:", seen: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
-    """`rlrollout serve` in its own process, once it printed its bucket (and the line that starts
-    with `until`; every line printed goes to `seen`) (deadline: 60 s)."""
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        # Ctrl-C reaches serve as it would from a terminal, however pytest was started: a shell
-        # running it in the background without job control ignores SIGINT, every child inherits
-        # that, and Python then installs no KeyboardInterrupt handler (the Ctrl-C test hung)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump():
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + 60
-    seen = [] if seen is None else seen
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            proc.kill()
-            pytest.fail(f"serve printed no {until!r} line within 60 s")
-        if line is None:
-            pytest.fail(f"serve ended before printing its {until!r} line: {proc.wait()} {proc.stderr.read()}")
-        seen.append(line.rstrip("\n"))
-        if line.startswith(until):
-            bucket = next(x for x in seen if x.startswith("bucket:"))
-            return proc, Path(bucket.split(":", 1)[1].strip())
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
-def test_serve_removes_the_temporary_bucket_it_made(signum):
-    proc, bucket = _start_serve()
-    try:
-        assert bucket.is_dir()
-        proc.send_signal(signum)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-    assert not bucket.exists()
-    assert "Traceback" not in proc.stderr.read()
+def test_serve_removes_the_temporary_bucket_it_made(serve, signum):
+    child = serve()
+    assert child.bucket.is_dir()
+    child.proc.send_signal(signum)
+    assert child.proc.wait(timeout=30) == 0
+    assert not child.bucket.exists()
+    assert "Traceback" not in child.proc.stderr.read()
 
 
-def test_serve_never_removes_a_bucket_it_was_given(tmp_path):
+def test_serve_never_removes_a_bucket_it_was_given(serve, tmp_path):
     given = tmp_path / "bucket"
     given.mkdir()
     (given / "mine.txt").write_text("the user's")
-    proc, bucket = _start_serve("--bucket", given)
-    try:
-        assert bucket == given
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
+    child = serve("--bucket", given)
+    assert child.bucket == given
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=30) == 0
     assert (given / "mine.txt").read_text() == "the user's"
 
 
@@ -330,21 +283,17 @@ def test_serve_engine_vllm_refuses_a_sync_transition(fake_deployment, capsys):
     assert "--transition" in capsys.readouterr().err and fake_deployment == {}
 
 
-def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself():
-    seen: list[str] = []
-    proc, bucket = _start_serve("--engine", "vllm", until="serving", seen=seen)
-    try:
-        url = next(x for x in seen if x.startswith("base URL:")).split(":", 1)[1].strip()
-        [command] = [x for x in seen if x.startswith("conformance:")]
-        assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
-                           f"--rl-allow-hot-load --rl-bucket-url={bucket} "
-                           f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'}")  # fmt: skip
-        assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
-        assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
+def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself(serve):
+    child = serve("--engine", "vllm")
+    url, bucket = child.url, child.bucket
+    [command] = [x for x in child.printed if x.startswith("conformance:")]
+    assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
+                       f"--rl-allow-hot-load --rl-bucket-url={bucket} "
+                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'}")  # fmt: skip
+    assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
+    assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=30) == 0
     assert not bucket.exists()
 
 

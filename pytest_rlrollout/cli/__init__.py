@@ -3,8 +3,9 @@ conformance, soak, clauses, matrix.
 
 One module a command (the snapshot tools share one), each holding its sub-parser's `register`
 and its `run`; this module assembles the parser and ends every run the same way: a usage error as
-one line and exit 2, a closed pipe as 141, Ctrl-C as 130. Commands import what they run inside
-`run`, so `rlrollout --help` loads none of it."""
+one line and exit 2, a closed pipe as 141, Ctrl-C as 130, a stop that hung as one line and exit 3.
+Commands import what they run inside `run`, so `rlrollout --help` loads none of it. `main` runs
+a command in the caller's process; `program` is the `rlrollout` executable."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pytest_rlrollout.cli import clauses, conformance, matrix, numerics, serve, snapshot_tools, soak, validate
 from pytest_rlrollout.cli.exits import (
@@ -24,6 +26,7 @@ from pytest_rlrollout.cli.exits import (
     EXIT_USAGE,
     UsageError,
 )
+from pytest_rlrollout.cli.stopping import StopTimedOut
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -35,6 +38,7 @@ __all__ = [
     "UsageError",
     "main",
     "parser",
+    "program",
 ]
 
 
@@ -47,10 +51,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def program() -> NoReturn:
+    """The `rlrollout` executable (its console script and `python -m pytest_rlrollout.cli`): `main`
+    as the whole process. A command then need not hand signal handlers back to a caller, and a
+    stop that hung ends the process rather than wait at the interpreter's exit for the threads
+    that hang (it joins them)."""
+    sys.exit(main(program=True))
+
+
+def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
+    """Run one command (`argv`: its words, default sys.argv[1:]) and return its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _main(argv)
+        code = _main(argv, program)
         # flush here, not at interpreter exit, so a closed pipe surfaces inside this handler
         sys.stdout.flush()
         return code
@@ -66,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], program: bool) -> int:
     if argv[:1] == ["conformance"]:
         if argv[1:2] in (["-h"], ["--help"]):
             sys.stdout.write(conformance.conformance_help())
@@ -80,6 +93,7 @@ def _main(argv: list[str]) -> int:
             print(f"rlrollout soak: error: {e}", file=sys.stderr)
             return EXIT_USAGE
     args = parser().parse_args(argv)
+    args.program = program
     from pytest_rlrollout.snapshot.arc2 import DeltaError
     from pytest_rlrollout.snapshot.build import SnapshotError
 
@@ -90,3 +104,9 @@ def _main(argv: list[str]) -> int:
     except (UsageError, SnapshotError, DeltaError, NotADirectoryError, FileNotFoundError, ValueError, OSError) as e:
         print(f"rlrollout {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except StopTimedOut as e:
+        print(f"rlrollout {args.command}: error: {e}", file=sys.stderr, flush=True)
+        if program:  # what hangs would hold the interpreter's exit for good: end here
+            sys.stdout.flush()
+            os._exit(EXIT_INTERNAL)
+        return EXIT_INTERNAL

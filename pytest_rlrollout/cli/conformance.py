@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from pytest_rlrollout.cli.exits import pytest_status
+from pytest_rlrollout.cli.stopping import interrupting
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cf = sub.add_parser(
@@ -26,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     chosen = [str(modules[a.removeprefix("test_").removesuffix(".py")]) for a in args.pytest_args
               if a.removeprefix("test_").removesuffix(".py") in modules]  # fmt: skip
     rest = [a for a in args.pytest_args if a.removeprefix("test_").removesuffix(".py") not in modules]
-    return int(pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest]))
+    with interrupting():  # SIGTERM ends the run through its teardown, as Ctrl-C does
+        code = pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest])
+    return pytest_status(int(code))
 
 
 def conformance_help() -> str:

@@ -8,16 +8,23 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
+from pytest_rlrollout.cli.stopping import WOKEN, StopSignals, StopTimedOut
 
 if TYPE_CHECKING:
     from pytest_rlrollout.reference.server import Running
 
 BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default key
+# How long a stop may take: the deployment lets its requests in flight finish for up to 10 s
+# (reference.server.GRACE) and its replicas' workers end within 5 s after that; past this bound
+# something hangs, and the stop is given up. After a second signal nothing waits for the streams.
+STOP_WITHIN = 30.0
+HURRIED_WITHIN = 10.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,8 +64,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped (exit 0); options that do not fit the engine are usage errors, found
     before anything is built, bound or created."""
-    import tempfile
-
     if args.list_faults:
         switches = _fault_switches()
         width = max(map(len, switches), default=0)
@@ -77,32 +82,77 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
                          "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
 
-    from pytest_rlrollout.reference import reference_deployment
-
     options = _settings(args, faults, vllm)
-    stop = threading.Event()
-    with contextlib.ExitStack() as cleanup:
-        # SIGTERM (kill, systemd, docker stop) and SIGHUP (terminal closed) end the server the
-        # way Ctrl-C does, so the cleanup below runs. Installed before there is anything to clean
-        # up and restored last (an in-process caller keeps its own handlers).
-        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-            if signum is not None:
-                _stop_on(signum, stop, cleanup)
-        if args.bucket is None:
-            bucket = Path(tempfile.mkdtemp(prefix="rlrollout-bucket-"))
+    # Caught from here on, before there is anything to clean up: a signal that arrives while the
+    # deployment starts stops it once it has started. The handlers go back last (a caller in this
+    # process keeps its own; the program itself ends quietly on a signal after it stopped).
+    with StopSignals(then="default" if getattr(args, "program", False) else "restore") as signals:
+        stopped_by = _serve(args, options, signals)
+        # said before the handlers go: the line proves the stop ended (the bucket removed)
+        print(f"stopped ({signal.Signals(stopped_by).name})", flush=True)
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSignals) -> int:
+    """Serve until a stop signal, then stop (the deployment, then its temporary bucket); the
+    number of the signal that stopped it."""
+    import tempfile
+
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.reference.server import GRACE
+
+    cleanup = contextlib.ExitStack()
+    temporary = args.bucket is None
+    try:
+        bucket = Path(tempfile.mkdtemp(prefix="rlrollout-bucket-")) if temporary else args.bucket
+        if temporary:
             # removed after the deployment stops (the stack unwinds last-in first-out); a
             # --bucket the user named is theirs and never removed
             cleanup.callback(_remove_tree, bucket)
-        else:
-            bucket = args.bucket
         dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
-        # From here on Ctrl-C is a request to stop, like SIGTERM: set before anything is printed,
-        # so it never lands as a KeyboardInterrupt between the output and the wait (exit 0 either
-        # way). Restored first on the way out: a second Ctrl-C during shutdown interrupts it.
-        _stop_on(signal.SIGINT, stop, cleanup)
         print("\n".join(_announcement(dep, bucket, options)), flush=True)
-        stop.wait()
-    return EXIT_OK
+        stopped_by = signals.wait()
+    except BaseException:
+        cleanup.close()
+        raise
+    assert stopped_by is not None  # no timeout, and nothing wakes it before the stop: a signal's number
+    print(f"stopping ({signal.Signals(stopped_by).name}): requests in flight may finish for up to {GRACE:g} s; "
+          "a second signal ends them now", flush=True)  # fmt: skip
+    _stop(cleanup, dep, signals, bucket if temporary else None, within=STOP_WITHIN)
+    return stopped_by
+
+
+def _stop(cleanup: contextlib.ExitStack, dep: Running, signals: StopSignals, bucket: Path | None,
+          within: float) -> None:  # fmt: skip
+    """Unwind `cleanup` in a thread of its own while this (the main) thread waits on `signals`:
+    a second signal makes the deployment stop waiting for its streams, and a stop still under way
+    after `within` seconds (after HURRIED_WITHIN once hurried) is given up: the temporary bucket
+    (if any) is removed here and StopTimedOut raised."""
+    ended: list[BaseException | None] = []
+
+    def unwind() -> None:
+        try:
+            cleanup.close()
+            ended.append(None)
+        except BaseException as e:  # raised again on the main thread, below
+            ended.append(e)
+        finally:
+            signals.wake()
+
+    threading.Thread(target=unwind, name="rlrollout-serve-stop", daemon=True).start()
+    deadline = time.monotonic() + within
+    while not ended:
+        got = signals.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if got is None:
+            if bucket is not None:
+                _remove_tree(bucket)
+            removed = f"; its temporary bucket {bucket} was removed" if bucket and not bucket.exists() else ""
+            raise StopTimedOut(f"the deployment did not stop within {within:g} s{removed}")
+        if got != WOKEN:  # a second signal: no more waiting for the streams in flight
+            dep.hurry_stop()
+            deadline = min(deadline, time.monotonic() + HURRIED_WITHIN)
+    if ended[0] is not None:
+        raise ended[0]
 
 
 def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> dict[str, Any]:
@@ -189,18 +239,10 @@ def _remove_tree(path: Path) -> None:
 
     try:
         shutil.rmtree(path)
+    except FileNotFoundError:
+        pass  # removed already: a stop given up removes it before the hung stop may get to it
     except OSError as e:
         print(f"rlrollout serve: could not remove the temporary bucket {path}: {e}", file=sys.stderr)
-
-
-def _stop_on(signum: int, stop: threading.Event, cleanup: contextlib.ExitStack) -> None:
-    """Make `signum` set `stop` until `cleanup` unwinds. A signal ignored on purpose stays ignored:
-    `nohup rlrollout serve &` must survive the terminal closing (SIGHUP) and Ctrl-C (SIGINT)."""
-    if signal.getsignal(signum) == signal.SIG_IGN:
-        return
-    previous = signal.signal(signum, lambda *_: stop.set())
-    if previous is not None:  # None: a handler set outside Python, which cannot be put back
-        cleanup.callback(signal.signal, signum, previous)
 
 
 def _shown(key: str | None, option: str) -> str | None:

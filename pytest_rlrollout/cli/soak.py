@@ -10,7 +10,8 @@ import argparse
 import importlib.util
 import sys
 
-from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
+from pytest_rlrollout.cli.exits import EXIT_OK, UsageError, pytest_status
+from pytest_rlrollout.cli.stopping import interrupting
 
 # option -> (the ini key it sets, its type, what it is)
 OPTIONS = {
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     ini = [a for o in overrides for a in ("-o", o)]
     suite = str(CONFORMANCE / "test_soak.py")
-    return int(
-        pytest.main([suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "-o", "rl_soak=true", *ini, *rest])
-    )
+    # SIGTERM ends the soak through its teardown, as Ctrl-C does: Locust's processes stopped
+    with interrupting():
+        code = pytest.main([suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "-o", "rl_soak=true", *ini,
+                            *rest])  # fmt: skip
+    return pytest_status(int(code))

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HINT_REFUSAL", "Deployment", "HotLoadError", "reset_policy"]
 
+REPLICA_STOP = 5.0  # seconds a closing deployment waits for its replicas' workers to end
 LATE_SWAP_REQUESTS = 3  # the CTL-LABEL-1 fault: requests served on the old weights after a reload
 
 RESET_POLICIES = {"all", "new_session", "none"}
@@ -82,6 +83,7 @@ class Deployment:
         self.kinds: dict[str, str] = {settings.base_identity: "full"}  # how each identity was loaded (kept past resets)
         self.ledger_reset = False
         self.loading: str | None = None
+        self.closed = False  # set by close(): what still waits for a replica gives up
         self._lock = threading.Lock()  # routing and the ledger: held for microseconds only
         self._signal_lock = threading.Lock()  # one signal judged at a time (validation included)
         self.workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="rlrollout-request")
@@ -380,7 +382,11 @@ class Deployment:
                     replica.request_swap(swap)
                     swapped.append(done)
             for done in swapped:
-                done.wait()
+                # a replica stopped with the deployment never swaps: the request waiting here (in
+                # a pool thread the interpreter joins at exit) must not wait for it for good
+                while not done.wait(timeout=0.05):
+                    if self.closed:
+                        raise HotLoadError(503, "the deployment is shutting down")
 
     def _reloaded(self, replica: Replica, identity: str, path: Path, admission: Any) -> Model:
         """The weights `replica` serves after reloading `path` (as the fault switches corrupt them)."""
@@ -483,6 +489,10 @@ class Deployment:
     def close(self) -> None:
         for pool in (self.workers, self.signals, self.control):
             pool.shutdown(wait=False, cancel_futures=True)
-        for r in self.replicas:
+        self.closed = True
+        for r in self.replicas:  # all told first, then joined: the stop takes one replica's time, not the sum
             r.stop()
+        deadline = time.monotonic() + REPLICA_STOP
+        for r in self.replicas:
+            r.join(timeout=max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self._workdir, ignore_errors=True)

@@ -267,10 +267,14 @@ class Replica:
             self.stage, self.target, self.error = stage, target, error
 
     def stop(self) -> None:
+        """Tell the worker to stop: the requests it holds end with a 503 at its next step, a
+        swap under way ends its pause. `join` waits for it."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout=5)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout=timeout)
 
     # ----------------------------------------------------------------------- the worker
 
@@ -348,7 +352,7 @@ class Replica:
         while True:  # the pause is observable: queued requests past their drain timeout get 425
             self._expire_pending()
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._stop:  # a stopping deployment does not sit out a long --swap-delay
                 break
             with self._cond:
                 self._cond.wait(timeout=min(left, 0.01))

@@ -33,6 +33,7 @@ import httpx
 from pytest_rlrollout.remote.polling import wait_until
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
+from tests.processes import ended
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "docs" / "engines"
@@ -86,8 +87,7 @@ def transformers_serve(base: Path, log: Path) -> Iterator[str]:
         wait_until(healthy, timeout=180, interval=0.25, what="transformers serve answering /health")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        ended(proc)
 
 
 def openai_transformers(report: Path, base: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import httpx
 
 from pytest_rlrollout.remote.polling import wait_until
 from tests.engines.install_vllm import ensure_venv
+from tests.processes import ended
 
 MODEL = "tiny"
 READY_WITHIN = 600.0  # seconds: a cold start compiles the model's kernels
@@ -97,11 +97,4 @@ def _ready(server: Server) -> bool:
 
 
 def stop(server: Server) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.process.pid, signal.SIGTERM)
-    try:
-        server.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(timeout=30)
+    ended(server.process, group=True)  # its session: the API server and its engine core

@@ -20,6 +20,8 @@ import pytest
 from pytest_rlrollout.remote.polling import wait_until
 from pytest_rlrollout.suite.options import CONFORMANCE
 
+from ..processes import ended
+
 # What transformers 5.x's server gets wrong, by the contract's generic clauses.
 EXPECTED_FAILS = {
     "INF-SSE-1": "did not end with data: [DONE]",  # its streams just stop
@@ -56,8 +58,7 @@ def transformers_serve(tmp_path_factory, base_snapshot):
         wait_until(healthy, timeout=180, interval=0.25, what="transformers serve answering /health")
         yield url, str(base_snapshot)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        ended(proc)
         log.close()
 
 

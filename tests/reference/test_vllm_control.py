@@ -323,3 +323,29 @@ def test_a_frozen_request_holds_a_reset_up_unless_it_is_preempted_and_then_goes_
     slow.post("/resume")
     s.join()
     assert s.token_ids() == whole and slow.cached(LONG) == 0
+
+
+def test_a_reload_waiting_on_a_deployment_that_closes_gives_up(start, bucket):
+    """A reload returns once every replica swapped; a replica stopped with its deployment never
+    will. The reload then ends (503) instead of holding its pool thread for good, which the
+    interpreter joins at exit: `rlrollout serve` stopped during a reload would never end."""
+    from pytest_rlrollout.reference.controller import HotLoadError
+
+    dep = start(engine="vllm").deployment
+    step(bucket, "step-1")
+    for replica in dep.replicas:  # stopped first, as a close under way stops them
+        replica.stop()
+        replica.join(timeout=30)
+    ended: list[BaseException] = []
+
+    def reload() -> None:
+        try:
+            dep.reload_weights(str(bucket / "step-1"))
+        except HotLoadError as e:
+            ended.append(e)
+
+    waiting = threading.Thread(target=reload, daemon=True)  # daemon: a failure here must not hang the run
+    waiting.start()
+    dep.close()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and ended and ended[0].status == 503, ended

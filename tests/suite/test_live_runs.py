@@ -4,7 +4,6 @@ in another process, and runnable from a wheel in a fresh virtual environment."""
 
 import json
 import os
-import re
 import site
 import subprocess
 import sys
@@ -69,35 +68,19 @@ def test_a_missing_option_is_inconclusive_naming_it(pytester, tmp_path):
     assert "not-applicable" not in {c["outcome"] for c in clauses.values()}
 
 
-def serve(bucket: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_rlrollout.cli", "serve", f"--bucket={bucket}", *extra],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    printed = ""
-    for line in proc.stdout:
-        printed += line
-        if line.startswith("serving"):
-            return proc, printed
-    raise AssertionError(f"serve stopped: {printed}")
-
-
-def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path):
+def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path, serve):
     """Two runs in a row against one deployment in another process: both green (each run's
     prompts, sessions and identities are its own), nothing left loaded, and each report names
     the snapshot it left serving, which is still in the bucket."""
     bucket = tmp_path / "bucket"
-    proc, printed = serve(bucket)
+    command = serve("--bucket", bucket).named("conformance").removeprefix("rlrollout conformance ").split()
     reports = []
-    try:
-        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
-        for run in ("first", "second"):
-            result = pytester.runpytest_inprocess(
-                str(CONFORMANCE), "-p", "no:randomly", *command, f"--rl-report={run}.json"
-            )
-            assert result.ret == 0, "\n".join(result.outlines[-30:])
-            reports.append(json.loads((pytester.path / f"{run}.json").read_text()))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    for run in ("first", "second"):
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE), "-p", "no:randomly", *command, f"--rl-report={run}.json"
+        )
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+        reports.append(json.loads((pytester.path / f"{run}.json").read_text()))
     # the suite's checks of its own bundled snapshots say nothing about a deployment: left out
     tested = {c.id for c in catalogue() if not (c.area == "SNAP" and c.level != "MUST")}
     kept = []
@@ -131,41 +114,33 @@ def assert_fidelity_and_numerics_on_numbers(doc: dict) -> None:
     assert all(u["uploaded"] == 0 < u["copied"] for u in uploads if u["kind"] == "full"), uploads
 
 
-def test_weight_fidelity_and_numerics_against_a_sync_rlrollout_serve(pytester, tmp_path):
+def test_weight_fidelity_and_numerics_against_a_sync_rlrollout_serve(pytester, tmp_path, serve):
     """FID and NUM against the reference deployment in another process under SYNC transitions,
     named by its URL, with --rl-base-snapshot giving the local weights: every clause passes, on
     numbers. (ASYNC, serve's default, is judged by the two whole-suite runs above.)"""
-    proc, printed = serve(tmp_path / "bucket", "--transition", "SYNC")
-    try:
-        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
-        modules = [str(CONFORMANCE / m) for m in ("test_fidelity.py", "test_numerics.py")]
-        result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly", *command, "--rl-report=r.json")
-        assert result.ret == 0, "\n".join(result.outlines[-30:])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    served = serve("--bucket", tmp_path / "bucket", "--transition", "SYNC")
+    command = served.named("conformance").removeprefix("rlrollout conformance ").split()
+    modules = [str(CONFORMANCE / m) for m in ("test_fidelity.py", "test_numerics.py")]
+    result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly", *command, "--rl-report=r.json")
+    assert result.ret == 0, "\n".join(result.outlines[-30:])
     doc = json.loads((pytester.path / "r.json").read_text())
     assert set(doc["clauses"]) == {c.id for c in catalogue() if c.area in ("FID", "NUM")}
     assert_fidelity_and_numerics_on_numbers(doc)
 
 
-def test_a_live_coreweave_deployment_through_its_hot_load_api(pytester, tmp_path, monkeypatch):
+def test_a_live_coreweave_deployment_through_its_hot_load_api(pytester, tmp_path, monkeypatch, serve):
     """`rlrollout serve --engine coreweave` in another process, its hot-load API under a key of
     its own: named by its UUID, its gateway and its control plane, the suite recognises CoreWeave
     by the hot-load list (and says so), sends each key only where it belongs (a key in the wrong
     place is refused by the server, and every bound clause would fail), and every clause CoreWeave
     binds passes but the two a header-less gateway cannot judge on two replicas."""
     monkeypatch.setenv("COREWEAVE_API_KEY", "the-hot-load-key")
-    proc, printed = serve(tmp_path / "bucket", "--engine", "coreweave", "--control-api-key", "the-hot-load-key")
-    try:
-        assert "COREWEAVE_API_KEY=<the --control-api-key you chose>" in printed  # a key of the user's never shows
-        command = re.search(r"^conformance: rlrollout conformance (.*)$", printed, re.M).group(1).split()
-        command = ["--rl-engine=auto" if c == "--rl-engine=coreweave" else c for c in command]
-        result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", *command, "--rl-report=r.json")
-        assert result.ret == 0, "\n".join(result.outlines[-30:])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    served = serve("--bucket", tmp_path / "bucket", "--engine", "coreweave", "--control-api-key", "the-hot-load-key")
+    assert "environment: COREWEAVE_API_KEY=<the --control-api-key you chose>" in served.printed  # never the key
+    command = served.named("conformance").removeprefix("rlrollout conformance ").split()
+    command = ["--rl-engine=auto" if c == "--rl-engine=coreweave" else c for c in command]
+    result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", *command, "--rl-report=r.json")
+    assert result.ret == 0, "\n".join(result.outlines[-30:])
     doc = json.loads((pytester.path / "r.json").read_text())
     assert doc["engine"]["name"] == "coreweave"
     assert doc["engine"]["decided"].startswith("auto: GET http://127.0.0.1:"), doc["engine"]

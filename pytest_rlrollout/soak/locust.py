@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PLAN_ENV
+from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PARENT_ENV, PLAN_ENV
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 START_TIMEOUT = 60.0  # seconds for the master to bind and every worker here to connect and spawn its users
@@ -60,7 +60,7 @@ class Locust:
         # Locust reads LOCUST_* variables and locust.conf / [tool.locust] from the working
         # directory: a soak's processes see none of the user's
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
-        self.env |= {PLAN_ENV: str(self.plan), "PYTHONUNBUFFERED": "1"}
+        self.env |= {PLAN_ENV: str(self.plan), PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         if api_key is not None:
             self.env[KEY_ENV] = api_key
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import time
@@ -47,7 +48,7 @@ from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.soak.figures import Figures, Timed
 from pytest_rlrollout.soak.judge import Heard, Turn
-from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PLAN_ENV, SESSION_HEADER, Plan
+from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PARENT_ENV, PLAN_ENV, SESSION_HEADER, Plan
 from pytest_rlrollout.soak.rollouts import Trajectory
 
 BATCH = 32  # turns a worker sends at once
@@ -55,9 +56,33 @@ FLUSH_EVERY = 0.5  # seconds: a worker sends what it has at least this often, so
 EXCHANGE = 800  # characters of a turn's exchange kept (the evidence when it breaks a clause)
 
 
+PARENT_CHECK = 0.5  # seconds between two looks at whether the soak's process is still there
+
+
 def emit(doc: dict[str, Any]) -> None:
-    sys.stdout.write(EVENT_PREFIX + json.dumps(doc) + "\n")
-    sys.stdout.flush()
+    """A line for the soak; if nobody reads them any more (the soak's process is gone), this
+    process ends."""
+    try:
+        sys.stdout.write(EVENT_PREFIX + json.dumps(doc) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _soak_gone()
+
+
+def _soak_gone() -> None:
+    """The soak that started this process is gone: end the way Locust ends on SIGTERM (a master
+    tells its workers to quit, a worker tells its master), with no drain, as nobody is left to
+    read its books."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _watching_the_soak(parent: int) -> None:
+    """End this process once its parent, the soak's process, is gone: however the soak ended
+    (SIGKILL included), no Locust process of its outlives it. Workers on other machines are not
+    the soak's children and are not watched."""
+    while os.getppid() == parent:
+        gevent.sleep(PARENT_CHECK)  # a pace: no event says that a parent died
+    _soak_gone()
 
 
 class Rollouts:
@@ -173,6 +198,8 @@ ROLLOUTS = Rollouts()
 
 @events.init.add_listener
 def _init(environment: Any, runner: Any, **_: Any) -> None:
+    if os.environ.get(PARENT_ENV):
+        gevent.spawn(_watching_the_soak, int(os.environ[PARENT_ENV]))
     if not isinstance(runner, WorkerRunner):  # the master, or a one-process soak
         path = os.environ.get(PLAN_ENV)
         if not path:

@@ -15,6 +15,9 @@ from typing import Any
 
 PLAN_ENV = "RLROLLOUT_SOAK_PLAN"  # the plan file's path, in the master's environment
 KEY_ENV = "RLROLLOUT_SOAK_API_KEY"  # the deployment's API key, in every Locust process's environment
+# The soak's process id, in the environment of the Locust processes it starts (not of workers on
+# other machines): they end when it is gone, however it went (SIGKILL included).
+PARENT_ENV = "RLROLLOUT_SOAK_PARENT"
 SESSION_HEADER = "x-multi-turn-session-id"
 EVENT_PREFIX = "SOAK "  # the hub's lines on its stdout for the soak (Locust's own logs go to stderr)
 

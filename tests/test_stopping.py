@@ -171,6 +171,22 @@ def test_serve_under_bursts_of_stop_signals_always_stops_and_cleans_up(serve, en
     print(f"{engine}: worst stop after a burst {worst:.2f} s")
 
 
+def test_a_terminals_ctrl_c_stops_serve_and_nothing_of_it_prints_a_traceback():
+    """Ctrl-C in a terminal reaches the foreground job's whole process group: serve and the
+    validator child it starts. Serve stops (exit 0, bucket removed); the child, whose life is its
+    parent's, leaves the signal to it (it once printed a KeyboardInterrupt from its imports)."""
+    child = started(PROGRAM, "serve", until="serving", session=True)
+    try:
+        os.killpg(child.pid, signal.SIGINT)
+        said = child.rest(timeout=30)
+        assert child.proc.returncode == 0 and said[-1] == "stopped (SIGINT)", said
+        assert child.proc.stderr.read() == ""
+        assert not child.bucket.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # whatever of the group is left
+
+
 def stream(port: int, max_tokens: int) -> tuple[threading.Event, list[bytes]]:
     """A streamed completion from the vLLM dialect on `port`, read in a thread: set once the
     first chunk came; the chunks, and b"ended" once the stream ended (either way)."""

@@ -33,13 +33,13 @@ BURSTS = (signal.SIGTERM, signal.SIGINT)
 def burst(pids: list[int], seconds: float = BURST) -> int:
     """Signal every process in `pids`, SIGTERM and SIGINT alternately, for `seconds`; how many
     signals were sent."""
-    sent, end = 0, time.monotonic() + seconds
+    rounds, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
-        for pid in pids:
+        for pid in pids:  # each process gets SIGTERM, SIGINT, SIGTERM, ...
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, BURSTS[sent % 2])
-            sent += 1
-    return sent
+                os.kill(pid, BURSTS[rounds % 2])
+        rounds += 1
+    return rounds * len(pids)
 
 
 # --------------------------------------------------------------------------- the bare mechanism
@@ -89,6 +89,8 @@ def test_stop_signals_returns_them_in_order_and_puts_the_handlers_back():
     own (not a stop signal) runs its handler and does not end the wait; `wake` does; on exit the
     handlers and the wakeup descriptor are the caller's again."""
     before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    wakeup = signal.set_wakeup_fd(-1)  # read by setting it: put straight back
+    signal.set_wakeup_fd(wakeup)
     usr1: list[int] = []
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda s, f: usr1.append(s))
     try:
@@ -102,7 +104,7 @@ def test_stop_signals_returns_them_in_order_and_puts_the_handlers_back():
             threading.Thread(target=signals.wake).start()
             assert signals.wait(timeout=30) == WOKEN
         assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
-        assert signal.set_wakeup_fd(-1) == -1  # no descriptor of ours left behind
+        assert signal.set_wakeup_fd(wakeup) == wakeup  # the caller's descriptor, not ours
     finally:
         signal.signal(signal.SIGUSR1, previous_usr1)
 
@@ -111,7 +113,7 @@ def test_stop_signals_leaves_an_ignored_signal_ignored_and_can_end_on_the_defaul
     """`nohup` (SIGHUP ignored) stays in force; `then="default"` hands the defaults back (the
     program ending: a later signal ends it at once, and quietly)."""
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    before_int = signal.getsignal(signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with StopSignals(then="default") as signals:
             assert signal.SIGHUP not in signals.caught and signal.SIGTERM in signals.caught
@@ -120,8 +122,8 @@ def test_stop_signals_leaves_an_ignored_signal_ignored_and_can_end_on_the_defaul
         assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGHUP, previous)
-        signal.signal(signal.SIGINT, before_int)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_stop_signals_refuses_a_thread_that_cannot_catch_them():

@@ -135,3 +135,29 @@ def test_public_names_at_the_package_top():
     fixtures = set(re.findall(r"^def (rl_\w+)\(", "".join(p.read_text() for p in package.glob("*.py")), re.M))
     readme = (Path(pytest_rlrollout.__file__).parents[1] / "README.md").read_text()
     assert fixtures and {f for f in fixtures if f"`{f}`" not in readme} == set()
+
+
+BREAKING = """
+import os, signal
+import pytest
+
+
+@pytest.mark.rl_swaps
+{mark}
+def test_the_deployment_dies(rl_deployment):
+    os.kill({pid}, signal.SIGKILL)  # what a refused load did to vLLM: its API server exited
+    assert not rl_deployment.complete({{"prompt": [1, 2], "max_tokens": 1}}).ok
+"""
+
+
+def test_a_test_that_breaks_the_deployment_keeps_its_verdict_when_nothing_answers_after_it(pytester, serve):
+    """After an exclusive test the suite settles the deployment; one that nothing answers any
+    more (killed) makes that an error, unless the test was marked rl_breaks (it may leave the
+    deployment unable to serve): then its own outcome stands, and no teardown error hides it."""
+    for mark, outcomes in (("@pytest.mark.rl_breaks", {"failed": 1}), ("", {"failed": 1, "errors": 1})):
+        served = serve()
+        pytester.makepyfile(test_breaking=BREAKING.format(mark=mark, pid=served.pid))
+        command = served.named("conformance").removeprefix("rlrollout conformance ").split()
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", *command,
+                                              "-o", "rl_exchange_timeout=5")  # fmt: skip
+        result.assert_outcomes(**outcomes)

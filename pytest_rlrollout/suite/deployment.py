@@ -111,6 +111,19 @@ class RLDeployment:
         """The replicas, in the hot-load status's shape; [] when the status cannot be read."""
         return self.driver.replicas()
 
+    def replicas_if_answering(self) -> list[dict[str, Any]] | None:
+        """The replicas; None when the deployment does not answer at all (a test marked rl_breaks
+        may leave it dead: what the run does at its end then says so instead of raising, which
+        would turn that test's verdict into an error)."""
+        import httpx
+
+        from pytest_rlrollout.remote.limits import LimitExceeded
+
+        try:
+            return self.replicas()
+        except (httpx.TransportError, LimitExceeded):
+            return None
+
     def served_identities(self) -> list[str | None]:
         """`current_snapshot_identity` of every replica."""
         return [r.get("current_snapshot_identity") for r in self.replicas()]
@@ -414,7 +427,8 @@ def rl_deployment(
             run_state(config).started(Served(dep.replicas()))
         yield dep
         if dep.mode == "live":
-            run_state(config).ended(Served(_replicas_at_the_end(dep)))
+            # nothing answering (an rl_breaks test may leave the deployment dead): nothing served
+            run_state(config).ended(Served(dep.replicas_if_answering() or []))
         cassettes = dep.cassettes
         if cassettes is not None and cassettes.mode == "record":
             if getattr(dep.driver, "bucket", None) is not None:  # part of the recorded load requests
@@ -424,20 +438,6 @@ def rl_deployment(
                                           engine=dep.engine, discovery=dep.discovery.as_dict(),
                                           run_id=dep.run_id)  # fmt: skip
             cassettes.session.write(dep.target.api_key)
-
-
-def _replicas_at_the_end(dep: RLDeployment) -> list[dict[str, Any]]:
-    """The replicas once this process's tests are done; none when nothing answers any more (an
-    rl_breaks test may leave the deployment dead): the report then says nothing was served,
-    where an error would have hidden that test's verdict."""
-    import httpx
-
-    from pytest_rlrollout.remote.limits import LimitExceeded
-
-    try:
-        return dep.replicas()
-    except (httpx.TransportError, LimitExceeded):
-        return []
 
 
 def preflighted(config: pytest.Config) -> Discovery:

@@ -100,7 +100,9 @@ def _rl_snapshots(
             # base's, as a base copy named after its identity is on Fireworks
             made.know(label, {})
     yield made
-    served = {i for r in rl_deployment.replicas() for i in served_by(r)}
+    replicas = rl_deployment.replicas_if_answering()
+    # a deployment that does not answer may still serve any of them: all kept (the report names them)
+    served = set(made.uploaded) if replicas is None else {i for r in replicas for i in served_by(r)}
     removed, kept = made.cleanup(keep=served)
     if rl_deployment.mode == "live":
         run_state(config).cleaned(Cleanup(removed, kept))

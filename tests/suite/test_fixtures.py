@@ -1,5 +1,7 @@
 """The rl_deployment fixture: the local default, a deployment at a plain URL, and hot-load safety."""
 
+import json
+
 from pytest_rlrollout.snapshot import tiny_moe
 
 USER_TESTS = """
@@ -142,9 +144,11 @@ import os, signal
 import pytest
 
 
+@pytest.mark.rl_clause("HL-POST-5")
 @pytest.mark.rl_swaps
 {mark}
-def test_the_deployment_dies(rl_deployment):
+def test_the_deployment_dies(rl_deployment, rl_snapshot_factory):
+    rl_snapshot_factory.full("uploaded")  # in the bucket, as a load would have it
     os.kill({pid}, signal.SIGKILL)  # what a refused load did to vLLM: its API server exited
     assert not rl_deployment.complete({{"prompt": [1, 2], "max_tokens": 1}}).ok
 """
@@ -153,11 +157,19 @@ def test_the_deployment_dies(rl_deployment):
 def test_a_test_that_breaks_the_deployment_keeps_its_verdict_when_nothing_answers_after_it(pytester, serve):
     """After an exclusive test the suite settles the deployment; one that nothing answers any
     more (killed) makes that an error, unless the test was marked rl_breaks (it may leave the
-    deployment unable to serve): then its own outcome stands, and no teardown error hides it."""
+    deployment unable to serve): then its own outcome stands, and no teardown error hides it.
+    At the run's end nothing is served, and what the run uploaded is kept (a deployment that
+    does not answer may still serve it), named in the report."""
     for mark, outcomes in (("@pytest.mark.rl_breaks", {"failed": 1}), ("", {"failed": 1, "errors": 1})):
         served = serve()
         pytester.makepyfile(test_breaking=BREAKING.format(mark=mark, pid=served.pid))
         command = served.named("conformance").removeprefix("rlrollout conformance ").split()
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", *command,
-                                              "-o", "rl_exchange_timeout=5")  # fmt: skip
+                                              "-o", "rl_exchange_timeout=5", "--rl-report=r.json")  # fmt: skip
         result.assert_outcomes(**outcomes)
+        doc = json.loads((pytester.path / "r.json").read_text())
+        assert doc["clauses"]["HL-POST-5"]["outcome"] == ("fail" if mark else "error")
+        provenance = doc["provenance"]
+        assert provenance["served_at_end"] == [], provenance
+        [kept] = provenance["uploaded_and_kept"]
+        assert kept.endswith("-uploaded") and (served.bucket / kept).is_dir(), provenance

@@ -677,10 +677,33 @@ def rl_test(request: pytest.FixtureRequest) -> Iterator[RLTest | None]:
     exclusive = request.node.get_closest_marker("rl_swaps") is not None
     breaks = request.node.get_closest_marker("rl_breaks") is not None
     with _cassette(request, dep) as cassette, _locked(dep, exclusive=exclusive, breaks=breaks):
+        if breaks and dep.mode == "live" and dep.cassettes is None:
+            _serving_before_it_breaks(dep)
         deadline = time.monotonic() + dep.timeouts.test
         with dep.client.scoped(deadline) as exchanges:
             test = request.node.stash[RL_TEST] = RLTest(deadline, exchanges, cassette, exclusive)
             yield test
+
+
+def _serving_before_it_breaks(dep: RLDeployment) -> None:
+    """A test that may break the deployment judges its clause only on one that serves when it
+    starts: once an earlier such test left it unable to serve (a refused load kills vLLM's
+    engine), what this one would see is that test's doing, not its own. Inconclusive then,
+    saying so. (Live runs only: a recording holds no such probe, and the local deployment is
+    never left unable to serve.)"""
+    import httpx
+
+    from pytest_rlrollout.remote.limits import LimitExceeded
+
+    try:
+        s = dep.complete({"prompt": dep.prompt("serving-before-it-breaks", 4).body, "max_tokens": 1})
+        why = None if s.ok else f"HTTP {s.status} {s.body[:200]!r}"
+    except (httpx.TransportError, LimitExceeded) as e:
+        why = str(e)
+    if why is not None:
+        inconclusive(f"the deployment did not serve a one-token completion before this test ({why}): an earlier "
+                     "test that may break it (rl_breaks) left it unable to serve; judge this one on a deployment "
+                     "of its own (-k)")  # fmt: skip
 
 
 @contextlib.contextmanager

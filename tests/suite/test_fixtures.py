@@ -151,6 +151,13 @@ def test_the_deployment_dies(rl_deployment, rl_snapshot_factory):
     rl_snapshot_factory.full("uploaded")  # in the bucket, as a load would have it
     os.kill({pid}, signal.SIGKILL)  # what a refused load did to vLLM: its API server exited
     assert not rl_deployment.complete({{"prompt": [1, 2], "max_tokens": 1}}).ok
+
+
+@pytest.mark.rl_clause("SNAP-COVER-1")
+@pytest.mark.rl_swaps
+@pytest.mark.rl_breaks
+def test_after_it(rl_deployment):
+    assert not rl_deployment.complete({{"prompt": [3, 4], "max_tokens": 1}}).ok  # what that test left
 """
 
 
@@ -158,9 +165,11 @@ def test_a_test_that_breaks_the_deployment_keeps_its_verdict_when_nothing_answer
     """After an exclusive test the suite settles the deployment; one that nothing answers any
     more (killed) makes that an error, unless the test was marked rl_breaks (it may leave the
     deployment unable to serve): then its own outcome stands, and no teardown error hides it.
-    At the run's end nothing is served, and what the run uploaded is kept (a deployment that
-    does not answer may still serve it), named in the report."""
-    for mark, outcomes in (("@pytest.mark.rl_breaks", {"failed": 1}), ("", {"failed": 1, "errors": 1})):
+    A later test that may break it finds it not serving and is inconclusive (what it would see
+    is the earlier test's doing). At the run's end nothing is served, and what the run uploaded
+    is kept (a deployment that does not answer may still serve it), named in the report."""
+    for mark, outcomes in (("@pytest.mark.rl_breaks", {"failed": 1, "skipped": 1}),
+                           ("", {"failed": 1, "errors": 1, "skipped": 1})):  # fmt: skip
         served = serve()
         pytester.makepyfile(test_breaking=BREAKING.format(mark=mark, pid=served.pid))
         command = served.named("conformance").removeprefix("rlrollout conformance ").split()
@@ -169,6 +178,9 @@ def test_a_test_that_breaks_the_deployment_keeps_its_verdict_when_nothing_answer
         result.assert_outcomes(**outcomes)
         doc = json.loads((pytester.path / "r.json").read_text())
         assert doc["clauses"]["HL-POST-5"]["outcome"] == ("fail" if mark else "error")
+        after = doc["clauses"]["SNAP-COVER-1"]
+        assert after["outcome"] == "inconclusive" and "did not serve a one-token completion before this test" in after[
+            "tests"][0]["reason"], after  # fmt: skip
         provenance = doc["provenance"]
         assert provenance["served_at_end"] == [], provenance
         [kept] = provenance["uploaded_and_kept"]

@@ -67,13 +67,16 @@ class Child:
         return out
 
 
-def started(code: str, *args: str, until: str, within: float = 60.0, session: bool = False) -> Child:
+def started(
+    code: str, *args: str, until: str, within: float = 60.0, session: bool = False, env: dict[str, str] | None = None
+) -> Child:
     """`python -c CODE ARGS` from the checkout (in a session of its own with `session`: as a
-    terminal's foreground job, whose process group a Ctrl-C reaches), once it printed a line
-    starting with `until` (AssertionError, and it is killed, if it did not within `within`
-    seconds or ended first)."""
+    terminal's foreground job, whose process group a Ctrl-C reaches; with `env` added to the
+    environment), once it printed a line starting with `until` (AssertionError, and it is
+    killed, if it did not within `within` seconds or ended first)."""
     proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + code, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=session)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=session,
+                            env={**os.environ, **(env or {})})  # fmt: skip
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:

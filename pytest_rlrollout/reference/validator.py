@@ -67,14 +67,16 @@ class Validator:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
                    # one BLAS thread: per-thread buffers of a many-core host would eat the memory limit
                    "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
-            # `-c`, not `-m`: this package imports this module, and runpy warns about that. A
-            # terminal's Ctrl-C reaches the whole process group: it is the parent's to act on (the
-            # child ends when its stdin closes, or is killed), not a traceback from the child's imports
-            quiet = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)"
-            code = f"{quiet}; from {__name__} import _serve; _serve()"
+            # `-c`, not `-m`: this package imports this module, and runpy warns about that
+            code = f"from {__name__} import _serve; _serve()"
+            # A process group of its own: a terminal's Ctrl-C reaches the whole foreground group,
+            # and it is the parent's to act on (the child ends when its stdin closes, or is
+            # killed). Ignoring SIGINT in the child's own code came too late: a signal during the
+            # interpreter's start (site, .pth files) still printed a traceback.
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-            )
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                process_group=0,
+            )  # fmt: skip
         return self._proc
 
     def close(self) -> None:

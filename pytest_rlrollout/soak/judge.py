@@ -21,7 +21,8 @@ That order is enough for every verdict:
 - after a swap that reset the prompt cache ('all'), a session's next turn reuses nothing cached
   before it (CACHE-MATRIX-ALL-SAME): told by the deployment's own labels, the previous turn's
   last chunk named a snapshot before that swap and this turn's first one a snapshot after it
-  (labels caught lying, and turns between that could not be dated, leave the turn unjudged).
+  (labels caught lying, turns between that could not be dated, and a previous turn that
+  overlapped the reset, whose labels cannot be checked inside the grace, leave it unjudged).
 
 Where a worker's late hearing of a swap could make a verdict wrong, the judge takes the side of
 the deployment: a 425 under SYNC is never placed outside a swap, and a chunk may name a snapshot
@@ -155,7 +156,8 @@ class Judge:
         self.loaded: list[str] = []
         self.resets: list[str] = []  # each swap's reset_prompt_cache ('all', 'new_session', 'none')
         self._epoch: dict[str, int] = {}
-        self._last: dict[tuple[str, str], int] = {}  # (worker, session) -> the epoch its last turn ended on
+        # (worker, session) -> the epoch its last turn ended on, and the swaps that turn overlapped
+        self._last: dict[tuple[str, str], tuple[int, range]] = {}
         self.verdicts: dict[str, Verdict] = {}
         for identity in loaded:
             self.swapped(identity)
@@ -236,14 +238,17 @@ class Judge:
         if stale is None and not back and not s.span_problems:
             self._cache(s, epochs, before)
 
-    def _cache(self, s: Turn, epochs: list[int], before: int | None) -> None:
+    def _cache(self, s: Turn, epochs: list[int], previous: tuple[int, range] | None) -> None:
         """CACHE-MATRIX-ALL-SAME across the swaps between a session's previous turn (which ended
-        on epoch `before`) and this one (which began on `epochs[0]`), both dated by their labels."""
-        self._last[(s.worker, s.session)] = epochs[-1]
-        if before is None or s.cached is None:
+        on epoch `before`) and this one (which began on `epochs[0]`), both dated by their labels.
+        A previous turn that overlapped the reset leaves this one unjudged: a stale label inside
+        the worker's grace cannot be caught, and would date KV computed after the reset before it."""
+        self._last[(s.worker, s.session)] = (epochs[-1], s.overlapped())
+        if previous is None or s.cached is None:
             return
+        before, straddled = previous
         resets = [m for m in range(before + 1, epochs[0] + 1) if self.resets[m] == "all"]
-        if resets:
+        if resets and not any(m in straddled for m in resets):
             self._rule("CACHE-MATRIX-ALL-SAME", s, s.cached > 0,
                        f"{s.cached} prompt tokens served from the cache, though swap {resets[-1]} "
                        f"({self.loaded[resets[-1]]}) reset it ('all') after the session's previous turn")  # fmt: skip

@@ -173,7 +173,7 @@ def test_after_an_all_swap_a_sessions_next_turn_reuses_nothing_cached_before_it(
     judge = Judge("ASYNC", ["base"])
     judge.swapped("step-1", reset="all")
     judge.swapped("step-2", reset="none")
-    judge.judge(turn(0, "base", "base", cached=0))
+    judge.judge(turn(0, "base", "base", cached=0, ended=(0, 0)))
     judge.judge(turn(1, "step-1", "step-1", cached=24))  # swap 1 ('all') between the turns: 24 reused
     judge.judge(turn(2, "step-2", cached=40, ended=(2, 2)))  # only swap 2 ('none') between: reuse is allowed
     v = judge.verdicts["CACHE-MATRIX-ALL-SAME"]
@@ -190,6 +190,18 @@ def test_the_cache_is_not_judged_by_labels_caught_lying():
     judge.judge(turn(1, "step-1", cached=24))
     assert judge.verdicts["SWAP-ASYNC-2"].violations == 1
     assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts
+
+
+def test_a_previous_turn_that_overlapped_the_reset_leaves_the_next_one_unjudged_for_the_cache():
+    # turn 0 ended after its worker heard swap 1 signalled, every chunk naming base: honest, or a
+    # stale label inside the grace that no check can catch (seen in CI under the stale-label
+    # fault: its KV was step-1's). Turn 1's reuse is not held against the cache; had turn 0 ended
+    # before the worker heard of the swap, it would be.
+    judge = Judge("ASYNC", ["base"])
+    judge.swapped("step-1", reset="all")
+    judge.judge(turn(0, "base", "base", cached=0, ended=(1, 1)))
+    judge.judge(turn(1, "step-1", cached=24))
+    assert "CACHE-MATRIX-ALL-SAME" not in judge.verdicts and judge.verdicts["SWAP-ASYNC-2"].violations == 0
 
 
 def test_a_turn_that_cannot_be_dated_leaves_the_next_one_unjudged_for_the_cache():

@@ -150,7 +150,7 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
 
 @clause("HL-POST-1")
 def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap, rl_observe):
-    built = rl_snapshot_factory.full("post-1")
+    built = rl_snapshot_factory.base_copy("post-1")
     result = rl_swap.signal(built)
     assert result.response.status_code == 200, f"{result.response.status_code} {result.response.text[:300]}"
     try:
@@ -219,7 +219,7 @@ def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_fac
     built = rl_swap.build("nested")
     outer = f"{built.identity}-dir"
     nested = f"{outer}/inner"
-    rl_snapshot_factory.upload_nested(built.local, outer, "inner")
+    rl_snapshot_factory.copy_nested(built.identity, outer, "inner")
     before = served_identities(rl_deployment)
     r = rl_deployment.hot_load({**built.signal, "identity": nested})
     assert r.status_code != 200, f"identity {nested!r} was accepted"
@@ -249,7 +249,7 @@ def test_violating_snapshot_is_never_served(
     if "incremental_snapshot_metadata" in signal and case.parent == rl_reference_cases.base:
         # the diff is against the base: rebase it on a served snapshot holding exactly the base
         if rl_snapshot_factory.record.overlays.get(rl_deployment.serving()) != {}:
-            rl_swap.signal(rl_snapshot_factory.full("base-again"))
+            rl_swap.signal(rl_snapshot_factory.base_copy("base-again"))
         serving = rl_deployment.serving()
         if rl_snapshot_factory.record.overlays.get(serving) != {}:
             inconclusive("could not serve a snapshot equal to the base to diff against")
@@ -345,7 +345,7 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     before = served_identities(rl_deployment)
     rl_deployment.hot_load(incremental.signal)
     never_served(rl_deployment, incremental.identity, before, rl_observe)
-    expect_loaded(rl_swap.signal(rl_snapshot_factory.full("after-reset-full")))
+    expect_loaded(rl_swap.signal(rl_snapshot_factory.base_copy("after-reset-full")))
     rl_observe(1, "full snapshot loaded after the reset")
 
 
@@ -379,7 +379,7 @@ def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, 
         r = rl_deployment.hot_load(built.signal)
         assert r.status_code == 200, f"the valid signal was refused: {r.status_code}"
         # the deployment downloads after answering: a shard gone now makes the load fail
-        shard = sorted(p.name for p in built.local.glob("*.safetensors"))[0]
+        shard = sorted(set(rl_snapshot_factory.index["weight_map"].values()))[0]
         rl_snapshot_factory.bucket.remove_file(built.identity, shard)
         timeline.mark(rl_deployment.mark("removed"), f"{shard} removed")
         waited = rl_deployment.wait_for(built.identity, progress=watch(rl_deployment, timeline))

@@ -218,9 +218,17 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
     layers, k, _ = moe.needed()
-    routers = rl_swap.factory.router_tensors
-    if not routers:
+    by_layer = rl_swap.factory.routers_by_layer
+    if not by_layer:
         inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
+    # The first and the last MoE layer's routers: what a swap must carry to every layer's routing
+    # is shown at both ends, and the snapshot changes two shards, not all of them (a directory
+    # reload of Qwen3-30B-A3B writes 2.5 GB instead of 61 GB).
+    ends = sorted({min(by_layer), max(by_layer)})
+    moe_layers = sorted(by_layer)
+    rows = [moe_layers.index(n) for n in ends] if len(moe_layers) == layers else ends
+    if max(rows) >= layers:
+        inconclusive(f"the routers are in layers {moe_layers[:5]}…, but routing matrices have {layers} rows")
     prompt = rl_deployment.prompt("r3-change", 48)
     session = rl_deployment.session("r3-change")
 
@@ -236,13 +244,15 @@ def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_obse
     if not before:
         inconclusive("echo returned no routing for the prompt (see R3-ECHO-1)")
     current = rl_swap.factory.record.overlays.get(rl_deployment.serving(), {})
-    # negate every router (top-k becomes bottom-k), or undo an earlier negation
+    routers = [by_layer[n] for n in ends]
+    # negate the routers (top-k becomes bottom-k), or undo an earlier negation
     rl_swap("routers", change={n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers})
     after = prompt_routing()
     if len(after) != len(before):
         inconclusive("echo returned routing for a different number of prompt tokens after the swap")
-    changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in range(layers))
-    assert changed >= len(before) * layers // 2, (
-        f"only {changed} of {len(before) * layers} (token, layer) rows changed after the routers were negated"
+    judged = len(before) * len(rows)
+    changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in rows)
+    assert changed >= judged // 2, (
+        f"only {changed} of {judged} (token, layer) rows of layers {ends} changed after their routers were negated"
     )
-    rl_observe(changed, f"of {len(before) * layers} (token, layer) rows routed differently after the swap")
+    rl_observe(changed, f"of {judged} (token, layer) rows of layers {ends} routed differently after the swap")

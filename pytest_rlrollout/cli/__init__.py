@@ -1,5 +1,5 @@
 """The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics,
-conformance, soak, clauses, matrix.
+conformance, soak, cleanup, clauses, matrix.
 
 One module a command (the snapshot tools share one), each holding its sub-parser's `register`
 and its `run`; this module assembles the parser and ends every run the same way: a usage error as
@@ -16,7 +16,17 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pytest_rlrollout.cli import clauses, conformance, matrix, numerics, serve, snapshot_tools, soak, validate
+from pytest_rlrollout.cli import (
+    clauses,
+    cleanup,
+    conformance,
+    matrix,
+    numerics,
+    serve,
+    snapshot_tools,
+    soak,
+    validate,
+)
 from pytest_rlrollout.cli.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_FINDINGS,
@@ -46,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
     sub = p.add_subparsers(dest="command", required=True)
     # in the order `rlrollout --help` lists them
-    for command in (validate, snapshot_tools, serve, numerics, conformance, soak, clauses, matrix):
+    for command in (validate, snapshot_tools, serve, numerics, conformance, soak, cleanup, clauses, matrix):
         command.register(sub)
     return p
 

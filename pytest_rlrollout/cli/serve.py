@@ -32,6 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
+    sv.add_argument("--bucket-url", metavar="URL",
+                    help="fireworks, coreweave: an object store bucket (s3://, gs://) the deployment downloads each "
+                         "snapshot from, as a hosted one does; --bucket is then its local copy. The base is put "
+                         "there at start; credentials come from the environment")  # fmt: skip
+    sv.add_argument("--bucket-endpoint-url", metavar="URL", help="the object store's endpoint (MinIO, moto, ...)")
     sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang", "coreweave"], default="fireworks",
                     help="the wire it speaks: Fireworks' hot-load API, vLLM 0.32's or SGLang 0.5.23's RL routes "
                          "(one engine, the model served as 'tiny'), or CoreWeave's v1alpha1 hot-load API beside an "
@@ -82,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
                          "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
 
+    if args.bucket_endpoint_url is not None and args.bucket_url is None:
+        raise UsageError("--bucket-endpoint-url is the endpoint of --bucket-url's object store")
+    if args.bucket_url is not None and vllm:
+        raise UsageError(f"--bucket-url: {args.engine} reloads from a directory of this machine (--bucket)")
     options = _settings(args, faults, vllm)
+    if args.bucket_url is not None:
+        options |= _mirror(args)
     # Caught from here on, before there is anything to clean up: a signal that arrives while the
     # deployment starts stops it once it has started. The handlers go back last (a caller in this
     # process keeps its own; the program itself ends quietly on a signal after it stopped).
@@ -110,6 +121,8 @@ def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSigna
             # --bucket the user named is theirs and never removed
             cleanup.callback(_remove_tree, bucket)
         dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
+        if args.bucket_url is not None:  # the store holds the base under its identity, as a hosted bucket does
+            _put_base(args, bucket / dep.settings.base_identity)
         print("\n".join(_announcement(dep, bucket, options)), flush=True)
         stopped_by = signals.wait()
     except BaseException:
@@ -183,6 +196,10 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
     engine, key = options["engine"], options.get("api_key")
     shown_key = _shown(key, "--api-key")
     base = bucket / dep.settings.base_identity
+    endpoint = options.get("mirror_options", {}).get("endpoint_url")
+    # where the suite puts snapshots: the object store when there is one (its endpoint an ini key)
+    bucket_url = options.get("mirror") or str(bucket)
+    bucket_url += f" -o rl_bucket_endpoint_url={endpoint}" if endpoint else ""
     if engine in ("vllm", "sglang"):
         named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
         command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={engine} --rl-allow-hot-load"
@@ -198,7 +215,7 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
                  f"environment: COREWEAVE_API_KEY={shown_control}"]  # fmt: skip
         command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} -o rl_control_url={dep.base_url}"
                    f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
-                   f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+                   f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}"
                    # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
                    # only by outlasting the whole rollout (every replica, one at a time)
                    " -o rl_long_stream_tokens=512 -o rl_swap_timeout=10")  # fmt: skip
@@ -207,14 +224,42 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
         named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
                  f"bucket:     {bucket}"]  # fmt: skip
         command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
-                   f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket}"
+                   f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket_url}"
                    f" --rl-base-snapshot={base} -o rl_transition={options['transition']}"
                    # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
                    " -o rl_long_stream_tokens=64 -o rl_swap_timeout=10")  # fmt: skip
         serving = options["transition"]
     replicas = len(dep.deployment.replicas)
+    if options.get("mirror"):  # the suite's bucket; the one above is the deployment's local copy of it
+        named.append(f"store:      {options['mirror']}" + (f" (endpoint {endpoint})" if endpoint else ""))
     return [*named, f"conformance: rlrollout conformance {command}",
             f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}"]  # fmt: skip
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from pytest_rlrollout.remote.bucket import Store
+
+    return Store(endpoint_url=args.bucket_endpoint_url)
+
+
+def _mirror(args: argparse.Namespace) -> dict[str, Any]:
+    """The deployment's settings for an object store bucket, once the store answered for it."""
+    from pytest_rlrollout.remote.bucket import Bucket, BucketError
+
+    try:
+        Bucket(args.bucket_url, _store(args)).check()
+        storage = _store(args).storage_options(args.bucket_url.split("://", 1)[0])
+    except (ValueError, BucketError) as e:
+        raise UsageError(f"--bucket-url: {e}") from None
+    return {"mirror": args.bucket_url.rstrip("/"), "mirror_options": storage}
+
+
+def _put_base(args: argparse.Namespace, base: Path) -> None:
+    from pytest_rlrollout.remote.bucket import Bucket
+
+    remote = Bucket(args.bucket_url, _store(args))
+    if not remote.exists(base.name):
+        remote.upload(base, base.name)
 
 
 def _fault_switches() -> dict[str, str]:

@@ -1,7 +1,9 @@
 """Local scorers: teacher-forced logprobs and router top-k of a token sequence, from a snapshot
 on this machine. The numpy engine is the reference deployment's own forward pass (fast for the
-reference model, and exact where the deployment is); the transformers scorer loads any Hugging
-Face snapshot in float32 with torch, on the CPU unless told otherwise.
+reference model, and exact where the deployment is); the streaming scorer is the same forward
+pass reading its weights layer by layer from the safetensors files (a model larger than the
+memory: numerics.streaming); the transformers scorer loads any Hugging Face snapshot in float32
+with torch, on the CPU unless told otherwise.
 
 Routing is expert *indices* per input position: row i is the top-k the router chose while
 token i was the input (the order within a row is left as each scorer gives it)."""
@@ -17,7 +19,7 @@ import numpy as np
 
 from pytest_rlrollout.contract.moe import moe_shape
 
-SCORERS = ("auto", "numpy", "transformers")
+SCORERS = ("auto", "numpy", "streaming", "transformers")
 NUMPY_MAX_PARAMETERS = 200_000_000  # above this the numpy engine is too slow to be the default
 
 
@@ -44,10 +46,16 @@ class NumpyScorer:
 
     name = "numpy"
 
-    def __init__(self, snapshot: str | Path, adapter: str | Path | None = None):
+    def __init__(self, snapshot: str | Path, adapter: str | Path | None = None, *, streamed: bool = False):
         from pytest_rlrollout.reference.model import Lora, Model
 
-        self.model = Model.load(snapshot)
+        if streamed:
+            from pytest_rlrollout.numerics.streaming import StreamedModel
+
+            self.name = "streaming"
+            self.model = StreamedModel(snapshot)
+        else:
+            self.model = Model.load(snapshot)
         self.lora = Lora.load(adapter) if adapter is not None else None
 
     def score(self, ids: list[int]) -> Scored:
@@ -100,15 +108,21 @@ def parameters(snapshot: Path) -> int:
 def local_scorer(
     snapshot: str | Path, kind: str = "auto", device: str = "cpu", adapter: str | Path | None = None
 ) -> Scorer:
-    """A scorer for `snapshot` (plus a PEFT LoRA `adapter`): `numpy` (the reference engine),
-    `transformers`, or `auto` (numpy for a model of at most NUMPY_MAX_PARAMETERS parameters on
-    the CPU, or with an adapter; else transformers)."""
+    """A scorer for `snapshot` (plus a PEFT LoRA `adapter`): `numpy` (the reference engine, the
+    weights in memory), `streaming` (the same, reading them layer by layer), `transformers`, or
+    `auto`: transformers on a device other than the CPU, else (or with an adapter) numpy for a
+    model of at most NUMPY_MAX_PARAMETERS parameters and streaming above (its memory is a
+    layer's, not the model's)."""
     if kind not in SCORERS:
         raise ValueError(f"unknown scorer {kind!r} (known: {', '.join(SCORERS)})")
     snapshot = Path(snapshot)
     if kind == "auto":
-        small = device == "cpu" and parameters(snapshot) <= NUMPY_MAX_PARAMETERS
-        kind = "numpy" if small or adapter is not None else "transformers"
+        if device != "cpu" and adapter is None:
+            kind = "transformers"
+        else:
+            kind = "numpy" if parameters(snapshot) <= NUMPY_MAX_PARAMETERS else "streaming"
     if kind == "transformers" and adapter is not None:
         raise ValueError("the transformers scorer scores full snapshots; use the numpy scorer with an adapter")
-    return NumpyScorer(snapshot, adapter) if kind == "numpy" else TransformersScorer(snapshot, device)
+    if kind == "transformers":
+        return TransformersScorer(snapshot, device)
+    return NumpyScorer(snapshot, adapter, streamed=kind == "streaming")

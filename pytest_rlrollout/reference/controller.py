@@ -84,6 +84,7 @@ class Deployment:
         self.ledger_reset = False
         self.loading: str | None = None
         self.closed = False  # set by close(): what still waits for a replica gives up
+        self._closing = threading.Event()  # the same, for what waits out a delay
         self._lock = threading.Lock()  # routing and the ledger: held for microseconds only
         self._signal_lock = threading.Lock()  # one signal judged at a time (validation included)
         self.workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="rlrollout-request")
@@ -145,7 +146,27 @@ class Deployment:
             path = (bucket / identity).resolve()
         except (OSError, RuntimeError):  # a symlink loop, a name the OS refuses
             return None
-        return bucket / identity if path != bucket and path.is_relative_to(bucket) else None
+        if path == bucket or not path.is_relative_to(bucket):
+            return None
+        if self.settings.mirror is not None and not path.exists():
+            self._download(identity, bucket / identity)
+        return bucket / identity
+
+    def _download(self, identity: str, local: Path) -> None:
+        """Copy snapshot `identity` from the object store into the local bucket, whole or not at
+        all (a snapshot the store does not hold stays absent: 'not found in the bucket')."""
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.settings.mirror, **self.settings.mirror_options)
+        remote = f"{root.rstrip('/')}/{identity}"
+        if not fs.isdir(remote):
+            return
+        partial = Path(tempfile.mkdtemp(prefix=f".{identity[:50]}-", dir=local.parent))
+        try:
+            fs.get(remote + "/", str(partial) + "/", recursive=True)
+            os.replace(partial, local)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
 
     def hot_load(self, body: Any) -> dict[str, Any]:
         """Judge a signal and start the load (on a worker thread: validation may take seconds).
@@ -369,6 +390,10 @@ class Deployment:
             admission = admit(self.settings, path, ctx)
             if admission.kind != "full":
                 raise HotLoadError(400, f"reload_weights loads full checkpoints; {identity} is {admission.kind}")
+            # reading the weights takes `load_delay` (minutes for a production model), and the
+            # request is answered only after it, as vLLM's is
+            if self._closing.wait(self.settings.load_delay):
+                raise HotLoadError(503, "the deployment is shutting down")
             models = [self._reloaded(replica, identity, path, admission) for replica in self.replicas]
             self.reloads += 1
             self.full_dirs[identity] = path
@@ -490,6 +515,7 @@ class Deployment:
         for pool in (self.workers, self.signals, self.control):
             pool.shutdown(wait=False, cancel_futures=True)
         self.closed = True
+        self._closing.set()
         for r in self.replicas:  # all told first, then joined: the stop takes one replica's time, not the sum
             r.stop()
         deadline = time.monotonic() + REPLICA_STOP

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,24 @@ class StepOutput:
 
 
 class Model:
+    """The forward pass over weights held in memory (`tensors`). A subclass may give `embed`,
+    `lm_head` and `layers` as objects that read the weights when they are used instead
+    (numerics.streaming: a model larger than the memory)."""
+
+    dense_moe_rows = DENSE_MOE_ROWS
+
     def __init__(self, config: Mapping[str, Any], tensors: Mapping[str, st.Tensor]):
+        self._configure(config)
+        c = self.config
+        w = self.weight_reader(tensors)
+        self.embed = w("model.embed_tokens.weight")
+        self.final_norm = w("model.norm.weight")
+        self.lm_head = (
+            w("model.embed_tokens.weight") if c.get("tie_word_embeddings") else w("lm_head.weight")
+        ).T.copy()
+        self.layers: Sequence[Layer] = [self.build_layer(i, w) for i in range(c["num_hidden_layers"])]
+
+    def _configure(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
         c = self.config
         self.hidden, self.heads, self.kv_heads = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -136,45 +153,49 @@ class Model:
             np.float32
         )
         quant = c.get("quantization_config") or {}
-        block = tuple(quant.get("weight_block_size") or (128, 128))
+        self.block = tuple(quant.get("weight_block_size") or (128, 128))
+
+    def weight_reader(self, tensors: Mapping[str, st.Tensor]) -> Callable[[str], np.ndarray]:
+        """`w(name)`: the tensor `name` as float32 (FP8 ones scaled by their `_scale_inv`)."""
 
         def w(name: str) -> np.ndarray:
-            return _float(tensors[name], tensors.get(name + "_scale_inv") or tensors.get(name + "_scale"), block)
+            return _float(tensors[name], tensors.get(name + "_scale_inv") or tensors.get(name + "_scale"), self.block)
 
-        self.embed = w("model.embed_tokens.weight")
-        self.final_norm = w("model.norm.weight")
-        self.lm_head = (
-            w("model.embed_tokens.weight") if c.get("tie_word_embeddings") else w("lm_head.weight")
-        ).T.copy()
-        self.layers: list[Layer] = []
-        moe = set(self.moe_layers)
-        for i in range(c["num_hidden_layers"]):
-            p = f"model.layers.{i}."
-            qkv = np.concatenate([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0).T.copy()
-            layer = Layer(
-                input_norm=w(p + "input_layernorm.weight"),
-                post_norm=w(p + "post_attention_layernorm.weight"),
-                wqkv=qkv,
-                wo=w(p + "self_attn.o_proj.weight").T.copy(),
-                q_norm=w(p + "self_attn.q_norm.weight"),
-                k_norm=w(p + "self_attn.k_norm.weight"),
-            )
-            if i in moe:
-                layer.router = w(p + "mlp.gate.weight").T.copy()
-                gu = [
-                    np.concatenate(
-                        [w(p + f"mlp.experts.{e}.gate_proj.weight"), w(p + f"mlp.experts.{e}.up_proj.weight")]
-                    ).T
-                    for e in range(self.experts)
-                ]
-                layer.w_gate_up = np.ascontiguousarray(np.stack(gu))
-                layer.w_down = np.ascontiguousarray(
-                    np.stack([w(p + f"mlp.experts.{e}.down_proj.weight").T for e in range(self.experts)])
+        return w
+
+    def build_layer(self, i: int, w: Callable[[str], np.ndarray], *, experts: bool = True) -> Layer:
+        """Layer `i` from `w` (see `weight_reader`); without `experts`, an MoE layer's experts are
+        left for the caller to give (`w_gate_up` and `w_down`, indexed by expert)."""
+        p = f"model.layers.{i}."
+        qkv = np.concatenate([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0).T.copy()
+        layer = Layer(
+            input_norm=w(p + "input_layernorm.weight"),
+            post_norm=w(p + "post_attention_layernorm.weight"),
+            wqkv=qkv,
+            wo=w(p + "self_attn.o_proj.weight").T.copy(),
+            q_norm=w(p + "self_attn.q_norm.weight"),
+            k_norm=w(p + "self_attn.k_norm.weight"),
+        )
+        if i in self.moe_layers:
+            layer.router = w(p + "mlp.gate.weight").T.copy()
+            if experts:
+                layer.w_gate_up = np.ascontiguousarray(
+                    np.stack([self.expert_gate_up(w, i, e) for e in range(self.experts)])
                 )
-            else:
-                layer.w_gate_up = np.concatenate([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).T.copy()
-                layer.w_down = w(p + "mlp.down_proj.weight").T.copy()
-            self.layers.append(layer)
+                layer.w_down = np.ascontiguousarray(np.stack([self.expert_down(w, i, e) for e in range(self.experts)]))
+        else:
+            layer.w_gate_up = np.concatenate([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).T.copy()
+            layer.w_down = w(p + "mlp.down_proj.weight").T.copy()
+        return layer
+
+    @staticmethod
+    def expert_gate_up(w: Callable[[str], np.ndarray], i: int, e: int) -> np.ndarray:
+        p = f"model.layers.{i}.mlp.experts.{e}."
+        return np.concatenate([w(p + "gate_proj.weight"), w(p + "up_proj.weight")]).T
+
+    @staticmethod
+    def expert_down(w: Callable[[str], np.ndarray], i: int, e: int) -> np.ndarray:
+        return w(f"model.layers.{i}.mlp.experts.{e}.down_proj.weight").T
 
     @classmethod
     def load(cls, snapshot: str | Path) -> Model:
@@ -312,7 +333,7 @@ class Model:
         if self.norm_topk:
             weights = weights / weights.sum(axis=-1, keepdims=True)
         inter = layer.w_gate_up.shape[2] // 2
-        if h.shape[0] <= DENSE_MOE_ROWS:
+        if h.shape[0] <= self.dense_moe_rows:
             # Few tokens: run every expert on every token in three batched calls and weight the
             # unselected ones by zero; far fewer numpy calls than gathering tokens per expert.
             gu = np.matmul(h[None], layer.w_gate_up)  # [E, T, 2I]

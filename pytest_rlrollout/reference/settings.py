@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +75,10 @@ class Settings:
     # vLLM's --enable-return-routed-experts: completions end with the experts every position was
     # routed to (`routed_experts`); off by default, as on the CPU build (it needs the GPU runner)
     routed_experts: bool = False
+    # An object store the deployment downloads each snapshot from when it is first named (as a
+    # hosted deployment reads its bucket); `bucket` is then its local copy. None: `bucket` is all.
+    mirror: str | None = None  # an fsspec URL: s3://..., gs://...
+    mirror_options: Mapping[str, Any] = field(default_factory=dict)  # fsspec storage options
 
     @classmethod
     def for_dialect(cls, engine: Dialect = "fireworks", **given: Any) -> Settings:

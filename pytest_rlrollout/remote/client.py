@@ -366,6 +366,19 @@ def _answered(r: httpx.Response, body: bytes, key: Secret) -> httpx.Response:
     return out
 
 
+def events_bound(limits: Limits, payload: Any) -> int:
+    """The events a stream may take: `limits.events`, or, for a request asking for more tokens
+    than that, twice the tokens asked for (a chunk a token, and room for chunks without one), so
+    that no stream the suite asked for runs into a bound of its own."""
+    asked = 0
+    if isinstance(payload, dict):
+        sampling = payload.get("sampling_params") if isinstance(payload.get("sampling_params"), dict) else {}
+        for value in (payload.get("max_tokens"), payload.get("max_completion_tokens"), sampling.get("max_tokens")):
+            if isinstance(value, int) and not isinstance(value, bool):
+                asked = max(asked, value)
+    return max(limits.events, 2 * asked + 64)
+
+
 def _events_excerpt(events: list[str]) -> str:
     """The first events, joined, no longer than evidence needs (a stream may hold MBs)."""
     shown: list[str] = []
@@ -439,12 +452,16 @@ class DeploymentClient:
     # ----------------------------------------------------------------------- bounded exchanges
 
     @contextlib.contextmanager
-    def _exchange(self, method: str, url: str) -> Iterator[_Clock]:
-        """The clock of one exchange, which the network backend reads for this thread. Nested in
-        another exchange (a request made from `on_chunk`), it ends no later than the outer one."""
+    def _exchange(self, method: str, url: str, wait: float | None = None) -> Iterator[_Clock]:
+        """The clock of one exchange, which the network backend reads for this thread: `wait`
+        seconds (a request answered once a load is done) when longer than Limits.exchange. Nested
+        in another exchange (a request made from `on_chunk`), it ends no later than the outer one."""
         now = time.monotonic()
         what = f"{method} {httpx.URL(url).path}"
-        clock = _Clock(what, now, now + self.limits.exchange, f"Limits.exchange = {self.limits.exchange:g} s")
+        if wait is not None and wait > self.limits.exchange:
+            clock = _Clock(what, now, now + wait, f"the swap timeout ({wait:g} s)")
+        else:
+            clock = _Clock(what, now, now + self.limits.exchange, f"Limits.exchange = {self.limits.exchange:g} s")
         if self.deadline is not None and self.deadline < clock.end:
             clock.end, clock.bound = self.deadline, "the test's deadline"
             if clock.end <= now:
@@ -485,14 +502,17 @@ class DeploymentClient:
                                 f"take about {weight / 2**20:,.0f} MiB in memory once parsed")  # fmt: skip
         return body
 
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, url: str, *, wait: float | None = None, **kwargs: Any) -> httpx.Response:
         """Send a request and read the answer, writing the exchange down (secrets left out). The
         body is read to at most `limits.body` bytes, the whole exchange within its time:
-        `LimitExceeded` past either, `ExchangeFailed` when the transport fails."""
+        `LimitExceeded` past either, `ExchangeFailed` when the transport fails. `wait`: seconds
+        the answer may legitimately take in silence (a load answered when it is done: the swap
+        timeout), when longer than the read timeout and Limits.exchange."""
         sent = kwargs.get("content") or kwargs.get("json")
-        with self._exchange(method, url) as clock:
+        read = self.timeout if wait is None else max(self.timeout, wait)
+        with self._exchange(method, url, wait) as clock:
             try:
-                with self.http.stream(method, url, **{"timeout": clock.timeout(self.timeout), **kwargs}) as r:
+                with self.http.stream(method, url, **{"timeout": clock.timeout(read), **kwargs}) as r:
                     body = self._body(r, clock)
             except httpx.HTTPError as e:
                 failure = self._failure(e, clock)
@@ -632,7 +652,7 @@ class DeploymentClient:
                     if r.status_code != 200:
                         out.body = key.redact(self._body(r, clock).decode("utf-8", "replace"))
                     else:
-                        self._read_stream(r, out, on_chunk, clock)
+                        self._read_stream(r, out, on_chunk, clock, events_bound(self.limits, payload))
             except httpx.HTTPError as e:
                 failure = self._failure(e, clock)
                 self._note("POST", url, type(e).__name__, payload, str(failure))
@@ -644,7 +664,12 @@ class DeploymentClient:
         return out
 
     def _read_stream(
-        self, r: httpx.Response, out: Stream, on_chunk: Callable[[dict[str, Any]], None] | None, clock: _Clock
+        self,
+        r: httpx.Response,
+        out: Stream,
+        on_chunk: Callable[[dict[str, Any]], None] | None,
+        clock: _Clock,
+        bound: int,
     ) -> None:
         kind = r.headers.get("content-type", "")
         if not kind.strip().lower().startswith("text/event-stream"):
@@ -655,11 +680,11 @@ class DeploymentClient:
         try:
             for piece in _decoded(r, STREAM_PIECE, clock.what):
                 for event in decoder.feed(piece):
-                    if self._take(out, event, on_chunk, clock, held):
+                    if self._take(out, event, on_chunk, clock, held, bound):
                         return
                 clock.tick(len(piece))
             for event in decoder.close():
-                self._take(out, event, on_chunk, clock, held)
+                self._take(out, event, on_chunk, clock, held, bound)
             out.unterminated = decoder.unterminated
         finally:
             if decoder.invalid:
@@ -672,12 +697,13 @@ class DeploymentClient:
         on_chunk: Callable[[dict[str, Any]], None] | None,
         clock: _Clock,
         held: list[int],
+        bound: int,
     ) -> bool:
         """Add one event to `out`; True once the stream is done. A stream is kept whole (the
-        verdicts read every event), so its events and their bytes are bounded."""
-        if len(out.events) >= self.limits.events:
-            raise LimitExceeded(f"Limits.events = {self.limits.events:,}", f"{clock.what}: the stream passed "
-                                f"{self.limits.events:,} events without data: [DONE]")  # fmt: skip
+        verdicts read every event), so its events (`bound`) and their bytes are bounded."""
+        if len(out.events) >= bound:
+            raise LimitExceeded(f"Limits.events = {bound:,} (or twice the tokens asked for)",
+                                f"{clock.what}: the stream passed {bound:,} events without data: [DONE]")  # fmt: skip
         held[0] += parsed_size(event)  # weighed before it is parsed
         if held[0] > self.limits.memory:
             raise LimitExceeded(f"Limits.memory = {amount(self.limits.memory)}",

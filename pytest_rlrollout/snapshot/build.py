@@ -118,17 +118,25 @@ def write_snapshot(
     return dst
 
 
+def carried_names(src: Path, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """The config, tokenizer and other small files of `src` a derived snapshot carries over
+    (not weights, index or spec)."""
+    return [
+        entry.name
+        for entry in sorted(src.iterdir())
+        if entry.is_file()
+        and not entry.name.startswith(".")
+        and not entry.name.endswith(_NOT_CARRIED)
+        and entry.name not in (INDEX, SPEC, *skip)
+        and not entry.name.endswith(".index.json")
+    ]
+
+
 def carry_files(src: Path, dst: Path, *, skip: tuple[str, ...] = ()) -> list[str]:
     """Copy config, tokenizer and other small files (not weights, index or spec) from src to dst."""
-    carried = []
-    for entry in sorted(src.iterdir()):
-        name = entry.name
-        if not entry.is_file() or name.startswith(".") or name.endswith(_NOT_CARRIED):
-            continue
-        if name in (INDEX, SPEC, *skip) or name.endswith(".index.json"):
-            continue
-        shutil.copyfile(entry, dst / name)
-        carried.append(name)
+    carried = carried_names(src, skip=skip)
+    for name in carried:
+        shutil.copyfile(src / name, dst / name)
     return carried
 
 
@@ -152,6 +160,38 @@ def checkpoint_entries(src: str | os.PathLike[str]) -> list[st.Entry]:
                 raise SnapshotError(f"tensor {name} is stored twice ({path.name} and another file)")
             entries[name] = st.Entry(name, t.dtype, t.shape, st.FileRange(path, t.start, t.end))
     return list(entries.values())
+
+
+def weight_map(src: str | os.PathLike[str]) -> dict[str, str]:
+    """Tensor name -> the file holding it: the index's weight_map, or, in a checkpoint without
+    an index (a small model's single model.safetensors, as `save_pretrained` writes it), read
+    from the safetensors headers."""
+    src = Path(src)
+    if (src / INDEX).is_file():
+        return dict(json.loads((src / INDEX).read_text())["weight_map"])
+    return {e.name: e.source.path.name for e in checkpoint_entries(src)}  # type: ignore[union-attr]
+
+
+def tensor_map(src: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """What model.weight.spec.json says of every tensor (shape and dtype): the spec's
+    tensor_map, or, in a checkpoint without one, what the safetensors headers say."""
+    src = Path(src)
+    if (src / SPEC).is_file():
+        return dict(json.loads((src / SPEC).read_text())["tensor_map"])
+    return {e.name: {"shape": list(e.shape), "dtype": e.dtype} for e in checkpoint_entries(src)}
+
+
+def layout_problem(src: str | os.PathLike[str]) -> str | None:
+    """Why `src` is not in the hot-load layout (index, spec, one layer per shard), or None."""
+    src = Path(src)
+    missing = [name for name in (INDEX, SPEC) if not (src / name).is_file()]
+    if missing:
+        return f"it has no {' and no '.join(missing)}"
+    groups: dict[str, set[int | None]] = defaultdict(set)
+    for name, file in weight_map(src).items():
+        groups[file].add(layer_of(name))
+    mixed = sorted(file for file, layers in groups.items() if len(layers) > 1)
+    return f"{mixed[0]} holds tensors of {len(groups[mixed[0]])} layers (one layer per shard)" if mixed else None
 
 
 def export_checkpoint(
@@ -194,32 +234,39 @@ def derive(
     names), so it can serve as the target of an incremental diff."""
     src, dst = Path(src), Path(dst)
     _empty_destination(dst)
-    index = json.loads((src / INDEX).read_text())
+    files = weight_map(src)
     by_file: dict[str, list[str]] = defaultdict(list)
-    for name, file in index["weight_map"].items():
+    for name, file in files.items():
         by_file[file].append(name)
-    unknown = set(change) - set(index["weight_map"])
+    unknown = set(change) - set(files)
     if unknown:
         raise SnapshotError(f"cannot change tensors the snapshot does not have: {sorted(unknown)[:5]}")
-    for file, names in by_file.items():
-        header = st.read_header(src / file)
-        entries = []
-        for name in names:
-            t = header.tensors[name]
-            if name in change:
-                new = change[name]
-                if (new.dtype, new.shape) != (t.dtype, t.shape):
-                    raise SnapshotError(f"{name}: {new.dtype}{list(new.shape)} would change {t.dtype}{list(t.shape)}")
-                entries.append(st.Entry(name, t.dtype, t.shape, new))
-            else:
-                entries.append(st.Entry(name, t.dtype, t.shape, st.FileRange(src / file, t.start, t.end)))
-        st.write_file(dst / file, entries, header.metadata)
-    shutil.copyfile(src / INDEX, dst / INDEX)
-    shutil.copyfile(src / SPEC, dst / SPEC)
+    for file in by_file:
+        derive_file(src / file, dst / file, change)
+    for name in (INDEX, SPEC):  # a checkpoint as `save_pretrained` writes it may have neither
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
     carry_files(src, dst)
     if config is not None:
         _write_json(dst / CONFIG, dict(config))
     return dst
+
+
+def derive_file(src: Path, dst: Path, change: Mapping[str, st.Tensor]) -> int:
+    """Shard `src` with the tensors it holds of `change` replaced (same tensors, order and
+    metadata), written to `dst`; returns its size."""
+    header = st.read_header(src)
+    entries = []
+    for name, t in header.tensors.items():
+        new = change.get(name)
+        if new is None:
+            entries.append(st.Entry(name, t.dtype, t.shape, st.FileRange(src, t.start, t.end)))
+        elif (new.dtype, new.shape) != (t.dtype, t.shape):
+            raise SnapshotError(f"{name}: {new.dtype}{list(new.shape)} would change {t.dtype}{list(t.shape)}")
+        else:
+            entries.append(st.Entry(name, t.dtype, t.shape, new))
+    st.write_file(dst, entries, header.metadata)
+    return dst.stat().st_size
 
 
 def perturbed(
@@ -355,7 +402,7 @@ def make_lora(
     outputs (numpy only; the interop tests use peft itself)."""
     base, dst = Path(base), Path(dst)
     rng = np.random.default_rng(seed)
-    spec = json.loads((base / SPEC).read_text())["tensor_map"]
+    spec = tensor_map(base)
     tensors = {}
     for name, entry in sorted(spec.items()):
         module = name.removesuffix(".weight")

@@ -234,7 +234,7 @@ class Soak:
         serving = self.judge.loaded[-1]
         change = factory.visible_change(serving)  # every swap moves every fingerprint
         full = s.full_every > 0 and n % s.full_every == 0
-        built = (factory.full(f"soak-{n}", {**factory.record.overlays.get(serving, {}), **change}) if full
+        built = (factory.full(f"soak-{n}", change) if full
                  else self.swapper.build(f"soak-{n}", change))  # fmt: skip
         reset = s.resets[(n - 1) % len(s.resets)]
         with self.lock:

@@ -23,7 +23,7 @@ import pytest
 
 from pytest_rlrollout.suite.options import RLConfig, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
-from pytest_rlrollout.suite.run_state import Restored, RunState, Served
+from pytest_rlrollout.suite.run_state import Cleanup, Restored, RunState, Served
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class RLDeployment:
         self.driver, self.client, self.options = driver, driver.client, opts
         self.base_snapshot, self.bucket = base_snapshot, bucket
         self.timeouts = opts.timeouts
+        driver.load_wait = opts.timeouts.swap  # a load answered once done may take the whole swap
         self._local = local  # the bundled reference deployment, when it runs in this process
         self.discovery: Discovery | None = None  # what it is and offers; set before any test
         self.run_id = "run"  # unique per run (the recording's in replay); set before any test
@@ -253,15 +254,15 @@ class RLDeployment:
     def hot_load(
         self, body: Any, *, headers: dict[str, str] | None = None, midway: Callable[[], None] | None = None
     ) -> httpx.Response:
-        """Load the snapshot a signal names, through the engine's load API; a 409 while another
-        load is in progress (one load at a time) is retried until the swap timeout, as a
-        trainer's client would. `midway`: see `Driver.load`."""
+        """Load the snapshot a signal names, through the engine's load API; a refusal because
+        another load is in progress (one load at a time: `Driver.busy`) is signalled again until
+        the swap timeout, as a trainer's client would. `midway`: see `Driver.load`."""
         from pytest_rlrollout.remote.polling import ticks
 
         self._check_allowed("hot-load")
         for _ in ticks(self.timeouts.swap, self.timeouts.retry):
             r = self.driver.load(body, headers=headers, midway=midway)
-            if r.status_code != 409 or "ledger" in r.text:
+            if not self.driver.busy(r):
                 return r
         return r
 
@@ -356,10 +357,13 @@ def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | Non
 
 
 @contextlib.contextmanager
-def _live(opts: RLConfig, engine: Engine) -> Iterator[RLDeployment]:
+def _live(opts: RLConfig, engine: Engine, config: pytest.Config) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
 
-    bucket = Bucket(opts.bucket_url) if opts.bucket_url else None
+    # a long upload says how far it is, on the terminal (xdist workers have none: they say nothing)
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    progress = None if terminal is None else (lambda p: terminal.write_line(p.line()))
+    bucket = Bucket(opts.bucket_url, opts.store, progress=progress) if opts.bucket_url else None
     with connect(opts, engine, _recorder(opts, opts.api_key)) as driver:
         yield RLDeployment(driver, opts, base_snapshot=opts.base_snapshot, bucket=bucket)
 
@@ -418,7 +422,7 @@ def rl_deployment(
     config = request.config
     opts = rl_config
     opened = {"local": lambda: _local(opts, tmp_path_factory),
-              "live": lambda: _live(opts, preflighted(config).engine),
+              "live": lambda: _live(opts, preflighted(config).engine, config),
               "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
     with opened() as dep:
         dep.discovery = config.stash[DISCOVERED] = discovered(config, dep)
@@ -541,6 +545,7 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
     if label is None:
         return
     with connect(opts, engine) as driver:
+        driver.load_wait = opts.timeouts.swap
         try:
             if driver.replicas() and {r.get("current_snapshot_identity") for r in driver.replicas()} == {label}:
                 return
@@ -550,8 +555,23 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
             after = driver.replicas()
         except (httpx.HTTPError, LimitExceeded) as e:  # e.g. a deployment a refused load left broken
             done, after = f"the start could not be restored: {type(e).__name__}: {e}", []
-    if done is not None:
-        state.restored(Restored(after, restored=done))
+    if done is None:
+        return
+    state.restored(Restored(after, restored=done))
+    if after and {r.get("current_snapshot_identity") for r in after} == {label}:
+        _remove_kept(state, opts)
+
+
+def _remove_kept(state: RunState, opts: RLConfig) -> None:
+    """Once the start is served again, what the run kept because it was served at the end goes."""
+    from pytest_rlrollout.remote.bucket import Bucket
+
+    kept = sorted({i for c in state.cleanups for i in c.kept})
+    if kept and opts.bucket_url:
+        bucket = Bucket(opts.bucket_url, opts.store)
+        for identity in kept:
+            bucket.remove(identity)
+        state.cleaned(Cleanup(kept, []), name="restored")
 
 
 def run_id(config: pytest.Config) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +24,7 @@ import pytest
 
 from pytest_rlrollout.contract.catalogue import ENGINES, Engine
 from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
+from pytest_rlrollout.remote.bucket import Store
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.shipped import shipped
@@ -89,6 +92,7 @@ class RLConfig:
     engine: Engine | None = "fireworks"  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
     bucket_url: str | None = None
+    store: Store = field(default_factory=Store)  # how to reach the bucket when it is an object store
     base_snapshot: Path | None = None
     transition: str | None = None  # ASYNC | SYNC, or None: ask the deployment
     level: Literal["must", "should"] = "should"
@@ -221,6 +225,24 @@ SETTINGS = (
         metavar="URL",
     ),
     Setting(
+        "rl_bucket_endpoint_url",
+        "an object store's endpoint, for an s3:// bucket on an S3-compatible store (CoreWeave AI Object "
+        "Storage, MinIO) or a gs:// one elsewhere than Google; credentials come from the environment or a profile",
+        metavar="URL",
+    ),
+    Setting("rl_bucket_profile", "s3://: the credentials profile to use (a section of ~/.aws/credentials)"),
+    Setting(
+        "rl_bucket_concurrency",
+        f"files uploaded to the bucket at once (default {Store.concurrency})",
+        int,
+        check="positive",
+    ),
+    Setting(
+        "rl_bucket_options",
+        "further fsspec storage options for the bucket, as a JSON object (never credentials)",
+        metavar="JSON",
+    ),
+    Setting(
         "rl_base_snapshot",
         "a local copy of the base model the deployment serves (its directory name = its identity)",
         option="--rl-base-snapshot",
@@ -331,9 +353,10 @@ SETTINGS = (
     ),
     Setting(
         "rl_scorer",
-        "NUM: the local scorer (default auto: the numpy engine for small models on the CPU, else transformers)",
-        choices=("auto", "numpy", "transformers"),
-        metavar="auto|numpy|transformers",
+        "NUM: the local scorer (default auto: on the CPU the numpy engine, its weights streamed layer by layer "
+        "for models over 200M parameters; transformers on another device)",
+        choices=("auto", "numpy", "streaming", "transformers"),
+        metavar="auto|numpy|streaming|transformers",
     ),
     Setting("rl_scorer_device", "NUM: where the transformers scorer runs (default cpu; cuda)", metavar="DEVICE"),
     # the soak (`rlrollout soak`, or -o rl_soak=true)
@@ -542,17 +565,35 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     if allow and common["base_snapshot"] is None:
         _usage("--rl-allow-hot-load: also pass --rl-base-snapshot (a local copy of the served base, to build "
                "the snapshots it swaps in)")  # fmt: skip
+    store = _store(get)
     if bucket_url:
-        from pytest_rlrollout.remote.bucket import Bucket
+        from pytest_rlrollout.remote.bucket import Bucket, BucketError
 
         try:
-            Bucket(bucket_url)
-        except ValueError as e:
+            bucket = Bucket(bucket_url, store)
+            if allow:  # one question to the store now, not a failure in every swap test
+                bucket.check()
+        except (ValueError, BucketError) as e:
             _usage(f"--rl-bucket-url: {e}")
     base_url = (get("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLConfig(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
                      inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url,
-                     engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
+                     store=store, engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
+
+
+def _store(get: Callable[[str], Any]) -> Store:
+    """The object store settings (`rl_bucket_*`)."""
+    raw = get("rl_bucket_options")
+    options: Any = {}
+    if raw:
+        try:
+            options = json.loads(raw)
+        except ValueError as e:
+            _usage(f'rl_bucket_options is not JSON ({e}): give an object, e.g. {{"requester_pays": true}}')
+        if not isinstance(options, dict):
+            _usage(f"rl_bucket_options is a JSON object of fsspec storage options, not {type(options).__name__}")
+    return Store(endpoint_url=get("rl_bucket_endpoint_url"), profile=get("rl_bucket_profile"),
+                 concurrency=get("rl_bucket_concurrency") or Store.concurrency, options=options)  # fmt: skip
 
 
 def _coreweave_control(config: pytest.Config, deployment: str | None) -> dict[str, Any]:

@@ -178,7 +178,7 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     end = state.end or start
     cleanups = state.cleanups  # one read of the workers' files
     removed = sorted({i for c in cleanups for i in c.removed})
-    kept = sorted({i for c in cleanups for i in c.kept})
+    kept = sorted({i for c in cleanups for i in c.kept} - set(removed))  # kept until the start was restored
     before, after = start.identities, end.identities
     adapters = sorted({i for r in end.replicas for i in served_by(r)} - {i for r in start.replicas for i in served_by(r)}
                       - set(after))  # fmt: skip

@@ -79,8 +79,9 @@ class RunState:
     def restored(self, restored: Restored) -> None:
         self._write("restored.json", restored)
 
-    def cleaned(self, cleanup: Cleanup) -> None:
-        self._write(f"removed-{os.getpid()}.json", cleanup)
+    def cleaned(self, cleanup: Cleanup, name: str | None = None) -> None:
+        """What a worker's factory removed and kept (`name`: what else removed them, once)."""
+        self._write(f"removed-{name or os.getpid()}.json", cleanup)
 
     # ------------------------------------------------------------------------- read
 

@@ -1,17 +1,21 @@
 """The snapshots a conformance run swaps into a deployment (the `rl_snapshot_factory` fixture).
 
 Every snapshot is the base (a local copy, `--rl-base-snapshot`) with a few tensors changed by a
-named operation, so any worker can rebuild any snapshot's bytes from the base and a small
-record. Swaps go along a chain of **sentinel deltas**: ARC2 diffs against the snapshot being
-served that change one small tensor (a norm vector, or the MoE routers when routing must
-change). Their diff files are zero frames except for that tensor, so a live swap uploads a few
-kilobytes per shard, far below 1% of a full snapshot. A full snapshot is uploaded only when the
-chain has no known start (the deployment serves a snapshot the run did not make and the base
-copy is not named after it) or after a ledger reset.
+named operation, always relative to the base (a test's change never carries an earlier test's),
+so any worker can rebuild any snapshot's bytes from the base and a small record.
 
-Identities are unique per run (`rlt-<run>-<n>-<label>`); everything uploaded is removed at the
-end. The record of what each identity holds lives in a JSON file shared by xdist workers; it is
-only written under the deployment's exclusive lock.
+What a swap costs follows what it changes. An engine that takes ARC2 diffs swaps along a chain
+of **sentinel deltas** against the snapshot being served: zero frames except for the tensors that
+differ, a few kilobytes per shard. A full snapshot of the base is a copy inside the bucket (the
+store copies it; a bucket on this machine hard-links it) whenever the bucket holds the base
+under its name. A full snapshot with changes, what an engine that reloads a directory takes, is
+written as the shards that hold a changed tensor; every other file is linked or copied from the
+base. A whole upload happens only when the bucket does not hold the base.
+
+Identities are unique per run (`rlt-<run>-<n>-<label>`). A snapshot is removed as soon as nothing
+serves it and nothing served descends from it; the rest at the end. The record of what each
+identity holds lives in a JSON file shared by xdist workers; it is only written under the
+deployment's exclusive lock.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import re
 import shutil
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_rlrollout.remote.bucket import Bucket
+from pytest_rlrollout.remote.bucket import Bucket, Transfer
 from pytest_rlrollout.snapshot import arc2, build
 from pytest_rlrollout.snapshot import safetensors_io as st
 from pytest_rlrollout.snapshot.layout import CONFIG, INDEX, SPEC
@@ -36,11 +41,15 @@ Op = list  # ["scale", factor] | ["negate"]: applied to the base tensor
 Overlay = dict[str, Op]  # tensor name -> op; tensors not listed equal the base
 
 IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # what the suite names its snapshots
+# rlt-<run>-<test>-<n>-<label>: a run id (8 hex), a test's key (6 hex), its serial, a label
+RUN_IDENTITY = re.compile(r"rlt-(?P<run>[0-9a-f]{8})-[0-9a-f]{6}-[0-9]{2,}-[A-Za-z0-9._-]+")
 ROUTER = re.compile(r"\.(mlp|block_sparse_moe)\.gate\.weight$")
+LAYER = re.compile(r"layers\.(\d+)\.")
 EXPERT = re.compile(r"layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.\d+\.")
 LAYER_NORM = re.compile(r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight$")
 FINAL_NORM = re.compile(r"^(model\.)?norm\.weight$")
 FLOATS = ("BF16", "F16", "F32")
+CHECKSUM_BLOCK = 8 << 20
 
 
 @dataclass
@@ -54,11 +63,14 @@ class Built:
     uploaded_bytes: int
     overlay: Overlay | None = None  # None for LoRA
     copied_bytes: int = 0  # copied inside the bucket (bucket-side, nothing uploaded)
+    linked_bytes: int = 0  # hard-linked into a bucket on this machine (nothing written)
+    written_bytes: int = 0  # written on this machine to build it
 
     def note(self, full_bytes: int) -> dict[str, Any]:
         """What building it cost, for the report."""
         return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded_bytes,
-                "copied": self.copied_bytes, "of_full": round(self.uploaded_bytes / max(full_bytes, 1), 6)}  # fmt: skip
+                "copied": self.copied_bytes, "linked": self.linked_bytes, "written": self.written_bytes,
+                "of_full": round(self.uploaded_bytes / max(full_bytes, 1), 6)}  # fmt: skip
 
 
 @dataclass
@@ -68,18 +80,24 @@ class Record:
     path: Path
     overlays: dict[str, Overlay] = field(default_factory=dict)
     needs_full: bool = False
+    parents: dict[str, str] = field(default_factory=dict)  # an ARC2 diff's identity -> its parent's
 
     def load(self) -> Record:
         if self.path.is_file():
             doc = json.loads(self.path.read_text())
-            self.overlays, self.needs_full = doc["overlays"], doc["needs_full"]
+            self.overlays, self.needs_full, self.parents = doc["overlays"], doc["needs_full"], doc.get("parents", {})
         return self
 
     def save(self) -> None:
-        doc = {"overlays": self.overlays, "needs_full": self.needs_full}
+        doc = {"overlays": self.overlays, "needs_full": self.needs_full, "parents": self.parents}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)
+
+
+def normal(overlay: Mapping[str, Op]) -> Overlay:
+    """`overlay` without the operations that change nothing (a scale by 1)."""
+    return {n: list(op) for n, op in overlay.items() if list(op) != ["scale", 1.0]}
 
 
 def _apply(t: st.Tensor, op: Op) -> st.Tensor:
@@ -99,21 +117,34 @@ class SnapshotFactory:
         *,
         model: str,
         incremental: bool = True,
+        layout: bool = False,
     ):
         self.base, self.bucket, self.workdir, self.run_id, self.model = Path(base), bucket, Path(workdir), run_id, model
         self.incremental = incremental  # the engine loads ARC2 diffs: swaps go along sentinel deltas
+        # The engine checks the hot-load layout (index, spec, one layer per shard) and the base
+        # is a checkpoint as `save_pretrained` writes it: laid out once, here, under its name
+        self.relaid = build.layout_problem(self.base) if layout else None
+        if self.relaid is not None:
+            self.base = build.export_checkpoint(self.base, self.workdir / "base" / self.base.name)
         self.record = Record(record_path).load()
-        self.uploaded: list[str] = []  # by this process: each worker removes its own at the end
+        self.uploaded: list[str] = []  # by this process: each worker removes its own
+        self.removed: list[str] = []  # of those, already removed (nothing serves or descends from them)
+        self._built_by: dict[str, str] = {}  # identity -> the test that built it
+        self._signalled: set[str] = set()
         self.test_key, self._serial, self.last_serial = "000000", {}, 0
         if not self.record.overlays:
             self.record.overlays[self.base.name] = {}  # the base copy is named after the identity it holds
             self.record.save()
-        self.index = json.loads((self.base / INDEX).read_text())
+        self.index = {"weight_map": build.weight_map(self.base)}
         self._headers = {f: st.read_header(self.base / f) for f in sorted(set(self.index["weight_map"].values()))}
         self._checksums: dict[str, str] = {}
         self.notes: list[dict[str, Any]] = []  # what the current test built (the report states it)
         self.adapters: dict[str, Path] = {}  # LoRA identity -> its local directory (built by this process)
         self.full_bytes = sum((self.base / f).stat().st_size for f in self._headers)
+        # every file of a snapshot derived from the base: weights, index, spec, config, tokenizer
+        self.files = [*self._headers, *(n for n in (INDEX, SPEC) if (self.base / n).is_file()),
+                      *build.carried_names(self.base)]  # fmt: skip
+        self._base_held: bool | None = None
 
     # ----------------------------------------------------------------------- what tensors to change
 
@@ -130,6 +161,11 @@ class SnapshotFactory:
     @property
     def router_tensors(self) -> list[str]:
         return sorted(n for n in self.index["weight_map"] if ROUTER.search(n))
+
+    @property
+    def routers_by_layer(self) -> dict[int, str]:
+        """Every MoE layer's router, by layer number."""
+        return {int(LAYER.search(n).group(1)): n for n in self.router_tensors if LAYER.search(n)}
 
     @property
     def expert_tensors(self) -> list[str]:
@@ -172,16 +208,30 @@ class SnapshotFactory:
         if name in overlay:
             return str(zlib.adler32(self._bytes(name, overlay)))
         if name not in self._checksums:
-            info, path = self._info(name), self.base / self.index["weight_map"][name]
-            adler = zlib.adler32(b"")
-            with open(path, "rb") as f:
-                f.seek(info.start)
-                left = info.nbytes
-                while left:
-                    block = f.read(min(arc2.CHUNK, left))
-                    adler, left = zlib.adler32(block, adler), left - len(block)
-            self._checksums[name] = str(adler)
+            self._checksum_base()
         return self._checksums[name]
+
+    def _checksum_base(self) -> None:
+        """The Adler-32 of every base tensor, in one sequential read of each shard, shards in
+        parallel (zlib lets go of the GIL): the one pass over the whole base a run makes."""
+
+        def shard(file: str) -> dict[str, str]:
+            out, buf = {}, bytearray(CHECKSUM_BLOCK)
+            with open(self.base / file, "rb", buffering=0) as f:
+                for name, info in sorted(self._headers[file].tensors.items(), key=lambda kv: kv[1].start):
+                    f.seek(info.start)
+                    adler, left = zlib.adler32(b""), info.nbytes
+                    while left:
+                        n = f.readinto(memoryview(buf)[: min(len(buf), left)])
+                        if not n:
+                            raise EOFError(f"{file} ends inside tensor {name}")
+                        adler, left = zlib.adler32(memoryview(buf)[:n], adler), left - n
+                    out[name] = str(adler)
+            return out
+
+        with ThreadPoolExecutor(arc2.default_threads(), thread_name_prefix="checksum") as pool:
+            for sums in pool.map(shard, self._headers):
+                self._checksums.update(sums)
 
     # ----------------------------------------------------------------------- building
 
@@ -224,31 +274,69 @@ class SnapshotFactory:
         self.record.needs_full = state["needs_full"]
         self.record.save()
 
-    def _remember(self, identity: str, overlay: Overlay | None) -> None:
+    def _remember(self, identity: str, overlay: Overlay | None, parent: str | None = None) -> None:
         self.record.load()
         if overlay is not None:
             self.record.overlays[identity] = overlay
+        if parent is not None:
+            self.record.parents[identity] = parent
         self.record.save()
         self.uploaded.append(identity)
+        self._built_by[identity] = self.test_key
 
     def _upload(self, local: Path, identity: str, kind: str, signal: dict, overlay: Overlay | None) -> Built:
         sent = self.bucket.upload(local, identity)
         self._remember(identity, overlay)
         return self._noted(Built(identity, kind, signal, local, sent, overlay))
 
+    def _put(self, local: Path, identity: str, kind: str, signal: dict, overlay: Overlay,
+             parent: str | None = None) -> Built:  # fmt: skip
+        """Put a snapshot built in `local` (the files that differ from the base) and the base's
+        other files in the bucket; the local build is removed once it is there."""
+        written = {f.name: f for f in sorted(local.iterdir())}
+        same = {name: self.base / name for name in self.files if name not in written}
+        try:
+            done = self.bucket.put(identity, written, same=same, source=self.base.name if self.base_held else None)
+        finally:
+            size = sum(f.stat().st_size for f in written.values())
+            shutil.rmtree(local, ignore_errors=True)
+        self._remember(identity, overlay, parent)
+        return self._noted(Built(identity, kind, signal, local, done.sent, overlay, done.copied, done.linked, size))
+
     def _noted(self, built: Built) -> Built:
         self.notes.append(built.note(self.full_bytes))
         return built
 
+    @property
+    def base_held(self) -> bool:
+        """Whether the bucket holds the base under its name: every file of it, of the same size,
+        and the same index (asked once). A copy laid out otherwise is not the base: a file of
+        the same name there may hold other tensors."""
+        if self._base_held is None:
+            self._base_held = self.bucket.exists(self.base.name) and self._same_as_held()
+        return self._base_held
+
+    def _same_as_held(self) -> bool:
+        for name in self.files:
+            try:
+                size = self.bucket.size(self.base.name, name)
+            except FileNotFoundError:
+                return False
+            if size != (self.base / name).stat().st_size:
+                return False
+        return INDEX not in self.files or json.loads(self.bucket.read_text(self.base.name, INDEX)) == json.loads(
+            (self.base / INDEX).read_text()
+        )
+
     def base_copy(self, label: str = "full") -> Built:
         """A full snapshot of the base weights under a new identity: copied inside the bucket when
         it holds the base under its name (nothing uploaded), else uploaded whole."""
-        if not self.bucket.exists(self.base.name):
+        if not self.base_held:
             return self.full(label)
         identity = self.new_identity(label)
-        copied = self.bucket.copy(self.base.name, identity)
+        done: Transfer = self.bucket.copy(self.base.name, identity)
         self._remember(identity, {})
-        return self._noted(Built(identity, "full", {"identity": identity}, self.base, 0, {}, copied))
+        return self._noted(Built(identity, "full", {"identity": identity}, self.base, 0, {}, done.copied, done.linked))
 
     def _config(self, edit: Callable[[dict], object] | None) -> dict | None:
         if edit is None:
@@ -258,19 +346,27 @@ class SnapshotFactory:
         return cfg
 
     def full(self, label: str = "full", overlay: Overlay | None = None, config_edit=None) -> Built:
-        """A full snapshot: the base with `overlay` applied (a whole upload)."""
-        overlay = dict(overlay or {})
+        """A full snapshot: the base with `overlay` applied. Only the shards holding a changed
+        tensor (and an edited config) are written and sent; every other file is the base's,
+        copied inside the bucket or linked where it can be (else uploaded)."""
+        overlay = normal(overlay or {})
         identity = self.new_identity(label)
         local = self.workdir / identity
+        local.mkdir(parents=True)
         change = {n: _apply(self._base_tensor(n), op) for n, op in overlay.items()}
-        build.derive(self.base, local, change, config=self._config(config_edit))
-        return self._upload(local, identity, "full", {"identity": identity}, overlay)
+        for file in sorted({self.index["weight_map"][n] for n in change}):
+            build.derive_file(self.base / file, local / file, change)
+        config = self._config(config_edit)
+        if config is not None:
+            (local / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        return self._put(local, identity, "full", {"identity": identity}, overlay)
 
     def sentinel(
         self, parent: str, label: str = "step", change: Mapping[str, Op] | None = None, config_edit=None
     ) -> Built:
-        """An ARC2 diff against `parent` (a snapshot this run knows) changing only `change`
-        (default: the sentinel tensor, scaled by a factor no neighbour in the chain shares)."""
+        """An ARC2 diff against `parent` (a snapshot this run knows) to the base with `change`
+        (default: the sentinel tensor, scaled by a factor no neighbour in the chain shares): the
+        tensors `parent` changed and `change` does not are turned back to the base's."""
         if not self.knows(parent):
             raise LookupError(f"{parent} is not a snapshot this run built; swap to a full snapshot first")
         before = self.record.overlays[parent]
@@ -278,23 +374,18 @@ class SnapshotFactory:
         if change is None:
             step = self.last_serial
             change = {self.sentinel_tensor: ["scale", 1 + ((step % 8) + 1) / 64]}
-        after = {**before, **{k: list(v) for k, v in change.items()}}
+        after = normal(change)
+        differ = {n for n in {*before, *after} if before.get(n) != after.get(n)}
         local = self.workdir / identity
         local.mkdir(parents=True)
         for file, header in self._headers.items():
-            changes = {
-                n: (self._bytes(n, before), self._bytes(n, after))
-                for n in header.tensors
-                if n in change and before.get(n) != after.get(n)
-            }
+            changes = {n: (self._bytes(n, before), self._bytes(n, after)) for n in header.tensors if n in differ}
             checksums = {n: self._checksum(n, before) for n in header.tensors if n not in changes}
             arc2.encode_changes(self.base / file, local / file, changes, checksums)
-        shutil.copyfile(self.base / INDEX, local / INDEX)
-        shutil.copyfile(self.base / SPEC, local / SPEC)
-        build.carry_files(self.base, local)
         if config_edit is not None:
             (local / CONFIG).write_text(json.dumps(self._config(config_edit), indent=2) + "\n")
-        return self._upload(local, identity, "incremental", build.incremental_signal(identity, parent), after)
+        signal = build.incremental_signal(identity, parent)
+        return self._put(local, identity, "incremental", signal, after, parent)
 
     def lora(self, label: str = "lora", seed: int = 0) -> Built:
         identity = self.new_identity(label)
@@ -324,18 +415,17 @@ class SnapshotFactory:
         when the chain has no known start, the ledger was reset, or the engine takes no diffs."""
         self.record.load()
         if self.record.needs_full or not self.knows(serving) or not self.incremental:
-            overlay = {**self.record.overlays.get(serving or "", {}), **{k: list(v) for k, v in (change or {}).items()}}
-            return self.full(label, overlay, config_edit)
+            return self.full(label, dict(change or {}), config_edit)
         return self.sentinel(serving, label, change, config_edit)
 
-    def upload_nested(self, local: Path, outer: str, inner: str) -> int:
-        """Upload a directory as `<outer>/<inner>` (what a nested identity would name; SNAP-ID-1):
-        the bucket itself is only ever given one-segment identities. Removed at the end."""
-        wrapper = self.workdir / f"{outer}.nested"
-        shutil.copytree(local, wrapper / inner)
-        sent = self.bucket.upload(wrapper, self._checked(outer))
+    def copy_nested(self, identity: str, outer: str, inner: str) -> Transfer:
+        """Copy snapshot `identity` inside the bucket to `<outer>/<inner>` (what a nested
+        identity would name; SNAP-ID-1): the bucket itself is only ever given one-segment
+        identities. Removed at the end."""
+        done = self.bucket.copy(identity, self._checked(outer), inner=inner)
         self.uploaded.append(outer)
-        return sent
+        self._built_by[outer] = self.test_key
+        return done
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:
         """Upload a ready-made directory (a broken variant) under a new identity."""
@@ -355,17 +445,57 @@ class SnapshotFactory:
         self.record.needs_full = True
         self.record.save()
 
+    def signalled(self, identity: str) -> None:
+        """`identity` was signalled: once nothing serves it, nothing will again."""
+        self._signalled.add(identity)
+
+    def _needed(self, served: set[str]) -> set[str]:
+        """What is served and every snapshot a served one descends from (a replica that loads
+        an ARC2 diff again needs its parents)."""
+        self.record.load()
+        needed, todo = set(), list(served)
+        while todo:
+            identity = todo.pop()
+            if identity not in needed:
+                needed.add(identity)
+                if identity in self.record.parents:
+                    todo.append(self.record.parents[identity])
+        return needed
+
+    def retire(self, served: set[str]) -> list[str]:
+        """Remove what this process uploaded that is done with: nothing in `served` (what every
+        replica serves now) is it or descends from it, and it was signalled or built by an earlier
+        test (a test's snapshots wait for its signals). Returns the identities removed."""
+        needed, gone = self._needed(served), []
+        for identity in dict.fromkeys(self.uploaded):
+            if identity not in needed and (
+                identity in self._signalled or self._built_by.get(identity) != self.test_key
+            ):
+                self.bucket.remove(identity)
+                gone.append(identity)
+        self._forget(gone)
+        return gone
+
+    def _forget(self, gone: list[str]) -> None:
+        self.uploaded = [i for i in self.uploaded if i not in gone]
+        self.removed += gone
+
     def cleanup(self, keep: set[str] = frozenset()) -> tuple[list[str], list[str]]:
         """Remove every snapshot this run uploaded but those in `keep` (what the deployment
-        still serves: a deployment may read its snapshot again, and the report names it).
-        Returns (removed, kept) identities."""
-        removed, kept = [], []
-        for identity in dict.fromkeys(self.uploaded):
-            if identity in keep:
-                kept.append(identity)
-            else:
-                self.bucket.remove(identity)
-                removed.append(identity)
-        self.uploaded = []
+        still serves: a deployment may read its snapshot again, and the report names it) and
+        those a kept one descends from. Returns (removed, kept) identities, the removed including
+        those retired during the run."""
+        needed = self._needed(set(keep))
+        kept = [i for i in dict.fromkeys(self.uploaded) if i in needed]
+        gone = [i for i in dict.fromkeys(self.uploaded) if i not in needed]
+        for identity in gone:
+            self.bucket.remove(identity)
+        self._forget(gone)
         shutil.rmtree(self.workdir, ignore_errors=True)
-        return removed, kept
+        return list(self.removed), kept
+
+
+def left_behind(bucket: Bucket, run: str | None = None) -> list[str]:
+    """The snapshots in `bucket` a conformance run made (of run `run` only, when given): what
+    a run that did not end left there. Nothing named otherwise is ever among them."""
+    return [i for i in bucket.identities() if (m := RUN_IDENTITY.fullmatch(i)) and run in (None, m["run"])]

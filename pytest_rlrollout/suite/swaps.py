@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_rlrollout.contract.catalogue import catalogue
 from pytest_rlrollout.suite.deployment import RLDeployment, RLTest, run_dir, run_id, run_state
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.run_state import Cleanup
@@ -58,6 +59,7 @@ class Swapper:
     def post(self, built: Built, midway: Callable[[], None] | None = None, **signal: Any) -> httpx.Response:
         """Only the signal: tests that act between it and the rollout call `follow` after (or in
         `midway`, where the driver sequences the swap itself: see `Driver.load`)."""
+        self.factory.signalled(built.identity)
         return self.deployment.hot_load({**built.signal, **signal}, midway=midway)
 
     def follow(
@@ -71,6 +73,8 @@ class Swapper:
         waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora", progress=progress)
         if waited.ok and built.kind == "full":
             self.factory.loaded_full()
+        if waited.ok:  # what no replica serves any more goes now, not at the end of the run
+            self.factory.retire({i for r in waited.replicas for i in served_by(r)})
         if not waited.ok:
             self.deployment.settle()
         return SwapResult(built, response, waited)
@@ -91,7 +95,8 @@ def _rl_snapshots(
     record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
     made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
                            run_id(config), record, model=rl_deployment.target.model,
-                           incremental=rl_deployment.capabilities.has("incremental"))  # fmt: skip
+                           incremental=rl_deployment.capabilities.has("incremental"),
+                           layout=catalogue()["SNAP-INDEX-2"].binds(rl_deployment.engine))  # fmt: skip
     label = rl_deployment.driver.start_label()
     if label is not None and label in rl_deployment.served_identities():
         started = rl_deployment.driver.started_from()

@@ -405,3 +405,23 @@ def test_the_vllm_driver_discovers_and_loads_as_on_a_real_server(start, bucket):
         text = driver.complete({"prompt": "hello world", "max_tokens": 2, "logprobs": True, "echo": True})
         assert text.ok and len(text.entries) == 5 + 2 and all("token_id" in e for e in text.entries)
         assert driver.paused() is False
+
+
+def test_a_reload_that_outlasts_the_read_timeout_is_waited_for_up_to_the_swap_timeout(start, bucket):
+    """vLLM answers a reload once it is done: a 61 GB reload takes minutes. The driver waits for
+    that answer up to the run's swap timeout (`load_wait`), not the read timeout every other
+    request is held to; without it the same reload is cut at the read timeout."""
+    from pytest_rlrollout.remote.client import ExchangeFailed
+
+    dep = start(engine="vllm", load_delay=1.0)
+    target = Target(None, dep.base_url, dep.model, "rl-reference-key", engine="vllm")
+    step(bucket, "step-1")
+    step(bucket, "step-2")
+    with DeploymentClient(target, timeout=0.3) as client:
+        driver = driver_for("vllm", client, bucket=str(bucket.resolve()))
+        with pytest.raises(ExchangeFailed, match="read timeout"):
+            driver.load({"identity": "step-1"})
+        driver.resume()
+        driver.load_wait = 10.0
+        assert driver.load({"identity": "step-2"}).status_code == 200
+        assert [x["current_snapshot_identity"] for x in driver.status().replicas] == ["step-2"]

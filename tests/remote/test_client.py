@@ -157,3 +157,26 @@ def test_routing_matrix_decoding():
 
     entry = {"routing_matrix": base64.b64encode(bytes([1, 2, 3, 4, 5, 6])).decode()}
     assert np.array_equal(routing_matrix(entry, 3, 2), np.array([[1, 2], [3, 4], [5, 6]], np.uint8))
+
+
+def test_a_stream_as_long_as_asked_for_never_meets_a_bound_of_the_suites_own():
+    """Limits.events bounds a stream of a few tokens; a stream asked for more tokens than that
+    (a slow swap's crossing stream: 18,000 tokens for a 2-minute swap) may have twice as many
+    events. Past twice what was asked for, the deployment's stream is what broke the bound."""
+    import httpx
+
+    from pytest_rlrollout.remote.limits import LimitExceeded, Limits
+
+    chunk = "data: " + json.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": None}], "model": "m@x"})
+    sse = {"content-type": "text/event-stream"}
+
+    def stream(events: int) -> httpx.MockTransport:
+        body = f"{chunk}\n\n" * events + "data: [DONE]\n\n"
+        return httpx.MockTransport(lambda request: httpx.Response(200, headers=sse, text=body))
+
+    target, limits = Target(None, "http://x", "m", "", engine="openai"), Limits(events=100)
+    with DeploymentClient(target, transport=stream(1_000), limits=limits) as c:
+        assert c.complete({"prompt": "hi", "stream": True, "max_tokens": 1_000}).done
+    with (DeploymentClient(target, transport=stream(1_000), limits=limits) as c,
+          pytest.raises(LimitExceeded, match="264 events")):  # fmt: skip
+        c.complete({"prompt": "hi", "stream": True, "max_tokens": 100})

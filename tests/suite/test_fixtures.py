@@ -57,7 +57,9 @@ def test_plain_url_is_read_only_without_the_flag(pytester, dep, bucket):
         f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
     )
     allowed.assert_outcomes(passed=2)
-    assert [e["identity"] for e in dep.deployment.ledger] == ["step-x"]
+    # newest first: the test's load of step-x, then the run's end serving its start again
+    assert [e["identity"] for e in dep.deployment.ledger] == [tiny_moe.BASE_IDENTITY, "step-x"]
+    assert dep.deployment.replicas[0].identity == tiny_moe.BASE_IDENTITY
 
 
 def test_rl_session_clients_carry_the_session(pytester):

@@ -124,7 +124,7 @@ def test_uploads_and_fid_figures_beside_the_evidence(tmp_path: Path) -> None:
     md = md_path.read_text()
     row = next(line for line in md.splitlines() if line.startswith("| FID-SWAP-2 |"))
     assert row.endswith("the same weights score differently after a swap (max \\|Δ\\| 3.1e-05, tolerance 1e-06) |")
-    assert "| FID-SWAP-2 | `test_swap_back` | fid-swap-1a2b | incremental | 3.0 MiB | 0 B | 1.23% |" in md
+    assert "| FID-SWAP-2 | `test_swap_back` | fid-swap-1a2b | incremental | 3.0 MiB | 0 B | 0 B | 0 B | 1.23% |" in md
     page = html_path.read_text()
     assert '<span class="figures">(max |Δ| 3.1e-05, tolerance 1e-06)</span>' in page
     assert '<table class="uploads">' in page and "fid-swap-1a2b" in page and "3.0 MiB" in page and "1.23%" in page

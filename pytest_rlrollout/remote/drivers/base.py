@@ -74,6 +74,9 @@ class Driver(ABC):
 
     def __init__(self, client: DeploymentClient):
         self.client = client
+        # seconds a load request may take before it answers, where the engine answers a load
+        # once it is done (vLLM's reload, SGLang's update from disk): the run's swap timeout
+        self.load_wait: float | None = None
         # the served model's config.json, when the run has a local copy (--rl-base-snapshot):
         # engines whose routing rows cover every hidden layer keep the MoE layers' by it
         self.served_config: dict[str, Any] | None = None
@@ -181,6 +184,12 @@ class Driver(ABC):
         shows the swap in progress instead."""
         raise self.unbound("loading a snapshot")
 
+    def busy(self, answer: httpx.Response) -> bool:
+        """Whether `answer` to a load refuses it only because another load is in progress (one
+        load at a time): the load is signalled again, as a trainer's client would. Fireworks
+        says so with a 409; a 409 about the ledger is a refusal of its own."""
+        return answer.status_code == 409 and "ledger" not in answer.text
+
     def reset_ledger(self) -> httpx.Response:
         raise self.unbound("resetting the ledger")
 
@@ -223,9 +232,21 @@ class Driver(ABC):
 
     def restore(self, label: str) -> str | None:
         """Serve the start of a run again, `label` being what it served; what was done, or None
-        where the engine cannot (a Fireworks identity cannot be signalled twice: the report says
-        how to restore by hand)."""
+        where the engine cannot (the report then says how to restore by hand)."""
         return None
+
+    def signal_again(self, label: str, *, poll: float = 0.5) -> str:
+        """`restore` where snapshots are signalled by identity (Fireworks, CoreWeave): the start
+        identity signalled again as a full snapshot, the prompt cache reset, and waited for up to
+        the swap timeout. A deployment whose bucket no longer holds it, or that takes no identity
+        twice, refuses: the refusal is what is said."""
+        r = self.load({"identity": label, "reset_prompt_cache": "all"})
+        if r.status_code != 200:
+            return f"not restored: signalling {label} again got HTTP {r.status_code} {r.text[:200]}"
+        waited = self.wait(label, timeout=self.load_wait or 900.0, poll=poll)
+        if not waited.ok:
+            return f"signalled {label} again, but it was not served: {waited.error}"
+        return f"signalled {label} again (a full snapshot the bucket still holds); every replica serves it"
 
     # ----------------------------------------------------------------------- discovery
 

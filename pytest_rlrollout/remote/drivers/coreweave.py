@@ -137,6 +137,15 @@ class CoreWeaveDriver(Driver):
             self.newest = body["hotLoadId"]
         return r
 
+    def restore(self, label: str) -> str | None:
+        return self.signal_again(label)
+
+    def busy(self, answer: httpx.Response) -> bool:
+        """CoreWeave refuses a load while another is in progress with failed_precondition
+        (HTTP 400, Connect's code for it)."""
+        doc = json_object(answer) if answer.status_code == 400 else None
+        return doc is not None and doc.get("code") == "failed_precondition" and "in progress" in str(doc.get("message"))
+
     # ----------------------------------------------------------------------- discovery
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:

@@ -52,6 +52,9 @@ class FireworksDriver(Driver):
     def reset_ledger(self) -> httpx.Response:
         return self.client.reset_ledger()
 
+    def restore(self, label: str) -> str | None:
+        return self.signal_again(label)
+
     def ledger(self) -> httpx.Response:
         return self.client.ledger()
 

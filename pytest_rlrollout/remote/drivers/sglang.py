@@ -212,9 +212,11 @@ class SGLangDriver(Driver):
     def _url(self, path: str) -> str:
         return self.target.base_url.rstrip("/") + path
 
-    def _post(self, path: str, body: Any = None, *, headers: dict[str, str] | None = None) -> httpx.Response:
+    def _post(
+        self, path: str, body: Any = None, *, headers: dict[str, str] | None = None, wait: float | None = None
+    ) -> httpx.Response:
         sent = self.client.auth_headers() | {"Content-Type": "application/json"} | (headers or {})
-        return self.client.request("POST", self._url(path), json=body, headers=sent)
+        return self.client.request("POST", self._url(path), json=body, headers=sent, wait=wait)
 
     def _get(self, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
         return self.client.request("GET", self._url(path), headers=self.client.auth_headers() | (headers or {}))
@@ -278,7 +280,7 @@ class SGLangDriver(Driver):
         try:
             body = {"model_path": f"{self.bucket}/{identity}", "weight_version": identity,
                     "flush_cache": policy == "all", "abort_all_requests": False}  # fmt: skip
-            updated = self._post("/update_weights_from_disk", body, headers=headers)
+            updated = self._post("/update_weights_from_disk", body, headers=headers, wait=self.load_wait)
             if updated.status_code == 400 and NOT_FLUSHED in str((json_object(updated) or {}).get("message")):
                 # swapped, not flushed, not labelled: finish what SGLang left undone
                 self.set_label(identity)

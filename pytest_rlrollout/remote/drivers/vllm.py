@@ -230,11 +230,17 @@ class VLLMDriver(Driver):
         return self.target.base_url.rstrip("/") + path
 
     def _post(
-        self, path: str, body: Any = None, *, headers: dict[str, str] | None = None, **params: Any
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
+        **params: Any,
     ) -> httpx.Response:
         sent = self.client.auth_headers() | {"Content-Type": "application/json"} | (headers or {})
         query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()}
-        return self.client.request("POST", self._url(path), json=body, headers=sent, params=query)
+        return self.client.request("POST", self._url(path), json=body, headers=sent, params=query, wait=wait)
 
     def _get(self, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
         return self.client.request("GET", self._url(path), headers=self.client.auth_headers() | (headers or {}))
@@ -310,7 +316,7 @@ class VLLMDriver(Driver):
             return paused
         try:
             reload = {"method": "reload_weights", "kwargs": {"weights_path": f"{self.bucket}/{identity}"}}
-            reloaded = self._post("/collective_rpc", reload, headers=headers)
+            reloaded = self._post("/collective_rpc", reload, headers=headers, wait=self.load_wait)
             if reloaded.status_code != 200:
                 return reloaded
             if midway is not None:
@@ -374,7 +380,7 @@ class VLLMDriver(Driver):
         self._post("/pause", mode="keep", clear_cache=True)
         try:
             reload = {"method": "reload_weights", "kwargs": {"weights_path": root}}
-            reloaded = self._post("/collective_rpc", reload)
+            reloaded = self._post("/collective_rpc", reload, wait=self.load_wait)
             if reloaded.status_code != 200:
                 return f"not restored: reloading {root} got HTTP {reloaded.status_code} {reloaded.text[:200]}"
             labelled = self.set_label(label)

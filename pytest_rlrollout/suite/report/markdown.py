@@ -15,6 +15,7 @@ from pytest_rlrollout.suite.report.text import (
     OUTCOMES,
     SOAK_INTRO,
     SOAK_SWAP_HEADS,
+    UPLOAD_HEADS,
     measures_note,
     numerics_grid,
     one_line,
@@ -112,9 +113,9 @@ def _uploads(report: Report) -> list[str]:
     rows = [(c, t, u) for c in report.clauses.values() for t in c.tests for u in t.uploads]
     if not rows:
         return []
-    lines = ["", "## Uploads", "", "What the tests that swap snapshots uploaded to the bucket, and copied inside it.",
-             "", "| clause | test | snapshot | kind | uploaded | copied | of a full snapshot |",
-             "|---" * 7 + "|"]  # fmt: skip
+    lines = ["", "## Uploads", "", "What the tests that swap snapshots uploaded to the bucket, copied or linked inside "
+             "it, and wrote on this machine to build them.", "",
+             "| clause | test | " + " | ".join(UPLOAD_HEADS) + " |", "|---" * (2 + len(UPLOAD_HEADS)) + "|"]  # fmt: skip
     seen = set()
     for c, t, u in rows:
         test = "" if (c.clause, t.test) in seen else f"`{cell(t.test.rpartition('::')[2])}`"

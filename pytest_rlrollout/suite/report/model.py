@@ -56,24 +56,27 @@ def _strings(doc: Any, where: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Upload:
-    """What building one snapshot cost a swap test: bytes uploaded, bytes copied inside the
-    bucket, and the upload as a fraction of a full snapshot."""
+    """What building one snapshot cost a swap test: bytes uploaded, copied inside the bucket by
+    the store, hard-linked into a bucket on this machine, written on this machine to build it,
+    and the upload as a fraction of a full snapshot."""
 
     identity: str
     kind: str
     uploaded: int = 0
     copied: int = 0
     of_full: float = 0.0
+    linked: int = 0
+    written: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded, "copied": self.copied,
-                "of_full": self.of_full}  # fmt: skip
+                "linked": self.linked, "written": self.written, "of_full": self.of_full}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: Any) -> Upload:
         doc = _object(doc, "upload")
         return cls(str(doc.get("identity", "")), str(doc.get("kind", "")), doc.get("uploaded", 0),
-                   doc.get("copied", 0), doc.get("of_full", 0.0))  # fmt: skip
+                   doc.get("copied", 0), doc.get("of_full", 0.0), doc.get("linked", 0), doc.get("written", 0))  # fmt: skip
 
 
 @dataclass

@@ -54,12 +54,14 @@ def size(n: Any) -> str:
     raise AssertionError("unreachable")
 
 
-UPLOAD_HEADS = ("snapshot", "kind", "uploaded", "copied in the bucket", "of a full snapshot")
+UPLOAD_HEADS = ("snapshot", "kind", "uploaded", "copied in the bucket", "linked in the bucket", "written here",
+                "of a full snapshot")  # fmt: skip
 
 
-def upload_cells(u: Upload) -> tuple[str, str, str, str, str]:
+def upload_cells(u: Upload) -> tuple[str, ...]:
     """What building one snapshot cost, as `UPLOAD_HEADS` name the cells."""
-    return u.identity, u.kind, size(u.uploaded), size(u.copied), number(u.of_full, ".2%")
+    return (u.identity, u.kind, size(u.uploaded), size(u.copied), size(u.linked), size(u.written),
+            number(u.of_full, ".2%"))  # fmt: skip
 
 
 def numerics_rows(num: NumFigures) -> list[tuple[str, str]]:

@@ -1,0 +1,152 @@
+"""What the snapshots of a conformance run cost on a production-sized model: the snapshot factory
+on a Qwen3-30B-A3B-shaped base of sparse files (48 layers, 128 experts, 18,867 tensors, ~61 GB
+declared), in a bucket on this machine that holds the base under its name.
+
+    python benchmarks/bench_production.py
+
+For each engine kind (one that loads ARC2 diffs, as Fireworks does; one that reloads a
+directory, as vLLM and SGLang do) it builds the snapshots the swap tests build, by the same
+factory calls (a sentinel step, a visible change, the R3 routers at both ends, the FID experts,
+a copy of the base), and prints for each: bytes uploaded, copied by the store, hard-linked and
+written on this machine, the disk it takes, the time to build it, and each as a ratio to a full
+snapshot. Then the old way side by side, measured in the same run: a whole `derive` of the base
+(what every directory swap cost before) and a sentinel whose zero frames are not kept (what every
+sentinel cost before). Goals (issue 31): a directory swap writes <= 2 shards and the bucket's
+extra disk stays <= 3 shards once each swap's predecessor is retired; a sentinel after the first
+<= 1 s, the first <= 1.5x one read of the base; no full upload when the bucket holds the base.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_validate import write_sparse_snapshot
+
+from pytest_rlrollout.remote.bucket import Bucket
+from pytest_rlrollout.snapshot import arc2, build
+from pytest_rlrollout.suite.snapshots import SnapshotFactory
+
+GB = 1e9
+
+
+def disk(path: Path) -> int:
+    """Bytes a tree takes on disk (sparse holes and a hard link's second name take none)."""
+    seen, total = set(), 0
+    for p in [path, *path.rglob("*")] if path.exists() else []:
+        s = p.lstat()
+        if p.is_file() and (s.st_dev, s.st_ino) not in seen:
+            seen.add((s.st_dev, s.st_ino))
+            total += s.st_blocks * 512
+    return total
+
+
+def read_base(base: Path) -> float:
+    """Seconds to read every shard of the base once (the floor of the first sentinel)."""
+    buf = bytearray(64 << 20)
+    t = time.perf_counter()
+    for f in sorted(base.glob("*.safetensors")):
+        with open(f, "rb", buffering=0) as src:
+            while src.readinto(buf):
+                pass
+    return time.perf_counter() - t
+
+
+def row(label: str, built, seconds: float, full: int, extra: int) -> str:
+    return (f"  {label:34} uploaded {built.uploaded_bytes / GB:7.3f} GB  copied {built.copied_bytes / GB:6.1f} GB  "
+            f"linked {built.linked_bytes / GB:6.1f} GB  written {built.written_bytes / GB:6.2f} GB "
+            f"({built.written_bytes / full:6.2%})  bucket +{extra / GB:5.2f} GB  {seconds:6.2f} s")  # fmt: skip
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RLROLLOUT_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        bucket_dir = root / "bucket"
+        bucket_dir.mkdir()
+        base = bucket_dir / "qwen3-30b-a3b-shaped"
+        tensors, total = write_sparse_snapshot(base)
+        shards = sorted(base.glob("*.safetensors"))
+        shard = max(f.stat().st_size for f in shards)
+        print(f"base: {tensors} tensors in {len(shards)} shards, {total / GB:.1f} GB declared, largest shard "
+              f"{shard / GB:.2f} GB, {disk(base) / 1e6:.1f} MB on disk")  # fmt: skip
+        floor = read_base(base)
+        print(f"one read of the base: {floor:.1f} s\n")
+        results: dict[str, float] = {"read": floor}
+        for kind, incremental in (("ARC2 diffs (Fireworks)", True), ("directory reload (vLLM, SGLang)", False)):
+            print(kind)
+            factory = SnapshotFactory(base, Bucket(bucket_dir), root / "work", "bench", root / f"record-{incremental}.json",
+                                      model="accounts/x/models/qwen3-30b", incremental=incremental)  # fmt: skip
+            factory.for_test(f"bench_production::{kind}")
+            serving = base.name
+            routers = factory.routers_by_layer
+            steps = (
+                ("a sentinel step (the first)", None),
+                ("a sentinel step", None),
+                ("a visible change (final norm x2)", factory.visible_change(None)),
+                ("R3: routers of both end layers", {routers[min(routers)]: ["negate"], routers[max(routers)]: ["negate"]}),
+                ("FID: first layer's norm, experts", {**factory.visible_change(None, kv=not incremental),
+                                                      **{n: ["scale", 1.5] for n in factory.expert_tensors[:1]}}),
+                ("back to the base", {}),
+            )  # fmt: skip
+            worst_extra = 0
+            for label, change in steps:
+                before = disk(bucket_dir) - disk(base)
+                t = time.perf_counter()
+                built = factory.step(serving, label.split(":")[0].split(" (")[0].replace(" ", "-"), change)
+                seconds = time.perf_counter() - t
+                extra = disk(bucket_dir) - disk(base)
+                worst_extra = max(worst_extra, extra)
+                print(row(label, built, seconds, total, extra - before))
+                results[f"{incremental}:{label}"] = seconds
+                factory.signalled(built.identity)
+                factory.retire({built.identity})  # what a completed swap does
+                serving = built.identity
+            t = time.perf_counter()
+            copy = factory.base_copy("copy")
+            print(row("a full snapshot of the base", copy, time.perf_counter() - t, total, 0))
+            print(f"  peak extra disk in the bucket: {worst_extra / GB:.2f} GB = {worst_extra / shard:.2f} shards "
+                  f"(goal <= 3 shards)\n")  # fmt: skip
+            factory.cleanup()
+
+        print("the old way, measured here")
+        t = time.perf_counter()
+        build.derive(base, root / "whole", {})
+        whole = time.perf_counter() - t
+        print(f"  a whole derive of the base (each directory swap before): {disk(root / 'whole') / GB:.1f} GB written "
+              f"in {whole:.1f} s")  # fmt: skip
+        shutil.rmtree(root / "whole")
+        factory = SnapshotFactory(base, Bucket(bucket_dir), root / "work", "old", root / "record-old.json",
+                                  model="accounts/x/models/qwen3-30b")  # fmt: skip
+        factory.for_test("bench_production::old")
+        factory._checksums = dict.fromkeys(factory.index["weight_map"], "0")  # not what is measured here
+        arc2._zero_frame.cache_clear()
+        cached = arc2._zero_frame
+        arc2._zero_frame = cached.__wrapped__  # every zero frame compressed again, as before
+        try:
+            t = time.perf_counter()
+            factory.sentinel(base.name, "uncached")
+            uncached = time.perf_counter() - t
+        finally:
+            arc2._zero_frame = cached
+        later = results["True:a sentinel step"]
+        first = results["True:a sentinel step (the first)"]
+        print(f"  a sentinel compressing every zero frame again (each sentinel before): {uncached:.1f} s\n")
+        print("ratios")
+        print(f"  later sentinel {later:.2f} s vs before {uncached:.1f} s: {uncached / max(later, 1e-9):.0f}x faster "
+              f"(goal <= 1 s: {'met' if later <= 1 else 'MISSED'})")  # fmt: skip
+        print(f"  first sentinel {first:.1f} s = {first / floor:.2f}x one read of the base "
+              f"(goal <= 1.5x: {'met' if first <= 1.5 * floor else 'MISSED'})")  # fmt: skip
+        visible = results["False:a visible change (final norm x2)"]
+        print(f"  a directory swap (visible change) {visible:.1f} s vs a whole derive {whole:.1f} s: "
+              f"{whole / max(visible, 1e-9):.0f}x faster")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

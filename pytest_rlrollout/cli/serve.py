@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="the wire it speaks: Fireworks' hot-load API, vLLM 0.32's or SGLang 0.5.23's RL routes "
                          "(one engine, the model served as 'tiny'), or CoreWeave's v1alpha1 hot-load API beside an "
                          "OpenAI-compatible gateway")  # fmt: skip
+    sv.add_argument("--layout", choices=["tiny", "qwen3-30b-a3b"], default="tiny",
+                    help="the base it serves when --bucket holds none: the reference model, or Qwen3-30B-A3B's "
+                         "structure (48 layers, 128 experts, top-8, its 18,867 tensor names) at the reference's "
+                         "widths (as `rlrollout make-base --layout`)")  # fmt: skip
     sv.add_argument("--replicas", type=int, help="default: 2 (fireworks, coreweave), 1 (vllm, sglang)")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", help="default: rl-reference-key (fireworks, coreweave), none asked for (vllm, sglang)")
@@ -178,6 +182,7 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> d
         faults=faults,
         stagger=args.stagger,
         routed_experts=args.enable_return_routed_experts,
+        layout=args.layout,
         **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
     )
     # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM

@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
     m.add_argument("dir", type=Path)
+    m.add_argument("--layout", choices=["tiny", "qwen3-30b-a3b"], default="tiny",
+                   help="tiny: the reference model (4 layers, 8 experts, top-2); qwen3-30b-a3b: Qwen3-30B-A3B's "
+                        "structure and 18,867 tensor names (48 layers, 128 experts, top-8) at the reference's "
+                        "widths, one layer per shard")  # fmt: skip
     m.set_defaults(run=_make_base)
 
 
@@ -68,6 +72,6 @@ def _apply(args: argparse.Namespace) -> int:
 def _make_base(args: argparse.Namespace) -> int:
     from pytest_rlrollout.snapshot import tiny_moe
 
-    path = tiny_moe.make_base(args.dir)
-    print(f"wrote {path} (model {tiny_moe.MODEL_NAME})")
+    path = tiny_moe.make_base(args.dir, layout=args.layout)
+    print(f"wrote {path} (model {tiny_moe.MODEL_NAME}, layout {args.layout})")
     return EXIT_OK

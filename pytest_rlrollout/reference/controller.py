@@ -66,7 +66,7 @@ class Deployment:
         bucket.mkdir(parents=True, exist_ok=True)
         base = bucket / settings.base_identity
         if not base.exists():
-            tiny_moe.make_base(base)
+            tiny_moe.make_base(base, layout=settings.layout)
         self._workdir = Path(tempfile.mkdtemp(prefix="rlrollout-deployment-"))
         self.full_dirs: dict[str, Path] = {settings.base_identity: base}
         self.config = json.loads((base / "config.json").read_text())

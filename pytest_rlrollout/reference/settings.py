@@ -49,6 +49,7 @@ class Settings:
     replicas: int = 2
     transition: Transition = "ASYNC"
     base_identity: str = tiny_moe.BASE_IDENTITY
+    layout: str = "tiny"  # the base it makes when the bucket holds none (tiny_moe.LAYOUTS)
     load_delay: float = 0.0  # seconds a replica spends downloading + loading a snapshot
     stagger: float = 0.0  # extra load delay per replica index, so replica swaps are staggered
     swap_delay: float = 0.0  # seconds a replica pauses at the swap itself

@@ -63,8 +63,9 @@ def _relative(name: str) -> str:
     return name
 
 
-# what a snapshot's loader reads first: put last, so that a cut upload leaves none of them
-LAST = ("model.safetensors.index.json", "model.weight.spec.json", "config.json", "adapter_config.json")
+# what a snapshot's loader reads first: put last, in this order, the index the very last, so
+# that a cut upload leaves no index (and no deployment loads what it left)
+LAST = ("adapter_config.json", "config.json", "model.weight.spec.json", "model.safetensors.index.json")
 SECRET_OPTIONS = frozenset({"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
                             "aws_session_token", "session_token", "credentials"})  # fmt: skip
 
@@ -234,7 +235,7 @@ class Bucket:
         if self.exists(identity):
             raise FileExistsError(f"{self.url}/{identity} already exists; identities must be new")
         jobs = sorted([(n, f, False) for n, f in files.items()] + [(n, f, source is not None) for n, f in (same or {}).items()],
-                      key=lambda job: (job[0] in LAST, job[0]))  # fmt: skip
+                      key=lambda job: (LAST.index(job[0]) if job[0] in LAST else -1, job[0]))  # fmt: skip
         watch = _Watch(identity, sum(f.stat().st_size for _, f, _ in jobs), len(jobs), self.progress)
         made, lock = {self.path(identity)}, threading.Lock()
 
@@ -242,11 +243,10 @@ class Bucket:
             name, f, held = job
             target = self.path(identity, name)
             parent = posixpath.dirname(target)
-            with lock:
-                fresh = parent not in made
-                made.add(parent)
-            if fresh:  # a local file system makes no parents of its own
-                self.fs.makedirs(parent, exist_ok=True)
+            with lock:  # made before any file goes in: a local file system makes no parents of its own
+                if parent not in made:
+                    self.fs.makedirs(parent, exist_ok=True)
+                    made.add(parent)
             with watch.file(f.stat().st_size):
                 return self._put_file(f, target, self.path(source, name) if held else None, link)
 

@@ -119,6 +119,18 @@ def _trained(vocab_size: int) -> dict[str, bytes]:
     }
 
 
+# Layouts `make_base` writes: the reference model, and production models' tensor layouts at widths
+# a CPU serves. "qwen3-30b-a3b" has Qwen3-30B-A3B's published structure: 48 layers, every one MoE,
+# 128 experts, top-8 with normalised weights, and so its 18,867 tensor names, one layer per
+# shard (49 shards, as the suite's 61 GB benchmark base). Widths stay the reference's (hidden 64,
+# head_dim 32: vLLM's CPU attention needs >= 32) and the vocabulary the reference tokenizer's.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "qwen3-30b-a3b": {"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": [],
+                      "max_window_layers": 48, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}},
+}  # fmt: skip
+
+
 def weights(cfg: dict[str, Any], seed: int = SEED) -> dict[str, Tensor]:
     """Per-expert hub-layout weights in bf16, as transformers saves them."""
     rng = np.random.default_rng(seed)
@@ -160,15 +172,19 @@ def weights(cfg: dict[str, Any], seed: int = SEED) -> dict[str, Tensor]:
     return out
 
 
-def make_base(dst: str | Path, *, seed: int = SEED) -> Path:
-    """Write the reference base snapshot (hot-load layout) into `dst`; returns its path."""
+def make_base(dst: str | Path, *, seed: int = SEED, layout: str = "tiny") -> Path:
+    """Write the reference base snapshot (hot-load layout) into `dst`, in one of `LAYOUTS`;
+    returns its path."""
     from pytest_rlrollout.snapshot import build
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     files = tokenizer_files()
     vocab = json.loads(files["tokenizer.json"])["model"]["vocab"]
     added = {t["content"]: t["id"] for t in json.loads(files["tokenizer.json"])["added_tokens"]}
     size = max([*vocab.values(), *added.values()]) + 1
     cfg = config(size, bos=added["<|endoftext|>"], eos=added["<|im_end|>"], pad=added["<|endoftext|>"])
+    cfg |= LAYOUTS[layout]
     generation = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}
     files["generation_config.json"] = (json.dumps(generation, indent=2) + "\n").encode()
     return build.write_snapshot(dst, weights(cfg, seed), cfg, files)

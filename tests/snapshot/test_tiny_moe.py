@@ -52,3 +52,36 @@ def test_tokenizer_and_chat_template(reference):
 def test_base_directory_hash_is_stable_across_calls(tmp_path):
     p = tiny_moe.make_base(tmp_path / "x")
     assert tree_hash(p) == tree_hash(p)
+
+
+def qwen3_30b_a3b_names() -> set[str]:
+    """Qwen3-30B-A3B's published tensor names: 48 layers of attention, norms, a router and 128
+    experts, then the embeddings, the final norm and the LM head."""
+    names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for i in range(48):
+        p = f"model.layers.{i}."
+        names |= {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate.weight",
+                                  *(f"self_attn.{x}_proj.weight" for x in "qkvo"), "self_attn.q_norm.weight",
+                                  "self_attn.k_norm.weight")}  # fmt: skip
+        names |= {p + f"mlp.experts.{e}.{m}_proj.weight" for e in range(128) for m in ("gate", "up", "down")}
+    return names
+
+
+def test_the_qwen3_30b_a3b_layout_has_the_published_structure_at_cpu_widths(tmp_path):
+    """`make-base --layout qwen3-30b-a3b`: the 18,867 published names, one layer per shard (49
+    shards), every layer MoE with 128 experts and top-8; valid as a snapshot; and the reference
+    engine routes every token through 48 layers of 8 experts each."""
+    from pytest_rlrollout.reference.model import Model, Sequence_
+    from pytest_rlrollout.snapshot.validate import validate
+
+    base = tiny_moe.make_base(tmp_path / "q3", layout="qwen3-30b-a3b")
+    files = build.weight_map(base)
+    assert set(files) == qwen3_30b_a3b_names() and len(files) == 18_867
+    assert len(set(files.values())) == 49
+    cfg = json.loads((base / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["mlp_only_layers"]) == (
+        48, 128, 8, [])  # fmt: skip
+    assert cfg["head_dim"] >= 32  # vLLM's CPU attention
+    assert validate(base).ok("must")
+    out = Model.load(base).step([Sequence_()], [[1, 2, 3, 4]])[0]
+    assert out.routing.shape == (4, 48, 8) and np.isfinite(out.logits).all()

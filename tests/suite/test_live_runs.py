@@ -237,3 +237,24 @@ def test_a_live_run_whose_base_is_a_checkpoint_as_save_pretrained_writes_it(pyte
     assert result.ret == 0, "\n".join(result.outlines[-30:])
     got = outcomes(pytester.path / "r.json")
     assert set(got.values()) <= JUDGED, {k: v for k, v in got.items() if v not in JUDGED}
+
+
+def test_r3_and_numerics_on_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, serve):
+    """`rlrollout serve --layout qwen3-30b-a3b`: Qwen3-30B-A3B's structure and 18,867 tensor names
+    (48 layers, 128 experts, top-8) at the reference's widths. The R3 and NUM clauses are judged
+    on it as on the reference model (every one passes: routing matrices of 48 x 8, the routers of
+    layers 0 and 47 negated in one swap, the local scorer's routes and logprobs), and the R3 swap
+    is a sentinel diff (zero frames for all but the two routers: under 5% of the snapshot)."""
+    command = serve("--bucket", tmp_path / "bucket", "--layout", "qwen3-30b-a3b").named("conformance")
+    modules = [str(CONFORMANCE / m) for m in ("test_r3.py", "test_numerics.py")]
+    result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly",
+                                          *command.removeprefix("rlrollout conformance ").split(), "--rl-report=r.json")  # fmt: skip
+    assert result.ret == 0, "\n".join(result.outlines[-30:])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    got = {k: v["outcome"] for k, v in doc["clauses"].items()}
+    assert got == dict.fromkeys([c.id for c in catalogue() if c.area in ("R3", "NUM")], "pass"), got
+    observed = doc["clauses"]["R3-CHANGE-1"]["evidence"]
+    assert "layers [1, 47]" in observed or "layers [0, 47]" in observed, observed
+    uploads = [u for t in doc["clauses"]["R3-CHANGE-1"]["tests"] for u in t["uploads"]]
+    full = sum(f.stat().st_size for f in (tmp_path / "bucket" / tiny_moe.BASE_IDENTITY).glob("*.safetensors"))
+    assert uploads and all(u["kind"] == "incremental" and u["written"] < 0.05 * full for u in uploads), (full, uploads)

@@ -169,6 +169,8 @@ class Bucket:
             raise BucketError(f"bucket {self.url} does not exist (or is not visible to these credentials)") from None
         except PermissionError as e:
             raise BucketError(f"bucket {self.url}: the store refused these credentials ({_reason(e)})") from None
+        except Exception as e:  # no credentials at all, an endpoint that does not answer, ...: the store's words
+            raise BucketError(f"bucket {self.url}: the store could not be asked ({_reason(e)})") from None
         if self.local_path is not None and not self.local_path.is_dir():
             raise BucketError(f"bucket {self.url}: no such directory")
 

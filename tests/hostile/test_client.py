@@ -241,14 +241,15 @@ def test_the_tests_deadline_ends_an_endless_stream():
         client(url, LIVE_LIMITS) as c,
     ):
         c.deadline = time.monotonic() + 1.0
-        with pytest.raises(LimitExceeded, match="the stream was still sending after 1 s") as first:
+        # the exchange starts a moment after the deadline is set: 1 s, or 0.99x s under load
+        with pytest.raises(LimitExceeded, match=r"the stream was still sending after (1|0\.99\d) s") as first:
             stream(c)
         assert first.value.bound == "the test's deadline"
         with pytest.raises(LimitExceeded, match="was not sent: the test's time was up") as second:
             c.status()
         assert second.value.bound == "the test's deadline"
         c.deadline = time.monotonic() + 0.5
-        with pytest.raises(LimitExceeded, match=r"after 0\.5 s"):
+        with pytest.raises(LimitExceeded, match=r"after 0\.(5|49\d) s"):
             stream(c)
 
 

@@ -174,3 +174,21 @@ def test_a_run_whose_bucket_is_on_the_object_store(s3, pytester, serve, tmp_path
     assert any(line.startswith("uploading rlt-") for line in result.outlines)
     stored = Bucket("s3://rl-bucket/deployment", store(endpoint)).identities()
     assert stored == sorted([tiny_moe.BASE_IDENTITY, *doc["provenance"]["uploaded_and_kept"]]), stored
+
+
+def test_the_credentials_profile_a_setting_names_is_the_one_used(s3, monkeypatch, tmp_path, base_snapshot):
+    """No key in the environment: the store is reached with the profile `rl_bucket_profile`
+    names (a section of the credentials file), and without it there are no credentials at all."""
+    endpoint, _ = s3
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[rl-run]\naws_access_key_id = rl-profile-key\naws_secret_access_key = rl-profile-secret\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    with pytest.raises(BucketError, match=r"could not be asked .NoCredentialsError"):
+        Bucket("s3://rl-bucket", store(endpoint)).check()
+    bucket = Bucket("s3://rl-bucket", store(endpoint, profile="rl-run"))
+    bucket.check()
+    assert bucket.put("rlt-0123abcd-abcdef-01-x", snapshot_files(base_snapshot)).files == len(
+        snapshot_files(base_snapshot)
+    )

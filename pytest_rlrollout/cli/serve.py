@@ -251,9 +251,10 @@ def _mirror(args: argparse.Namespace) -> dict[str, Any]:
     """The deployment's settings for an object store bucket, once the store answered for it."""
     from pytest_rlrollout.remote.bucket import Bucket, BucketError
 
+    store = _store(args)
     try:
-        Bucket(args.bucket_url, _store(args)).check()
-        storage = _store(args).storage_options(args.bucket_url.split("://", 1)[0])
+        Bucket(args.bucket_url, store).check()
+        storage = store.storage_options(args.bucket_url.split("://", 1)[0])
     except (ValueError, BucketError) as e:
         raise UsageError(f"--bucket-url: {e}") from None
     return {"mirror": args.bucket_url.rstrip("/"), "mirror_options": storage}

@@ -282,13 +282,9 @@ class Bucket:
     def _put_file(self, local: Path, target: str, held: str | None, link: bool) -> Transfer:
         size = local.stat().st_size
         if self.local_path is not None:
-            if link:
-                for origin in ([held] if held is not None and os.path.exists(held) else []) + [str(local)]:
-                    try:
-                        os.link(origin, target)
-                        return Transfer(linked=size, files=1)
-                    except OSError:  # another file system, or links refused: try the next, then copy
-                        continue
+            origins = ([held] if held is not None and os.path.exists(held) else []) + [str(local)]
+            if link and any(_linked(origin, target) for origin in origins):
+                return Transfer(linked=size, files=1)
         elif held is not None and self.fs.exists(held):
             self.fs.copy(held, target)
             return Transfer(copied=size, files=1)
@@ -309,13 +305,9 @@ class Bucket:
                 name = posixpath.relpath(f, src)
                 target = self.path(identity, name if inner is None else f"{inner}/{name}")
                 self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-                if self.local_path is not None:
-                    try:
-                        os.link(f, target)
-                        done += Transfer(linked=os.path.getsize(f), files=1)
-                        continue
-                    except OSError:
-                        pass
+                if self.local_path is not None and _linked(f, target):
+                    done += Transfer(linked=os.path.getsize(f), files=1)
+                    continue
                 self.fs.copy(f, target)
                 done += Transfer(copied=self.fs.size(f), files=1)
         except BaseException:
@@ -338,6 +330,16 @@ class Bucket:
     def read_text(self, identity: str, name: str) -> str:
         with self.fs.open(self.path(identity, name), "r") as f:
             return f.read()
+
+
+def _linked(origin: str, target: str) -> bool:
+    """Hard-link `target` to `origin`; False where it cannot be (another file system, links
+    refused), for the caller to copy instead."""
+    try:
+        os.link(origin, target)
+        return True
+    except OSError:
+        return False
 
 
 def _reason(e: BaseException) -> str:

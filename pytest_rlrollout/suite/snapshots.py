@@ -466,19 +466,19 @@ class SnapshotFactory:
         """Remove what this process uploaded that is done with: nothing in `served` (what every
         replica serves now) is it or descends from it, and it was signalled or built by an earlier
         test (a test's snapshots wait for its signals). Returns the identities removed."""
-        needed, gone = self._needed(served), []
-        for identity in dict.fromkeys(self.uploaded):
-            if identity not in needed and (
-                identity in self._signalled or self._built_by.get(identity) != self.test_key
-            ):
-                self.bucket.remove(identity)
-                gone.append(identity)
-        self._forget(gone)
-        return gone
+        needed = self._needed(served)
+        done = [
+            i for i in dict.fromkeys(self.uploaded) if i in self._signalled or self._built_by.get(i) != self.test_key
+        ]
+        return self._remove([i for i in done if i not in needed])
 
-    def _forget(self, gone: list[str]) -> None:
+    def _remove(self, gone: list[str]) -> list[str]:
+        """Remove `gone` from the bucket and from what is left to remove at the end."""
+        for identity in gone:
+            self.bucket.remove(identity)
         self.uploaded = [i for i in self.uploaded if i not in gone]
         self.removed += gone
+        return gone
 
     def cleanup(self, keep: set[str] = frozenset()) -> tuple[list[str], list[str]]:
         """Remove every snapshot this run uploaded but those in `keep` (what the deployment
@@ -487,10 +487,7 @@ class SnapshotFactory:
         those retired during the run."""
         needed = self._needed(set(keep))
         kept = [i for i in dict.fromkeys(self.uploaded) if i in needed]
-        gone = [i for i in dict.fromkeys(self.uploaded) if i not in needed]
-        for identity in gone:
-            self.bucket.remove(identity)
-        self._forget(gone)
+        self._remove([i for i in dict.fromkeys(self.uploaded) if i not in needed])
         shutil.rmtree(self.workdir, ignore_errors=True)
         return list(self.removed), kept
 

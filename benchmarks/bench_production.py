@@ -18,6 +18,9 @@ extra disk stays <= 3 shards once each swap's predecessor is retired; a sentinel
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import shutil
 import sys
@@ -30,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_validate import write_sparse_snapshot
 
 from pytest_rlrollout.remote.bucket import Bucket
+from pytest_rlrollout.runs.snapshots import SnapshotFactory
 from pytest_rlrollout.snapshot import arc2, build
-from pytest_rlrollout.suite.snapshots import SnapshotFactory
 
 GB = 1e9
 
@@ -114,6 +117,8 @@ def main() -> int:
                   f"(goal <= 3 shards)\n")  # fmt: skip
             factory.cleanup()
 
+        runs(root, base, bucket_dir, total, shard)
+
         print("the old way, measured here")
         t = time.perf_counter()
         build.derive(base, root / "whole", {})
@@ -146,6 +151,75 @@ def main() -> int:
         print(f"  a directory swap (visible change) {visible:.1f} s vs a whole derive {whole:.1f} s: "
               f"{whole / max(visible, 1e-9):.0f}x faster")  # fmt: skip
     return 0
+
+
+def plan_of(root: Path, base: Path, bucket_dir: Path, dialect: str, profile: str) -> dict:
+    """`rlrollout plan` of the whole suite against the reference deployment in `dialect`, serving
+    (tiny weights) under the base's name, priced on the production-sized base."""
+    import pytest
+
+    from pytest_rlrollout.reference import reference_deployment
+    from pytest_rlrollout.suite.options import CONFORMANCE
+
+    out = root / f"plan-{dialect}-{profile}.json"
+    with reference_deployment(root / f"ref-{dialect}-{profile}", engine=dialect, base_identity=base.name) as dep:
+        target = ([f"--rl-deployment={dep.name}", f"--rl-api-key={dep.api_key}"] if dialect == "fireworks"
+                  else [f"--rl-engine={dialect}"])  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            code = pytest.main([str(CONFORMANCE), "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--no-summary",
+                                f"--rootdir={CONFORMANCE}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
+                                *target, f"--rl-bucket-url={bucket_dir}", f"--rl-base-snapshot={base}",
+                                "-o", f"rl_plan={out}", "-o", f"rl_profile={profile}"])  # fmt: skip
+    if code != 0:
+        raise SystemExit(f"the plan failed ({code}):\n{said.getvalue()[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def runs(root: Path, base: Path, bucket_dir: Path, total: int, shard: int) -> None:
+    """Each engine kind and profile: the run's plan, then its factory work replayed for real on the
+    base (every declared load built, and retired as a run retires it): swaps, bytes, peak extra
+    disk and build time. The replay's bytes must be the plan's."""
+    from pytest_rlrollout.remote.cassette import portable_id
+    from pytest_rlrollout.runs.plan import Load, Planner
+
+    print("whole runs, by engine kind and profile (the plan, then its loads built for real)")
+    goals = {("fireworks", "core"): 8, ("vllm", "core"): 6}
+    for dialect, incremental in (("fireworks", True), ("vllm", False)):
+        for profile in ("full", "core"):
+            t = time.perf_counter()
+            plan = plan_of(root, base, bucket_dir, dialect, profile)
+            planning = time.perf_counter() - t
+            work = root / f"replay-{dialect}-{profile}"
+            factory = SnapshotFactory(base, Bucket(bucket_dir), work, "replay", root / f"record-{dialect}-{profile}.json",
+                                      model=plan["model"], incremental=incremental)  # fmt: skip
+            factory.know(base.name, {})
+            peak, slowest, last, built = 0, 0.0, [time.perf_counter()], []
+
+            def measured(load, last=last, work=work, built=built) -> None:
+                nonlocal peak, slowest
+                now = time.perf_counter()
+                slowest, last[0] = max(slowest, now - last[0]), now
+                peak = max(peak, disk(bucket_dir) - disk(base) + disk(work))
+                built.append(load)
+
+            planner = Planner(factory, base.name, dry=False, on_load=measured)
+            t = time.perf_counter()
+            for test in plan["tests"]:
+                last[0] = time.perf_counter()
+                planner.plan(test["test"], [Load.from_dict(d) for d in test["declared"]], key=portable_id(test["test"]))
+            seconds = time.perf_counter() - t
+            factory.cleanup()
+            planner.close()
+            s = plan["totals"]
+            same = [p.as_dict() for p in built] == [load for test in plan["tests"] for load in test["loads"]]
+            goal = goals.get((dialect, profile))
+            print(f"  {dialect:9} {profile:4}: {s['swaps']:3} swaps ({len(plan['tests'])} tests; goal <= {goal or '-'}"
+                  f"{'' if goal is None else ': met' if s['swaps'] <= goal else ': MISSED'}), uploaded "
+                  f"{s['uploaded'] / GB:.3f} GB ({s['uploaded'] / total:.4%} of a full snapshot), "
+                  f"{s['full_uploads']} full uploads, written {s['written'] / GB:.2f} GB ({s['written'] / total:.2%}), "
+                  f"peak extra disk {peak / GB:.2f} GB = {peak / shard:.2f} shards; planned in {planning:.1f} s, "
+                  f"built in {seconds:.1f} s (slowest load {slowest:.1f} s); replayed bytes = planned: {same}")  # fmt: skip
+    print()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_validate import write_sparse_snapshot
 
 from pytest_rlrollout.remote.bucket import Bucket
-from pytest_rlrollout.suite.snapshots import SnapshotFactory
+from pytest_rlrollout.runs.snapshots import SnapshotFactory
 
 
 def main() -> int:

@@ -5,7 +5,8 @@ deployment's cache holds nothing of an earlier run's."""
 
 import pytest
 
-from pytest_rlrollout.suite.marks import clause, requires
+from pytest_rlrollout.runs.plan import served, unsignalled
+from pytest_rlrollout.suite.marks import clause, loads_from, requires
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
@@ -143,6 +144,7 @@ def primed(rl_deployment, name):
 
 
 @requires("cached_tokens")
+@loads_from(lambda ctx: [served() if (ctx.params["policy"] or "all") in ctx.reset_policies else unsignalled()])
 @pytest.mark.parametrize(("cell", "policy", "who", "reuse"), CELLS)
 def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy, who, reuse):
     name = f"{request.node.name}-{rl_deployment.serving()}"
@@ -162,6 +164,7 @@ def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy,
 
 @clause("CACHE-NOSESSION-1")
 @requires("cached_tokens")
+@loads_from(lambda ctx: [served() if "new_session" in ctx.reset_policies else unsignalled()])
 def test_no_session_is_a_new_session(rl_deployment, rl_swap, rl_observe):
     prompt = rl_deployment.prompt(f"cache-nosession-{rl_deployment.serving()}", LONG).body
     host, hit = None, False

@@ -21,7 +21,8 @@ from pytest_rlrollout.remote.fingerprint import (
     prompt_logprobs,
 )
 from pytest_rlrollout.remote.stream import json_object, span_problems
-from pytest_rlrollout.suite.marks import clause, requires, swaps
+from pytest_rlrollout.runs.plan import served
+from pytest_rlrollout.suite.marks import clause, loads, requires, swaps
 from pytest_rlrollout.suite.observe import WHITELIST, InFlight, cached_and_a_visible_change, continued, with_stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
@@ -68,6 +69,7 @@ def froze(f: InFlight, paused: float, resumed: float) -> float:
 @swaps
 @clause("CTL-PAUSE-1")
 @requires("pause")
+@loads()
 def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, rl_observe):
     marks: dict[str, float] = {}
     held: dict[str, object] = {}
@@ -109,6 +111,7 @@ def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, 
 @swaps
 @clause("CTL-PAUSE-2")
 @requires("pause")
+@loads()
 def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, rl_observe):
     marks: dict[str, float] = {}
 
@@ -135,6 +138,7 @@ def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, 
 @swaps
 @clause("CTL-PAUSE-3")
 @requires("pause", "policy_version", "logprobs")
+@loads()
 def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, rl_observe):
     old = rl_deployment.serving()
     label = rl_deployment.salted("ctl-pause-3")
@@ -182,6 +186,7 @@ def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, r
 @swaps
 @clause("CTL-PAUSE-4")
 @requires("pause")
+@loads()
 def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observe):
     marks: dict[str, float] = {}
 
@@ -206,6 +211,7 @@ def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observ
 @swaps
 @clause("CTL-PAUSE-5")
 @requires("pause")
+@loads()
 def test_pause_and_resume_are_idempotent_and_unknown_modes_refused(rl_deployment, rl_observe):
     # an engine with no route that says whether it is paused (SGLang) is asked by a request: one
     # answered after the resumes and after the refusal shows generation runs (a paused engine holds it)
@@ -248,6 +254,7 @@ def scored(rl_deployment, ids: list[int], isolation: str) -> list[float]:
 
 @clause("CTL-LABEL-1")
 @requires("logprobs", "echo", "token_id_prompts")
+@loads(served(change="visible"))
 def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, rl_observe):
     from pytest_rlrollout.numerics.scorer import local_scorer
 
@@ -278,6 +285,7 @@ def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, 
 @swaps
 @clause("CTL-LABEL-1")
 @requires("policy_version")
+@loads()
 def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_observe):
     old = rl_deployment.serving()
     label = rl_deployment.salted("ctl-label-inflight")
@@ -301,6 +309,7 @@ def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_obser
 
 @clause("CTL-CACHE-1")
 @requires("cache_reset", "logprobs", "token_id_prompts", "cached_tokens")
+@loads(served(change="visible-kv"))
 def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_swap, rl_observe):
     tol = rl_deployment.options.numerics.fingerprint_tolerance
     ids = rl_deployment.prompt("ctl-cache", CACHED_PREFIX).ids

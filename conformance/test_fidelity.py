@@ -25,7 +25,8 @@ from pytest_rlrollout.remote.fingerprint import (
     prompt_logprobs,
     sweep,
 )
-from pytest_rlrollout.suite.marks import clause
+from pytest_rlrollout.runs.plan import Load, served
+from pytest_rlrollout.suite.marks import clause, loads, loads_from
 from pytest_rlrollout.suite.observe import cached_and_a_visible_change, continued
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
@@ -81,18 +82,23 @@ def replicas_agree(s: Sweep, what: str, tolerance: float) -> None:
         )
 
 
+def load_paths(ctx):
+    """FID-SAME-1's loads: the base in full, away and back and the base again by the engine's
+    paths (diffs where it takes them), and in full after a ledger reset where it has a ledger."""
+    if ctx.has("incremental"):
+        paths = [served("copy"), served("sentinel", "away"), served("sentinel", "back"), served("sentinel", "none")]
+    else:
+        paths = [served("copy"), served("full", "away"), served("full", "back"), served("copy")]
+    return paths + ([Load("reset"), served("copy")] if ctx.has("ledger") else [])
+
+
 @clause("FID-SAME-1")
 @scored
+@loads_from(load_paths)
 def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_swap, fid, rl_observe):
     factory, tol, offers = rl_swap.factory, fid.tolerance, rl_deployment.capabilities.has
-    # Where a swap is a diff, an expert tensor of every MoE layer (a few kilobytes each). Where
-    # it is a whole snapshot, the first layer's input norm and its experts: one shard written,
-    # not every one (Qwen3-30B-A3B: 1.2 GB, not 61 GB)
-    diffs = offers("incremental")
-    experts = factory.expert_tensors if diffs else factory.expert_tensors[:1]
-    visible = factory.visible_change(None, kv=not diffs)  # relative to the base, which the first load serves
-    away_change = {**visible, **{n: ["scale", 1.5] for n in experts}}
-    back = {n: ["scale", 1.0] for n in [*visible, *experts]}
+    away_change, back = factory.change("away", None), factory.change("back", None)
+    experts = [n for n in away_change if n in factory.expert_tensors]
     paths: dict[str, Sweep] = {}
     rl_swap.to(factory.base_copy("fid-full"))
     paths["a full snapshot of the base"] = fid.sweep()
@@ -145,6 +151,7 @@ def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_
 
 @clause("FID-SWAP-1")
 @scored
+@loads(served(change="visible"))
 def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_swap, fid, rl_observe):
     before = fid.sweep()
     try:
@@ -179,6 +186,7 @@ def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tup
 
 @clause("FID-CACHE-1")
 @pytest.mark.rl_requires("logprobs", "token_id_prompts", "cached_tokens")
+@loads(served(change="visible-kv"))
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_swap, fid, rl_observe):
     prompt = rl_deployment.prompt("fid-cache", CACHED_PREFIX).ids
     session = rl_deployment.session("fid-cache")

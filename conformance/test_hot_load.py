@@ -12,12 +12,12 @@ import pytest
 from pytest_rlrollout.remote.client import WaitEnd
 from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint
 from pytest_rlrollout.remote.stream import json_object
+from pytest_rlrollout.runs.plan import Load, refused, served, unsignalled
+from pytest_rlrollout.runs.snapshots import PROBE_KEY
 from pytest_rlrollout.snapshot import broken, tiny_moe
-from pytest_rlrollout.suite.marks import breaks, clause, swaps
+from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, swaps
 from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
-
-PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
 
 
 def status_body(rl_deployment) -> dict:
@@ -28,18 +28,12 @@ def status_body(rl_deployment) -> dict:
     return body
 
 
-def numeric_key(rl_deployment) -> str:
-    """A config value whose change is harmless to serve (for config-mismatch snapshots)."""
-    config = rl_deployment.base_config
-    if config is None:
-        inconclusive("config-mismatch snapshots are built from the served config.json: pass --rl-base-snapshot")
-    for key in ("rms_norm_eps", "layer_norm_eps", "initializer_range"):
-        if isinstance(config.get(key), float):
-            return key
-    floats = [k for k, v in sorted(config.items()) if isinstance(v, float)]
-    if not floats:
-        inconclusive("the served config.json has no float value to change")
-    return floats[0]
+def numeric_key(factory) -> str:
+    """The config value the config-mismatch snapshots change (SnapshotFactory.config_edit)."""
+    try:
+        return factory.numeric_key()
+    except LookupError as e:
+        inconclusive(str(e))
 
 
 def never_served(rl_deployment, identity: str, before: list, rl_observe) -> None:
@@ -126,6 +120,7 @@ def test_status_has_loading_state(rl_deployment, rl_observe):
 
 @clause("HL-AUTH-1")
 @pytest.mark.rl_requires("auth")
+@loads(refused())
 def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("auth")
     before = served_identities(rl_deployment)
@@ -149,6 +144,7 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
 
 
 @clause("HL-POST-1")
+@loads(served("copy"))
 def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap, rl_observe):
     built = rl_snapshot_factory.base_copy("post-1")
     result = rl_swap.signal(built)
@@ -162,6 +158,7 @@ def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, 
 
 
 @clause("HL-POST-2")
+@loads(refused())
 def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
@@ -170,6 +167,7 @@ def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
 
 
 @clause("HL-POST-2a")
+@loads(refused())
 def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-2a")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
@@ -180,6 +178,7 @@ def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
 
 
 @clause("HL-POST-3")
+@loads(refused(), served(), served(), served())
 def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("post-3")
     r = rl_deployment.hot_load({**built.signal, "reset_prompt_cache": "sometimes"})
@@ -198,6 +197,7 @@ def signal_accepted(rl_swap, label: str, reset_prompt_cache) -> None:
 
 
 @clause("HL-POST-3a")
+@loads(served(), served())
 def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
     for value in (True, False):
         signal_accepted(rl_swap, "post-3a", value)
@@ -206,6 +206,7 @@ def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
 
 @swaps
 @clause("HL-POST-4")
+@loads()
 def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
     identities = ("a/b", "..", ".", "", "back\\slash", "nul\x00byte", "ctl\x01char")
     for identity in identities:
@@ -215,6 +216,7 @@ def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
 
 
 @clause("SNAP-ID-1")
+@loads(unsignalled(), Load("nested", end="refused"))
 def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("nested")
     outer = f"{built.identity}-dir"
@@ -236,9 +238,16 @@ def _variants():
     ]
 
 
+def violating(ctx):
+    """HL-POST-5's loads: the broken variant, refused (the planner adds what signalling it needs,
+    as the test does); nothing where the deployment serves another model than the reference."""
+    return [Load("given", end="refused", variant=ctx.params["violated"])] if ctx.reference_model() else []
+
+
 @breaks
 @clause("HL-POST-5")
 @pytest.mark.parametrize("violated", _variants())
+@loads_from(violating)
 def test_violating_snapshot_is_never_served(
     rl_deployment, rl_snapshot_factory, rl_swap, rl_reference_cases, violated, tmp_path, rl_observe
 ):
@@ -246,7 +255,7 @@ def test_violating_snapshot_is_never_served(
         inconclusive("broken variants are built from the reference model; this deployment serves another model")
     case = broken.broken_case(violated, rl_reference_cases, tmp_path)
     signal = dict(case.signal or {})
-    if "incremental_snapshot_metadata" in signal and case.parent == rl_reference_cases.base:
+    if broken.diffs_the_base(case, rl_reference_cases):
         # the diff is against the base: rebase it on a served snapshot holding exactly the base
         if rl_snapshot_factory.record.overlays.get(rl_deployment.serving()) != {}:
             rl_swap.signal(rl_snapshot_factory.base_copy("base-again"))
@@ -269,10 +278,11 @@ def test_violating_snapshot_is_never_served(
 
 
 @clause("HL-POST-5a")
+@loads(refused(config="scaled"))
 def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
-    key = numeric_key(rl_deployment)
+    key = numeric_key(rl_snapshot_factory)
     built = rl_snapshot_factory.step(
-        rl_deployment.serving(), "post-5a", config_edit=lambda c: c.update({key: c[key] * 10})
+        rl_deployment.serving(), "post-5a", config_edit=rl_snapshot_factory.config_edit("scaled")
     )
     r = rl_deployment.hot_load(built.signal)
     assert 400 <= r.status_code < 500, f"a config mismatch was answered {r.status_code} at POST time"
@@ -284,6 +294,7 @@ def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot
 
 
 @clause("HL-GET-2")
+@loads(served())
 def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_observe):
     result = rl_swap.signal(rl_swap.build("get-2"))
     expect_loaded(result, own=True)
@@ -295,6 +306,7 @@ def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_obser
 
 @clause("HL-GET-2")
 @pytest.mark.rl_requires("lora")
+@loads(served("lora"), served())
 def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_snapshot_factory.lora()
     result = rl_swap.signal(built)
@@ -305,11 +317,12 @@ def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_fac
 
 @swaps
 @clause("HL-CONFIG-1")
+@loads(refused(config="scaled"), refused(config="extra"))
 def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_snapshot_factory, rl_observe):
-    key = numeric_key(rl_deployment)
+    key = numeric_key(rl_snapshot_factory)
     edits = {
-        f"Config value mismatch for {key}": lambda c: c.update({key: c[key] * 10}),
-        "Extra snapshot model config options": lambda c: c.update({PROBE_KEY: 1}),
+        f"Config value mismatch for {key}": rl_snapshot_factory.config_edit("scaled"),
+        "Extra snapshot model config options": rl_snapshot_factory.config_edit("extra"),
     }
     for wording, edit in edits.items():
         built = rl_snapshot_factory.step(rl_deployment.serving(), "config-1", config_edit=edit)
@@ -323,9 +336,10 @@ def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_sn
 
 
 @clause("HL-CONFIG-2")
+@loads(served(config="extra"), served(config="scaled"))
 def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
-    key = numeric_key(rl_deployment)
-    for field, edit in ((PROBE_KEY, lambda c: c.update({PROBE_KEY: 1})), (key, lambda c: c.update({key: c[key] * 10}))):
+    key, edit_of = numeric_key(rl_snapshot_factory), rl_snapshot_factory.config_edit
+    for field, edit in ((PROBE_KEY, edit_of("extra")), (key, edit_of("scaled"))):
         built = rl_snapshot_factory.step(rl_deployment.serving(), "config-2", config_edit=edit)
         expect_loaded(rl_swap.signal(built, validation={"extra_fields_ignore": [field]}))
         rl_observe(1, f"snapshot differing in {field} loaded with extra_fields_ignore")
@@ -333,6 +347,7 @@ def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_s
 
 @clause("HL-LEDGER-1")
 @pytest.mark.rl_requires("ledger")
+@loads(served("known"), Load("reset"), refused("sentinel"), served("copy"))
 def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     serving = rl_deployment.serving()
     if not rl_snapshot_factory.knows(serving):
@@ -351,6 +366,7 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
 
 @clause("HL-HINT-1")
 @pytest.mark.rl_requires("hint")
+@loads(unsignalled())
 def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_observe):
     built = rl_swap.build("hint")
     before = served_identities(rl_deployment)
@@ -369,6 +385,7 @@ def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_obser
 
 @breaks
 @clause("HL-GET-3")
+@loads(Load("step", end="failed"))
 def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     built = rl_swap.build("get-3")
     before = served_identities(rl_deployment)

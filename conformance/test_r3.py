@@ -13,8 +13,9 @@ import pytest
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
+from pytest_rlrollout.runs.plan import served
 from pytest_rlrollout.suite.deployment import fail_in_call
-from pytest_rlrollout.suite.marks import clause
+from pytest_rlrollout.suite.marks import clause, loads_from
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
@@ -216,14 +217,13 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
 
 @clause("R3-CHANGE-1")
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+@loads_from(lambda ctx: [served(change="routers")] if ctx.has("routing_matrix") else [])  # else: the `moe` fixture
 def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
     layers, k, _ = moe.needed()
     by_layer = rl_swap.factory.routers_by_layer
     if not by_layer:
         inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
-    # The first and the last MoE layer's routers: what a swap must carry to every layer's routing
-    # is shown at both ends, and the snapshot changes two shards, not all of them (a directory
-    # reload of Qwen3-30B-A3B writes 2.5 GB instead of 61 GB).
+    # The first and the last MoE layer's routers change (SnapshotFactory.router_change)
     ends = sorted({min(by_layer), max(by_layer)})
     moe_layers = sorted(by_layer)
     rows = [moe_layers.index(n) for n in ends] if len(moe_layers) == layers else ends
@@ -243,10 +243,8 @@ def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_obse
     before = prompt_routing()
     if not before:
         inconclusive("echo returned no routing for the prompt (see R3-ECHO-1)")
-    current = rl_swap.factory.record.overlays.get(rl_deployment.serving(), {})
-    routers = [by_layer[n] for n in ends]
     # negate the routers (top-k becomes bottom-k), or undo an earlier negation
-    rl_swap("routers", change={n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers})
+    rl_swap("routers", change=rl_swap.factory.router_change(rl_deployment.serving()))
     after = prompt_routing()
     if len(after) != len(before):
         inconclusive("echo returned routing for a different number of prompt tokens after the swap")

@@ -11,7 +11,8 @@ import itertools
 import pytest
 
 from pytest_rlrollout.remote.stream import span_version
-from pytest_rlrollout.suite.marks import clause, requires
+from pytest_rlrollout.runs.plan import served, unsignalled
+from pytest_rlrollout.suite.marks import clause, loads, loads_from, requires
 from pytest_rlrollout.suite.observe import WHITELIST, across_swap, parting, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
@@ -44,6 +45,7 @@ def judge_completion(c, rl_observe) -> None:
 
 @clause("SWAP-ASYNC-1")
 @requires("transition:ASYNC", "logprobs")
+@loads(served())
 def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
     c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-1")
     if not c.crossed:
@@ -53,6 +55,7 @@ def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
 
 @clause("SWAP-ASYNC-2")
 @requires("transition:ASYNC", "policy_version")
+@loads_from(lambda ctx: [served(change="visible" if ctx.spans_only and ctx.has("logprobs") else None)])
 def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
     # Spans (said once, at the end) date tokens by their index, and an engine that sends chunks
     # late delivers tokens it generated before the swap after it: arrival dates nothing there.
@@ -116,6 +119,7 @@ def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
 
 @clause("SWAP-ASYNC-3")
 @requires("transition:ASYNC")
+@loads(served())
 def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap, rl_observe):
     probes = [p for p in probes_during_swap(rl_deployment, rl_swap, rl_observe).probes if p.any_in_swap]
     if not probes:
@@ -130,6 +134,7 @@ DRAIN = 0.01  # seconds: the drain timeout the probes carry
 
 @clause("SWAP-ASYNC-4")
 @requires("transition:ASYNC")
+@loads(served())
 def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
     run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True,
                              headers={"x-fireworks-hot-load-drain-timeout": str(DRAIN)})  # fmt: skip
@@ -152,6 +157,7 @@ def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
 
 @clause("SWAP-SYNC-1")
 @requires("transition:SYNC", "logprobs", "policy_version")
+@loads(served())
 def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_observe):
     c = crossing(rl_deployment, rl_swap, rl_observe, "swap-sync-1")
     if not c.in_flight_at_signal:
@@ -166,6 +172,7 @@ def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_obs
 
 @clause("SWAP-SYNC-2")
 @requires("transition:SYNC")
+@loads(served())
 def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_swap, rl_observe):
     run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True)
     built, judged = run.built, [p for p in run.probes if p.all_in_swap]
@@ -183,6 +190,7 @@ def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_sw
 
 @clause("SWAP-NEW-1")
 @requires("policy_version")
+@loads(served())
 def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe):
     new = rl_swap("new-1").built.identity
     versions = []
@@ -200,6 +208,7 @@ def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe)
 @clause("SWAP-KV-1")
 @requires("logprobs")
 @pytest.mark.parametrize("policy", ["all", "new_session", "none"])
+@loads_from(lambda ctx: [served() if ctx.params["policy"] in ctx.reset_policies else unsignalled()])
 def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_swap, rl_observe, policy):
     if rl_deployment.capabilities.transition == "SYNC":
         not_applicable("SYNC swaps wait for in-flight streams, so no reset can meet one")

@@ -6,7 +6,8 @@ engines that say it as spans over the output tokens (vLLM) are held to VER-SPAN-
 import pytest
 
 from pytest_rlrollout.remote.stream import span_problems
-from pytest_rlrollout.suite.marks import clause, requires
+from pytest_rlrollout.runs.plan import served
+from pytest_rlrollout.suite.marks import clause, loads, requires
 from pytest_rlrollout.suite.observe import across_swap
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.swaps import served_by
@@ -49,6 +50,7 @@ def test_streamed_chunks_carry_the_served_identity(rl_deployment, rl_observe, ch
 
 @clause("VER-STREAM-1")
 @requires("policy_version")
+@loads(served())
 def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_swap, rl_observe):
     before = loaded(rl_deployment)
     body = {"prompt": rl_deployment.prompt("ver-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
@@ -88,6 +90,7 @@ def test_non_streaming_responses_carry_the_version(rl_deployment, rl_observe):
 
 @clause("VER-NONSTREAM-1")
 @requires("nonstream_version")
+@loads(served())
 def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, rl_observe):
     new = rl_swap("nonstream").built.identity
     r = request(rl_deployment, "ver-nonstream-swap", False, stream=False).expect_ok()
@@ -121,6 +124,7 @@ def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
 
 @clause("VER-SPAN-1")
 @requires("policy_version", "logprobs")
+@loads(served())
 def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_swap, rl_observe):
     body = {"prompt": rl_deployment.prompt("ver-span-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
             "ignore_eos": True, "temperature": 0, "logprobs": True}  # fmt: skip

@@ -289,7 +289,7 @@ def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself(serve
     [command] = [x for x in child.printed if x.startswith("conformance:")]
     assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
                        f"--rl-allow-hot-load --rl-bucket-url={bucket} "
-                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'}")  # fmt: skip
+                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'} -o rl_served_dtype=float32")  # fmt: skip
     assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
     assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
     child.proc.send_signal(signal.SIGTERM)

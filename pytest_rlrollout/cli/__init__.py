@@ -1,4 +1,4 @@
-"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics,
+"""The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics, plan,
 conformance, soak, cleanup, clauses, matrix.
 
 One module a command (the snapshot tools share one), each holding its sub-parser's `register`
@@ -22,6 +22,7 @@ from pytest_rlrollout.cli import (
     conformance,
     matrix,
     numerics,
+    plan,
     serve,
     snapshot_tools,
     soak,
@@ -56,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
     sub = p.add_subparsers(dest="command", required=True)
     # in the order `rlrollout --help` lists them
-    for command in (validate, snapshot_tools, serve, numerics, conformance, soak, cleanup, clauses, matrix):
+    for command in (validate, snapshot_tools, serve, numerics, plan, conformance, soak, cleanup, clauses, matrix):
         command.register(sub)
     return p
 
@@ -96,6 +97,12 @@ def _main(argv: list[str], program: bool) -> int:
             return EXIT_OK
         # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
         return conformance.run(argparse.Namespace(pytest_args=argv[1:]))
+    if argv[:1] == ["plan"] and argv[1:2] not in (["-h"], ["--help"]):  # as soak: its options, the rest to pytest
+        try:
+            return plan.run(plan.parse(argv[1:]))
+        except UsageError as e:
+            print(f"rlrollout plan: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if argv[:1] == ["soak"]:  # its own options, then everything else to pytest, as above
         try:
             return soak.run(argparse.Namespace(pytest_args=argv[1:]))

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pytest_rlrollout.remote.bucket import Bucket
-    from pytest_rlrollout.suite.snapshots import left_behind
+    from pytest_rlrollout.runs.snapshots import left_behind
 
     if args.run_id is not None and not (len(args.run_id) == 8 and all(c in "0123456789abcdef" for c in args.run_id)):
         raise UsageError(f"--run {args.run_id!r}: a run id is 8 lowercase hex digits (as in rlt-<run>-...)")

@@ -234,6 +234,7 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
                    # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
                    " -o rl_long_stream_tokens=64 -o rl_swap_timeout=10")  # fmt: skip
         serving = options["transition"]
+    command += " -o rl_served_dtype=float32"  # its numpy engine computes in float32, whatever config.json declares
     replicas = len(dep.deployment.replicas)
     if options.get("mirror"):  # the suite's bucket; the one above is the deployment's local copy of it
         named.append(f"store:      {options['mirror']}" + (f" (endpoint {endpoint})" if endpoint else ""))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from pytest_rlrollout.cli.exits import EXIT_OK
@@ -39,11 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 5GB, 512MiB, 1000000)")
-    unit = (m.group(2) or "").upper().replace("I", "").rstrip("B")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+    from pytest_rlrollout.snapshot.layout import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -388,3 +388,75 @@ class _File:
             if kind is None:
                 w.done, w.files_done = w.done + self.size, w.files_done + 1
             w._tell()
+
+
+class DryBucket(Bucket):
+    """A bucket that writes nothing and says what each write would cost: a run's plan prices its
+    snapshots on it. It reads the real bucket (does it hold the base?), and what it would have
+    made exists only in it. A bucket on this machine links what is on its own file system (what
+    `put` and `copy` try first); an object store copies what it holds and is sent the rest."""
+
+    def __init__(self, real: Bucket):
+        self.url, self.store, self.progress, self.fs, self.root = real.url, real.store, None, real.fs, real.root
+        self._made: dict[str, dict[str, int]] = {}  # identity -> file name -> size
+
+    def __repr__(self) -> str:
+        return f"DryBucket({self.url!r})"
+
+    def exists(self, identity: str) -> bool:
+        return identity in self._made or super().exists(identity)
+
+    def _links(self, origin: Path) -> bool:
+        """Whether a file on this machine would be hard-linked into this bucket (one file system)."""
+        local = self.local_path
+        return local is not None and local.is_dir() and origin.stat().st_dev == local.stat().st_dev
+
+    def put(
+        self,
+        identity: str,
+        files: Mapping[str, Path],
+        *,
+        same: Mapping[str, Path] | None = None,
+        source: str | None = None,
+        link: bool = True,
+    ) -> Transfer:
+        if self.exists(identity):
+            raise FileExistsError(f"{self.url}/{identity} already exists; identities must be new")
+        done, made = Transfer(), self._made.setdefault(identity, {})
+        for name, f, held in [*((n, f, False) for n, f in files.items()), *((n, f, source is not None)
+                                                                             for n, f in (same or {}).items())]:  # fmt: skip
+            size = made[name] = f.stat().st_size
+            if link and self.local_path is not None and (held or self._links(f)):
+                done += Transfer(linked=size, files=1)
+            elif held and self.local_path is None:
+                done += Transfer(copied=size, files=1)
+            else:
+                done += Transfer(sent=size, files=1)
+        done.most_in_flight = min(done.files, max(1, self.store.concurrency))
+        return done
+
+    def copy(self, source: str, identity: str, *, inner: str | None = None) -> Transfer:
+        if (identity in self._made and inner is None) or super().exists(identity):
+            raise FileExistsError(f"{self.url}/{identity} already exists; identities must be new")
+        if source in self._made:
+            sizes = self._made[source]
+        else:
+            src = self.path(source)
+            sizes = {posixpath.relpath(f, src): self.fs.size(f) for f in self.fs.find(src) if self.fs.isfile(f)}
+        links = self.local_path is not None  # a bucket on this machine links its own files
+        made = self._made.setdefault(identity, {})
+        for name, size in sizes.items():
+            made[name if inner is None else f"{inner}/{name}"] = size
+        total = sum(sizes.values())
+        return Transfer(linked=total, files=len(sizes)) if links else Transfer(copied=total, files=len(sizes))
+
+    def remove(self, identity: str) -> None:
+        self._made.pop(identity, None)
+
+    def remove_file(self, identity: str, name: str) -> None:
+        self._made.get(identity, {}).pop(name, None)
+
+    def size(self, identity: str, name: str) -> int:
+        if identity in self._made:
+            return self._made[identity][name]
+        return super().size(identity, name)

@@ -313,3 +313,9 @@ def _(case: Case, dst: Path) -> Case:
     case = _copy(case, dst)
     _edit_json(dst / ADAPTER_CONFIG, lambda c: c.update(base_model_name_or_path="accounts/other/models/llama"))
     return case
+
+
+def diffs_the_base(case: Case, cases: ReferenceCases) -> bool:
+    """Whether the variant is an ARC2 diff against the base itself: signalled, it must diff a
+    served snapshot that holds exactly the base (the suite swaps to a copy of the base first)."""
+    return "incremental_snapshot_metadata" in (case.signal or {}) and case.parent == cases.base

@@ -269,6 +269,15 @@ def derive_file(src: Path, dst: Path, change: Mapping[str, st.Tensor]) -> int:
     return dst.stat().st_size
 
 
+def derived_size(src: Path) -> int:
+    """The size of the shard `derive_file` writes from `src`, whatever it changes (the same
+    tensors, dtypes and shapes), without writing it: what a plan counts."""
+    header = st.read_header(src)
+    entries = [st.Entry(n, t.dtype, t.shape, st.FileRange(src, t.start, t.end)) for n, t in header.tensors.items()]
+    raw, ordered = st.header_bytes(entries, header.metadata)
+    return 8 + len(raw) + sum(dtypes.nbytes(e.dtype, e.shape) for e in ordered)
+
+
 def perturbed(
     src: str | os.PathLike[str], *, seed: int, scale: float = 1e-2, only: str | None = None
 ) -> dict[str, st.Tensor]:

@@ -13,6 +13,18 @@ from typing import Literal
 from pytest_rlrollout.snapshot import untrusted
 
 Kind = Literal["full", "incremental", "lora"]
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([KMGT]?i?B?)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """A size as people write it: 5GB, 512MiB, 1e9, 1000000 (K, M, G, T are powers of 1024,
+    as file sizes are shown). ValueError for anything else."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (e.g. 5GB, 512MiB, 1000000)")
+    unit = (m.group(2) or "").upper().replace("I", "").rstrip("B")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
 
 INDEX = "model.safetensors.index.json"
 SPEC = "model.weight.spec.json"

@@ -440,7 +440,7 @@ def rl_deployment(
             cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
                                           recorded_mode=dep.mode, transition=dep.discovery.transition,
                                           engine=dep.engine, discovery=dep.discovery.as_dict(),
-                                          run_id=dep.run_id)  # fmt: skip
+                                          run_id=dep.run_id, served_dtype=dep.options.numerics.dtype)  # fmt: skip
             cassettes.session.write(dep.target.api_key)
 
 
@@ -692,17 +692,30 @@ def rl_test(request: pytest.FixtureRequest) -> Iterator[RLTest | None]:
     if "rl_deployment" not in request.fixturenames:
         yield None
         return
+    from pytest_rlrollout.suite import planning
+
     dep: RLDeployment = request.getfixturevalue("rl_deployment")
-    _requirements(request, dep)
     exclusive = request.node.get_closest_marker("rl_swaps") is not None
+    try:
+        _requirements(request, dep)
+    except pytest.skip.Exception as e:
+        if exclusive and dep.options.budget.plan is not None:  # the plan says why it leaves the test out
+            planning.book(request.config).left_out.append((request.node.nodeid, str(e.msg)))
+        raise
     breaks = request.node.get_closest_marker("rl_breaks") is not None
     with _cassette(request, dep) as cassette, _locked(dep, exclusive=exclusive, breaks=breaks):
+        if exclusive:  # the profile, the plan and the budget, from where the run is now
+            planning.plan_or_leave_out(request, dep)
         if breaks and dep.mode == "live" and dep.cassettes is None:
             _serving_before_it_breaks(dep)
         deadline = time.monotonic() + dep.timeouts.test
-        with dep.client.scoped(deadline) as exchanges:
-            test = request.node.stash[RL_TEST] = RLTest(deadline, exchanges, cassette, exclusive)
-            yield test
+        try:
+            with dep.client.scoped(deadline) as exchanges:
+                test = request.node.stash[RL_TEST] = RLTest(deadline, exchanges, cassette, exclusive)
+                yield test
+        finally:
+            if exclusive:
+                planning.spend(request, dep)
 
 
 def _serving_before_it_breaks(dep: RLDeployment) -> None:

@@ -74,6 +74,8 @@ class Observed:
     timeline: Timeline | None = None
     uploads: list[dict[str, Any]] = field(default_factory=list)  # snapshots built: bytes uploaded and copied
     figures: dict[str, Any] | None = None  # numbers a clause reports (NUM figures, FID's max |Δ|)
+    swaps: int = 0  # loads the deployment served for this test
+    planned: dict[str, int] | None = None  # what the run's plan said it would load (suite.planning.figures)
 
     def __call__(self, n: int, what: str) -> int:
         self.facts.append((int(n), what))
@@ -83,6 +85,12 @@ class Observed:
         """Start this test's timeline (one per test: the last one started is reported)."""
         self.timeline = Timeline(title)
         return self.timeline
+
+    def loaded(self) -> dict[str, int]:
+        """What the test loaded, in the figures its plan gives (`suite.planning.figures`): swaps,
+        snapshots built and their bytes as the factory noted them."""
+        return {"swaps": self.swaps, "built": len(self.uploads),
+                **{k: sum(int(u.get(k) or 0) for u in self.uploads) for k in ("uploaded", "copied", "linked", "written")}}  # fmt: skip
 
     @property
     def anything(self) -> bool:
@@ -123,6 +131,8 @@ def attach(report: pytest.TestReport, item: pytest.Item, exchanges: list[Any], a
         uploads=[model.Upload.from_json(u) for u in o.uploads],
         numerics=numerics,
         measures=measures,
+        planned=o.planned,
+        done=o.loaded() if o.planned is not None or o.uploads or o.swaps else None,
     )
     report.user_properties.append((EVIDENCE, json.dumps(seen.to_json())))
 

@@ -28,6 +28,7 @@ from pytest_rlrollout.remote.bucket import Store
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.shipped import shipped
+from pytest_rlrollout.snapshot.layout import parse_size as byte_size
 
 Mode = Literal["local", "live", "replay"]
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
@@ -66,14 +67,42 @@ LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0
 
 @dataclass(frozen=True)
 class Numerics:
-    """How the FID and NUM clauses compare numbers (`--rl-fingerprint-tolerance` and the rest)."""
+    """How the FID and NUM clauses compare numbers: the tolerances follow the precision the
+    deployment serves in (`numerics.tolerances`) unless an ini key sets them."""
 
     fingerprint_tolerance: float = 1e-3  # |Δlogprob| two fingerprints of the same weights may differ by
     logprob_tolerance: float = 1e-3  # NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer
+    dtype: str = "float32"  # the precision the deployment serves in, which the tolerances follow
+    source: str = "the contract's defaults (FID: 1e-3 absolute)"  # where the tolerances come from
     min_route_agreement: float = MIN_ROUTE_AGREEMENT  # NUM-ROUTE-1: (layer, token) agreement with the local router
     tokens: int = 64  # NUM: generated tokens compared (over several prompts)
     scorer: str = "auto"  # numpy | transformers | auto
     scorer_device: str = "cpu"
+
+
+PROFILES = ("read-only", "core", "full")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run may do to a live deployment (`rl_profile`, `rl_max_*`), and the swap time its
+    plan estimates wall time with. A test left out by them is reported so, never as a pass."""
+
+    profile: Literal["read-only", "core", "full"] = "full"
+    swaps: int | None = None  # the most loads the deployment serves
+    upload_bytes: int | None = None  # the most bytes sent to the bucket from this machine
+    full_uploads: int | None = None  # the most whole snapshots sent (copies inside the bucket are not)
+    swap_seconds: float | None = None  # how long one swap takes on this deployment (the user's word)
+    plan: Path | None = None  # plan only: write the plan here (JSON) and run no test
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.swaps, self.upload_bytes, self.full_uploads))
+
+    def describe(self) -> str:
+        limits = [f"{k} = {v}" for k, v in (("rl_max_swaps", self.swaps), ("rl_max_upload_bytes", self.upload_bytes),
+                                             ("rl_max_full_uploads", self.full_uploads)) if v is not None]  # fmt: skip
+        return f"profile {self.profile}" + (f", {', '.join(limits)}" if limits else "")
 
 
 @dataclass(frozen=True)
@@ -91,6 +120,7 @@ class RLConfig:
     control_key: Secret | None = None
     engine: Engine | None = "fireworks"  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
+    budget: Budget = Budget()
     bucket_url: str | None = None
     store: Store = field(default_factory=Store)  # how to reach the bucket when it is an object store
     base_snapshot: Path | None = None
@@ -133,7 +163,7 @@ class Setting:
 
     key: str  # the ini key, and the option's dest
     help: str
-    kind: type = str  # str | float | int | bool | list (whitespace-separated words)
+    kind: type = str  # str | float | int | bool | list (whitespace-separated words) | byte_size
     option: str | None = None  # the command-line flag
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
@@ -143,7 +173,7 @@ class Setting:
     @property
     def example(self) -> str:
         """How to set it for one run."""
-        value = {float: "SECONDS" if "timeout" in self.key else "X", int: "N", bool: "true"}.get(
+        value = {float: "SECONDS" if "timeout" in self.key else "X", int: "N", bool: "true", byte_size: "SIZE"}.get(
             self.kind, self.metavar or "VALUE"
         )
         return f"-o {self.key}={value}"
@@ -156,7 +186,7 @@ class Setting:
             return list(raw)
         text = str(raw).strip()
         try:
-            value: Any = {float: float, int: int, bool: _boolean}.get(self.kind, str)(text)
+            value: Any = {float: float, int: int, bool: _boolean, byte_size: byte_size}.get(self.kind, str)(text)
         except ValueError:
             _usage(f"{self.key} = {text!r} is not {_KIND_WORDS[self.kind]} ({self.example})")
         if self.choices:  # ASYNC or async alike
@@ -170,7 +200,12 @@ class Setting:
         return value
 
 
-_KIND_WORDS = {float: "a number", int: "a whole number", bool: "true or false"}
+_KIND_WORDS = {
+    float: "a number",
+    int: "a whole number",
+    bool: "true or false",
+    byte_size: "a size (61GB, 500MiB: powers of 1024)",
+}
 
 
 def _boolean(text: str) -> bool:
@@ -217,6 +252,32 @@ SETTINGS = (
         bool,
         option="--rl-allow-hot-load",
         ini=False,
+    ),
+    Setting(
+        "rl_profile",
+        "how much of the contract a live run may change the deployment to judge: read-only (nothing), core (the "
+        "MUST clauses the engine binds), full (every clause; the default with --rl-allow-hot-load)",
+        choices=PROFILES,
+        metavar="read-only|core|full",
+    ),
+    Setting(
+        "rl_plan",
+        "plan only: print what the run would load (tests, swaps, bytes, time) and write it to PATH as JSON; "
+        "nothing is run and no state changes (`rlrollout plan` sets it)",
+        metavar="PATH",
+    ),
+    Setting("rl_max_swaps", "the most loads a run may have the deployment serve (MUST clauses first)", int),
+    Setting(
+        "rl_max_upload_bytes",
+        "the most bytes a run may send to the bucket (61GB, 500MiB: powers of 1024; copies inside the bucket are free)",
+        byte_size,
+    ),
+    Setting("rl_max_full_uploads", "the most whole snapshots a run may send to the bucket", int),
+    Setting(
+        "rl_swap_seconds",
+        "how long one swap takes on the deployment, as you know it: the plan's wall-time estimate",
+        float,
+        check="positive",
     ),
     Setting(
         "rl_bucket_url",
@@ -330,16 +391,23 @@ SETTINGS = (
     # numbers
     Setting(
         "rl_fingerprint_tolerance",
-        "FID: the largest |Δlogprob| between two fingerprints of the same weights "
-        f"(default {Numerics.fingerprint_tolerance:g})",
+        "FID: the largest |Δlogprob| between two fingerprints of the same weights (default: the served dtype's; "
+        f"{Numerics.fingerprint_tolerance:g} for float32)",
         float,
         check="positive",
     ),
     Setting(
         "rl_logprob_tolerance",
-        f"NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer (default {Numerics.logprob_tolerance:g})",
+        "NUM-LOGPROB-1: the largest |Δlogprob| against the local scorer (default: the served dtype's)",
         float,
         check="positive",
+    ),
+    Setting(
+        "rl_served_dtype",
+        "the precision the deployment computes in, which the tolerances follow (default: the base's "
+        "config.json torch_dtype; float32 for the bundled reference deployment)",
+        choices=("float32", "bfloat16", "float16"),
+        metavar="float32|bfloat16|float16",
     ),
     Setting(
         "rl_min_route_agreement",
@@ -475,14 +543,15 @@ def read_options(config: pytest.Config) -> RLConfig:
         record, replay = None, record
     if record and replay:
         _usage("--rl-record and --rl-replay exclude each other")
+    base = _directory(get("rl_base_snapshot"), "--rl-base-snapshot", need="config.json")
     common: dict[str, Any] = dict(
-        base_snapshot=_directory(get("rl_base_snapshot"), "--rl-base-snapshot", need="config.json"),
+        base_snapshot=base,
         level=get("rl_level") or "should",
         report=Path(get("rl_report")) if get("rl_report") else None,
         record=Path(record) if record else None,
         record_mode=get("rl_record_mode") or "rewrite",
         transition=get("rl_transition"),
-        numerics=_numerics(config),
+        numerics=_numerics(config, base),
         soak=_soak_options(config),
         **_gate_options(config),
     )
@@ -507,6 +576,9 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     recorded = LIVE if meta.get("recorded_mode") == "live" else LOCAL
     timeouts = LOCAL.with_(poll=0.0, probe=0.0, retry=0.0, hold=0.0, long_stream_tokens=recorded.long_stream_tokens)
     common["transition"] = common["transition"] or meta.get("transition")
+    # judged as recorded: with the precision the recording's deployment served in (float32: the reference's)
+    served = meta.get("served_dtype") or ("float32" if meta.get("recorded_mode") == "local" else None)
+    common["numerics"] = _numerics(config, common["base_snapshot"], served=served)
     return RLConfig(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
                      engine=meta.get("engine", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
@@ -527,8 +599,10 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
     common["transition"] = common["transition"] or "ASYNC"
     given = setting(config, "rl_engine")
     engine = given if given in ("vllm", "sglang", "coreweave") else "fireworks"  # the bundled deployment's dialect
+    budget = _budget(functools.partial(setting, config), allow=True)
+    common["numerics"] = _numerics(config, common["base_snapshot"], served="float32")  # the reference's numpy engine
     return RLConfig(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
-                     allow_hot_load=True, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
+                     allow_hot_load=True, budget=budget, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLConfig:
@@ -560,6 +634,9 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     if not key and (engine == "fireworks" or (engine is None and deployment is not None and not coreweave)):
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
     bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
+    budget = _budget(get, allow=bool(allow))
+    if budget.plan is not None:  # a plan changes nothing and needs no permission; it prices what a run would load
+        allow = True
     if allow and not bucket_url:
         _usage("--rl-allow-hot-load: also pass --rl-bucket-url (where the suite uploads the snapshots it swaps in)")
     if allow and common["base_snapshot"] is None:
@@ -577,8 +654,23 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
             _usage(f"--rl-bucket-url: {e}")
     base_url = (get("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
     return RLConfig(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
-                     inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url,
+                     inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url, budget=budget,
                      store=store, engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
+
+
+def _budget(get: Callable[[str], Any], *, allow: bool) -> Budget:
+    """The profile and limits of a live run; a profile that changes state needs --rl-allow-hot-load
+    (a plan does not: it changes nothing)."""
+    plan = Path(get("rl_plan")) if get("rl_plan") else None
+    profile = get("rl_profile") or ("full" if allow or plan is not None else "read-only")
+    if profile != "read-only" and not allow and plan is None and get("rl_profile"):
+        _usage(f"rl_profile = {profile} changes what the deployment serves: also pass --rl-allow-hot-load "
+               "(or see what it would do with `rlrollout plan`)")  # fmt: skip
+    for key in ("rl_max_swaps", "rl_max_full_uploads", "rl_max_upload_bytes"):
+        if get(key) is not None and get(key) < 0:
+            _usage(f"{key} is a count, not {get(key)}")
+    return Budget(profile=profile, swaps=get("rl_max_swaps"), upload_bytes=get("rl_max_upload_bytes"),
+                  full_uploads=get("rl_max_full_uploads"), swap_seconds=get("rl_swap_seconds"), plan=plan)  # fmt: skip
 
 
 def _store(get: Callable[[str], Any]) -> Store:
@@ -642,12 +734,30 @@ def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
                          exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"))  # fmt: skip
 
 
-def _numerics(config: pytest.Config) -> Numerics:
+def _numerics(config: pytest.Config, base: Path | None, served: str | None = None) -> Numerics:
+    """The numbers' settings: the tolerances of the precision served (`rl_served_dtype`, else
+    `served`: what the deployment is known to compute in, else the base's config.json, else
+    float32), each one an ini key sets taken instead."""
+    from pytest_rlrollout.numerics.tolerances import TOLERANCES, dtype_name, served_dtype
+
     get = functools.partial(setting, config)
+    dtype, said = get("rl_served_dtype"), "rl_served_dtype"
+    if dtype is None and served is not None:
+        dtype, said = served, "the deployment's"
+    if dtype is None and base is not None:
+        dtype, said = served_dtype(json.loads((base / "config.json").read_text())), "the base's config.json"
+    try:
+        t = TOLERANCES[dtype_name(dtype or "float32")]
+    except ValueError as e:
+        _usage(f"rl_served_dtype: {e}")
+    source = f"{t.dtype} ({said if dtype else 'no dtype declared'}): {t.source}"
     given = {"fingerprint_tolerance": get("rl_fingerprint_tolerance"), "logprob_tolerance": get("rl_logprob_tolerance"),
              "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
              "scorer": get("rl_scorer"), "scorer_device": get("rl_scorer_device")}  # fmt: skip
-    return replace(Numerics(), **{k: v for k, v in given.items() if v is not None})
+    if given["fingerprint_tolerance"] is not None or given["logprob_tolerance"] is not None:
+        source += "; set by rl_*_tolerance where given"
+    resolved = Numerics(fingerprint_tolerance=t.fingerprint, logprob_tolerance=t.logprob, dtype=t.dtype, source=source)
+    return replace(resolved, **{k: v for k, v in given.items() if v is not None})
 
 
 def _soak_options(config: pytest.Config) -> dict[str, Any] | None:
@@ -744,6 +854,7 @@ def meta_problems(meta: Any) -> list[str]:
         "served_bucket": lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 4096 and v.isprintable()),
         "transition": lambda v: v in (None, "ASYNC", "SYNC"),
         "recorded_mode": lambda v: v in (None, "local", "live"),
+        "served_dtype": lambda v: v in (None, "float32", "bfloat16", "float16"),
         "discovery": lambda v: v is None or _discovery_ok(v),
     }
     required = ("run_id", "deployment", "model")

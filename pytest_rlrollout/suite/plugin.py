@@ -29,6 +29,7 @@ pytest_plugins = [
     "pytest_rlrollout.suite.swaps",
     "pytest_rlrollout.suite.session",
     "pytest_rlrollout.suite.gate",
+    "pytest_rlrollout.suite.planning",
 ]
 
 # fixtures whose users change what the deployment serves: their tests are rl_swaps tests
@@ -39,6 +40,8 @@ MARKERS = (
     "rl_requires(*capabilities): optional features the test needs",
     "rl_breaks: the test signals a snapshot that may leave the deployment unable to serve; it runs after the others",
     "rl_soak: a verdict of the soak, run only with -o rl_soak=true (rlrollout soak)",
+    "rl_loads(*loads): what a state-changing test loads (runs.plan.Load values, or a function of the deployment "
+    "giving them): the run's plan and budget price it",
 )
 
 
@@ -53,9 +56,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         if options(config).mode == "live":
             config.stash[DISCOVERED] = _preflight(config)  # once, before any test, on the controller
-        from pytest_rlrollout.suite.reporting import Reporting
+        if options(config).budget.plan is not None:
+            if getattr(config.option, "numprocesses", None):
+                raise pytest.UsageError("rl_plan plans the run in one process: drop -n")
+            from pytest_rlrollout.suite.planning import PlanPrinter
 
-        config.pluginmanager.register(Reporting(config), "rlrollout-reporting")
+            config.pluginmanager.register(PlanPrinter(config), "rlrollout-plan")
+        else:
+            from pytest_rlrollout.suite.reporting import Reporting
+
+            config.pluginmanager.register(Reporting(config), "rlrollout-reporting")
     if options(config).snapshot is not None and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = [str(CONFORMANCE / "test_snap.py")]
 
@@ -125,6 +135,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 raise pytest.UsageError(f"{item.nodeid}: rl_clause names unknown clause(s) {unknown or '(none)'}")
             # carried on every report of the test, so xdist workers' reports keep their clauses
             item.user_properties.extend(("rl_clause", c) for c in mark.args)
+    _plan_order(config, items, cat)
+
+
+def _plan_order(config: pytest.Config, items: list[pytest.Item], cat: Any) -> None:
+    """A plan looks only at the tests that change state; a run with a budget spends it on MUST
+    clauses first (the tests that may break the deployment still last)."""
+    budget = options(config).budget
+    if budget.plan is not None:
+        read_only = [i for i in items if i.get_closest_marker("rl_swaps") is None]
+        if read_only:
+            config.hook.pytest_deselected(items=read_only)
+            items[:] = [i for i in items if i.get_closest_marker("rl_swaps") is not None]
+    if budget.limited or budget.profile == "core":
+
+        def must(item: pytest.Item) -> bool:
+            return any(cat[c].level == "MUST" for m in item.iter_markers("rl_clause") for c in m.args)
+
+        items.sort(key=lambda i: (i.get_closest_marker("rl_breaks") is not None, not must(i)))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -59,6 +59,7 @@ class Collector:
         if seen is not None:
             t.observed, t.exchanges, t.timeline, t.uploads = seen.observed, seen.exchanges, seen.timeline, seen.uploads
             t.numerics, t.measures = seen.numerics, seen.measures
+            t.planned, t.done = seen.planned, seen.done
             if outcome in FAILED and seen.reason:
                 reason = seen.reason  # the assertion's own message, not pytest's last lines
         if outcome.severity < t.outcome.severity:
@@ -113,6 +114,15 @@ class Reporting:
             for name, c in group.items():
                 shown = "  ".join(f"{o} {c[o]}" for o in OUTCOMES if c.get(o))
                 terminalreporter.write_line(f"{name:8} {shown}")
+        planned = [t for _, t in self.collector.by_test.values() if t.planned is not None]
+        if planned:
+            off = [t for t in planned if t.off_plan]
+            terminalreporter.write_line(
+                f"plan: {len(planned)} tests planned, {len(planned) - len(off)} loaded as planned"
+                + "".join(
+                    f"\n  off plan: {t.test} ({', '.join(t.off_plan)}: {t.planned} planned, {t.done} done)" for t in off
+                )
+            )
         terminalreporter.write_line(f"wall time {time.monotonic() - self.started:.1f} s")
         report = options(self.config).report
         if report:
@@ -137,6 +147,10 @@ def provenance(config: pytest.Config) -> Provenance:
         "transition": o.transition,
         "snapshot": str(o.snapshot) if o.snapshot else None,
         "base_digest": _base_digest(o),
+        "numerics": (
+            f"served in {o.numerics.dtype}: fingerprint tolerance {o.numerics.fingerprint_tolerance:g}, "
+            f"logprob tolerance {o.numerics.logprob_tolerance:g}; from {o.numerics.source}"
+        ),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if o.mode == "live":

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import httpx
 
     from pytest_rlrollout.remote.client import Waited
-    from pytest_rlrollout.suite.snapshots import Built, Op, SnapshotFactory
+    from pytest_rlrollout.runs.snapshots import Built, Op, SnapshotFactory
+    from pytest_rlrollout.suite.evidence import Observed
 
 
 @dataclass
@@ -32,8 +33,9 @@ class SwapResult:
 class Swapper:
     """`rl_swap`: build the next snapshot and swap the deployment to it."""
 
-    def __init__(self, deployment: RLDeployment, factory: SnapshotFactory):
+    def __init__(self, deployment: RLDeployment, factory: SnapshotFactory, seen: Observed | None = None):
         self.deployment, self.factory = deployment, factory
+        self.seen = seen  # the test's observations: its swaps are counted there (its plan's figures)
 
     def __call__(self, label: str = "step", change: dict[str, Op] | None = None, **signal: Any) -> SwapResult:
         """Swap to a new snapshot (a sentinel delta when possible) and wait. A swap that fails
@@ -73,6 +75,8 @@ class Swapper:
         waited = self.deployment.wait_for(built.identity, lora=built.kind == "lora", progress=progress)
         if waited.ok and built.kind == "full":
             self.factory.loaded_full()
+        if waited.ok and self.seen is not None:
+            self.seen.swaps += 1
         if waited.ok:  # what no replica serves any more goes now, not at the end of the run
             self.factory.retire({i for r in waited.replicas for i in served_by(r)})
         if not waited.ok:
@@ -86,7 +90,7 @@ def _rl_snapshots(
 ) -> Iterator[SnapshotFactory | None]:
     """The run's snapshot factory (None without a bucket and a base: `rl_snapshot_factory`
     says so, after the test's own requirements); removes what it uploaded at the end."""
-    from pytest_rlrollout.suite.snapshots import SnapshotFactory
+    from pytest_rlrollout.runs.snapshots import SnapshotFactory
 
     if rl_deployment.bucket is None or rl_deployment.base_snapshot is None:
         yield None
@@ -150,7 +154,11 @@ def rl_snapshot_factory(
 
 
 @pytest.fixture
-def rl_swap(rl_deployment: RLDeployment, rl_snapshot_factory: SnapshotFactory) -> Swapper:
+def rl_swap(
+    request: pytest.FixtureRequest, rl_deployment: RLDeployment, rl_snapshot_factory: SnapshotFactory
+) -> Swapper:
     """`rl_swap(label, change=None, **signal_fields)` swaps to a new snapshot and waits for it;
     `build()`, `signal(built)`, `post(built)` and `follow(built, response)` split the steps."""
-    return Swapper(rl_deployment, rl_snapshot_factory)
+    from pytest_rlrollout.suite.evidence import observed
+
+    return Swapper(rl_deployment, rl_snapshot_factory, observed(request.node))

@@ -54,13 +54,14 @@ def reference(engine: str) -> Callable[[Path, Path], None]:
 
 
 def real_vllm(report: Path, base: Path) -> None:
-    from tests.engines.vllm_server import STREAM_TOKENS, vllm_server
+    from tests.engines.vllm_server import DTYPE, STREAM_TOKENS, vllm_server
 
     bucket = base.parent
     with vllm_server(base, report.parent / "vllm.log") as server:
         suite(report, f"--rl-base-url={server.url}", f"--rl-model={server.model}", f"--rl-api-key={server.key}",
               "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}",
-              "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", "-o", "rl_exchange_timeout=20")  # fmt: skip
+              "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", "-o", "rl_exchange_timeout=20",
+              "-o", f"rl_served_dtype={DTYPE}")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ import pytest
 
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
-from tests.engines.vllm_server import STREAM_TOKENS, vllm_server
+from tests.engines.vllm_server import DTYPE, STREAM_TOKENS, vllm_server
 
 pytestmark = pytest.mark.xdist_group("vllm")  # one server at a time on a 2-core machine
 
@@ -86,7 +86,8 @@ def conformance(pytester, vllm, report: str, *extra: str) -> dict:
     pytester.runpytest_inprocess(
         str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={server.url}", f"--rl-model={server.model}",
         f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-        f"--rl-base-snapshot={base}", f"--rl-report={report}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", *extra,
+        f"--rl-base-snapshot={base}", f"--rl-report={report}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}",
+        "-o", f"rl_served_dtype={DTYPE}", *extra,
     )  # fmt: skip
     return json.loads((pytester.path / report).read_text())
 
@@ -178,6 +179,7 @@ def test_a_soak_with_pause_resume_swaps_reports_its_figures(pytester, vllm):
         str(CONFORMANCE / "test_soak.py"), "-p", "no:randomly", f"--rl-base-url={server.url}",
         f"--rl-model={server.model}", f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load",
         f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "--rl-report=soak.json", "-o", "rl_soak=true",
+        "-o", f"rl_served_dtype={DTYPE}",
         "-o", "rl_soak_seconds=90", "-o", "rl_soak_swaps=3", "-o", "rl_soak_every=2.5", "-o", "rl_soak_users=8",
         "-o", "rl_soak_full_every=2",
     )  # fmt: skip

@@ -51,8 +51,9 @@ class Server:
 # within 0.3 s; the tiny base has 8192 positions).
 CONTEXT = 6144
 STREAM_TOKENS = 1000
+DTYPE = "float32"  # what the server computes in: the suite's tolerances follow it (rl_served_dtype)
 FLAGS = (
-    "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", "float32",
+    "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", DTYPE,
     "--enable-scale-out",  # weight_versions spans on /inference/v1/generate (VER-SPAN-1, policy versions)
     "--enable-prompt-tokens-details",  # cached tokens in usage (CACHE)
     "--distributed-executor-backend", "uni",  # the model runs in the engine-core process (see TWO_CORES)

@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from pytest_rlrollout.remote.bucket import LAST, Bucket, BucketError, Store
+from pytest_rlrollout.remote.bucket import LAST, Bucket, BucketError, Store, Transfer
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -192,3 +192,38 @@ def test_the_credentials_profile_a_setting_names_is_the_one_used(s3, monkeypatch
     assert bucket.put("rlt-0123abcd-abcdef-01-x", snapshot_files(base_snapshot)).files == len(
         snapshot_files(base_snapshot)
     )
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_a_dry_bucket_says_what_each_write_costs_as_the_bucket_then_does(s3, base_snapshot, tmp_path, where):
+    """What a plan prices (`DryBucket`) equals what the bucket then does, write by write: the
+    base put whole (sent), a snapshot of one changed file beside the base (copied by the store,
+    linked on this machine), a copy of it inside the bucket, and a plain upload (sent)."""
+    from pytest_rlrollout.remote.bucket import DryBucket
+
+    endpoint, _ = s3
+    bucket = Bucket("s3://rl-bucket/dry", store(endpoint)) if where == "s3" else Bucket(tmp_path / "bucket")
+    if where == "local":
+        (tmp_path / "bucket").mkdir()
+    files = snapshot_files(base_snapshot)
+    changed = tmp_path / "changed" / "config.json"
+    changed.parent.mkdir()
+    changed.write_text((base_snapshot / "config.json").read_text() + "\n")
+    dry = DryBucket(bucket)
+    writes = [
+        lambda b: b.put("base", files),
+        lambda b: b.put("one", {"config.json": changed}, same={n: f for n, f in files.items() if n != "config.json"},
+                        source="base"),
+        lambda b: b.copy("one", "two"),
+        lambda b: b.copy("one", "three", inner="inner"),
+        lambda b: Transfer(sent=b.upload(changed.parent, "four")),
+    ]  # fmt: skip
+    for write in writes:
+        planned = write(dry)
+        done = write(bucket)
+        assert (planned.sent, planned.copied, planned.linked, planned.files) == (
+            done.sent, done.copied, done.linked, done.files), (planned, done)  # fmt: skip
+    dry.put("five", {"config.json": changed})
+    assert dry.exists("five") and not bucket.exists("five")  # what a plan made exists only in the plan
+    dry.remove("four")
+    assert bucket.exists("four")  # and a dry bucket removes nothing

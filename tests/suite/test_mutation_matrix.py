@@ -23,7 +23,7 @@ import pytest
 # Imported here, before any in-process run: pytester forgets what a run imported, and numpy and
 # the server stack must not be imported afresh for every row.
 import pytest_rlrollout.reference.app
-import pytest_rlrollout.suite.snapshots  # noqa: F401
+import pytest_rlrollout.runs.snapshots  # noqa: F401
 from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.reference import faults
 from pytest_rlrollout.reference.faults import FAULTS, clause_of, switches_for

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from pytest_rlrollout.remote.bucket import Bucket
+from pytest_rlrollout.runs.snapshots import SnapshotFactory
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot import safetensors_io as st
-from pytest_rlrollout.suite.snapshots import SnapshotFactory
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def same_tensors(a: Path, b: Path) -> bool:
 
 def expected(factory: SnapshotFactory, overlay: dict, out: Path) -> Path:
     """The base with `overlay` applied, written whole by `build.derive` (the old way)."""
-    from pytest_rlrollout.suite.snapshots import _apply
+    from pytest_rlrollout.runs.snapshots import _apply
 
     change = {n: _apply(factory._base_tensor(n), op) for n, op in overlay.items()}
     return build.derive(factory.base, out, change)

@@ -71,6 +71,8 @@ class Driver(ABC):
     # how a swap treats requests in flight: ASYNC (they continue on the new weights) or SYNC (they
     # finish on the old ones first); None: the deployment says, or the options do
     transition: ClassVar[str | None] = None
+    # the reset_prompt_cache values a load binds (a signal with another is Unbound: not-applicable)
+    reset_policies: ClassVar[tuple[str, ...]] = ("all", "new_session", "none")
 
     def __init__(self, client: DeploymentClient):
         self.client = client

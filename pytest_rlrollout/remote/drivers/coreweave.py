@@ -45,6 +45,7 @@ class CoreWeaveDriver(Driver):
     engine = "coreweave"
     reading = VLLM_READING
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
+    reset_policies = tuple(POLICIES)
 
     def __init__(self, client: DeploymentClient):
         super().__init__(client)
@@ -120,7 +121,7 @@ class CoreWeaveDriver(Driver):
     ) -> httpx.Response:
         """One POST; the deployment swaps its replicas on its own after it (one at a time)."""
         policy = reset_policy(signal)
-        if policy not in POLICIES:
+        if policy not in self.reset_policies:
             raise self.unbound(f"reset_prompt_cache {policy!r}")
         body: dict[str, Any] = {"deploymentId": self.deployment, "identity": signal.get("identity"),
                                 "type": "SNAPSHOT_TYPE_FULL", "hotLoadId": str(uuid.uuid4()),

@@ -183,6 +183,7 @@ class SGLangDriver(Driver):
     engine = "sglang"
     reading = SGLANG_READING
     transition = "ASYNC"  # the load retracts the requests in flight; they continue on the new weights
+    reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
 
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)
@@ -272,7 +273,7 @@ class SGLangDriver(Driver):
             raise ValueError("loading a snapshot into SGLang needs the directory it reads them from (--rl-bucket-url)")
         identity = str(signal.get("identity"))
         policy = reset_policy(signal)
-        if policy not in ("all", "none"):
+        if policy not in self.reset_policies:
             raise self.unbound(f"reset_prompt_cache {policy!r}")
         paused = self._post("/pause_generation", {"mode": "retract"}, headers=headers)
         if paused.status_code != 200:

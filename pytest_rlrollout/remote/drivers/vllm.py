@@ -216,6 +216,7 @@ class VLLMDriver(Driver):
     engine = "vllm"
     reading = VLLM_READING
     transition = "ASYNC"  # the load pauses in keep mode: requests in flight continue on the new weights
+    reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
 
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)
@@ -309,7 +310,7 @@ class VLLMDriver(Driver):
             raise ValueError("loading a snapshot into vLLM needs the directory it reads them from (--rl-bucket-url)")
         identity = signal.get("identity")
         policy = reset_policy(signal)
-        if policy not in ("all", "none"):
+        if policy not in self.reset_policies:
             raise self.unbound(f"reset_prompt_cache {policy!r}")
         paused = self._post("/pause", headers=headers, mode="keep", clear_cache=False)
         if paused.status_code != 200:

@@ -19,6 +19,7 @@ from pytest_rlrollout.suite.report.text import (
     measures_note,
     numerics_grid,
     one_line,
+    plan_figure,
     soak_swap_cells,
     upload_cells,
 )
@@ -43,7 +44,7 @@ def markdown(report: Report) -> str:
         lines.append(f"- **engine**: {report.engine.name} ({report.engine.decided})")
     lines += [f"- **contract**: {report.contract.document}, version {report.contract.version}"]
     lines += _summary(report) + _capabilities(report) + _clauses(report) + _numerics(report) + _soak(report)
-    lines += _uploads(report)
+    lines += _uploads(report) + _plan(report)
     lines += _failures(report)
     return "\n".join(lines) + "\n"
 
@@ -121,6 +122,31 @@ def _uploads(report: Report) -> list[str]:
         test = "" if (c.clause, t.test) in seen else f"`{cell(t.test.rpartition('::')[2])}`"
         seen.add((c.clause, t.test))
         lines.append(f"| {c.clause} | {test} | " + " | ".join(cell(x) for x in upload_cells(u)) + " |")
+    return lines
+
+
+def _plan(report: Report) -> list[str]:
+    """Each planned test's loads: the plan's figures beside what it did, and the totals."""
+    tests = {t.test: t for c in report.clauses.values() for t in c.tests if t.planned is not None}
+    if not tests:
+        return []
+    heads = ("swaps", "built", "uploaded", "copied", "linked", "written")
+    lines = ["", "## Plan and done", "", "What the run's plan said each test that changes the deployment would load, "
+             "and what it did (planned / done); a row in bold did otherwise.", "",
+             "| test | " + " | ".join(heads) + " |", "|---" * (1 + len(heads)) + "|"]  # fmt: skip
+    sums = {k: [0, 0] for k in heads}
+    for name, t in sorted(tests.items()):
+        done = t.done or {}
+        cells = []
+        for k in heads:
+            p, d = t.planned.get(k, 0), done.get(k, 0)
+            sums[k][0], sums[k][1] = sums[k][0] + p, sums[k][1] + d
+            cells.append(f"{plan_figure(k, p)} / {plan_figure(k, d)}")
+        label = f"`{cell(name.rpartition('::')[2])}`"
+        lines.append(f"| {f'**{label}**' if t.off_plan else label} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| total | " + " | ".join(f"{plan_figure(k, p)} / {plan_figure(k, d)}" for k, (p, d) in sums.items()) + " |"
+    )
     return lines
 
 

@@ -51,6 +51,15 @@ def _strings(doc: Any, where: str) -> tuple[str, ...]:
     return tuple(str(x) for x in doc)
 
 
+def _counts(doc: Any, where: str) -> dict[str, int] | None:
+    if doc is None:
+        return None
+    counts = _object(doc, where)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+        raise ReportError(f"{where}: expected whole numbers")
+    return {str(k): v for k, v in counts.items()}
+
+
 # --------------------------------------------------------------------------- what a test saw
 
 
@@ -169,6 +178,17 @@ class TestResult:
     numerics: NumFigures | None = None  # the NUM figures
     measures: dict[str, Scalar] = field(default_factory=dict)  # a few named numbers (FID's max |Δ|)
     duration: float = 0.0
+    # a state-changing test's loads: what the run's plan said (None: not planned) and what it did,
+    # in the same figures (swaps, built, uploaded, copied, linked, written)
+    planned: dict[str, int] | None = None
+    done: dict[str, int] | None = None
+
+    @property
+    def off_plan(self) -> list[str]:
+        """The figures in which what the test did differs from its plan."""
+        if self.planned is None or self.done is None:
+            return []
+        return [k for k in self.planned if self.planned[k] != self.done.get(k, 0)]
 
     @property
     def evidence(self) -> str:
@@ -184,7 +204,7 @@ class TestResult:
         return {"test": self.test, "outcome": str(self.outcome), "reason": self.reason, "observed": self.observed,
                 "exchanges": list(self.exchanges), "timeline": self.timeline.to_json() if self.timeline else None,
                 "uploads": [u.to_json() for u in self.uploads], "figures": figures,
-                "duration": self.duration}  # fmt: skip
+                "duration": self.duration, "planned": self.planned, "done": self.done}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: Any) -> TestResult:
@@ -202,6 +222,8 @@ class TestResult:
             numerics=numerics,
             measures=measures,
             duration=float(doc.get("duration") or 0.0),
+            planned=_counts(doc.get("planned"), f"{name}: planned"),
+            done=_counts(doc.get("done"), f"{name}: done"),
         )
 
 
@@ -275,6 +297,7 @@ class Provenance:
     transition: str | None = None
     snapshot: str | None = None
     base_digest: str | None = None
+    numerics: str | None = None  # the served dtype, the tolerances it gave, and their source
     finished: str | None = None
     served_at_start: tuple[str, ...] | None = None
     served_at_end: tuple[str, ...] | None = None

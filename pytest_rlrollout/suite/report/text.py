@@ -54,6 +54,11 @@ def size(n: Any) -> str:
     raise AssertionError("unreachable")
 
 
+def plan_figure(key: str, n: int) -> str:
+    """One figure of a plan (counts as they are, bytes in binary units)."""
+    return str(n) if key in ("swaps", "built") else size(n)
+
+
 UPLOAD_HEADS = ("snapshot", "kind", "uploaded", "copied in the bucket", "linked in the bucket", "written here",
                 "of a full snapshot")  # fmt: skip
 

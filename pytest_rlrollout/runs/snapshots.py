@@ -20,6 +20,7 @@ deployment's exclusive lock.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -50,6 +51,7 @@ LAYER_NORM = re.compile(r"layers\.(\d+)\.(input_layernorm|post_attention_layerno
 FINAL_NORM = re.compile(r"^(model\.)?norm\.weight$")
 FLOATS = ("BF16", "F16", "F32")
 CHECKSUM_BLOCK = 8 << 20
+PROBE_KEY = "rlrollout_probe"  # an extra config key no model has
 
 
 @dataclass
@@ -145,6 +147,20 @@ class SnapshotFactory:
         self.files = [*self._headers, *(n for n in (INDEX, SPEC) if (self.base / n).is_file()),
                       *build.carried_names(self.base)]  # fmt: skip
         self._base_held: bool | None = None
+        self.pricing = False  # a plan's twin (`dry`): whole shards are sized, not written
+
+    def dry(self, bucket: Bucket, workdir: Path) -> SnapshotFactory:
+        """A twin that builds in `workdir` and puts on `bucket` (a `DryBucket`: a plan's), with a
+        record of its own holding what this one knows; what was computed of the base (its
+        headers, its checksums) is shared, so a plan reads the base once with the run."""
+        twin = copy.copy(self)
+        twin.bucket, twin.workdir = bucket, Path(workdir)
+        twin.record = Record(twin.workdir / "record.json")
+        twin.restore(self.state())
+        twin.uploaded, twin.removed, twin.notes, twin.adapters = [], [], [], {}
+        twin._built_by, twin._signalled, twin._serial = {}, set(), {}
+        twin.pricing = True
+        return twin
 
     # ----------------------------------------------------------------------- what tensors to change
 
@@ -194,6 +210,64 @@ class SnapshotFactory:
             if overlay.get(name, ["scale", 1.0]) == ["scale", 1.0]:
                 return {name: ["scale", 2.0]}
         return {candidates[0]: ["scale", 1.0]}  # every one is changed: undo the first
+
+    def router_change(self, serving: str | None) -> dict[str, Op]:
+        """The routers of the first and the last MoE layer negated (top-k becomes bottom-k), or
+        turned back where `serving` negated them: what a swap must carry to every layer's
+        routing shows at both ends, and a directory snapshot changes two shards, not every one."""
+        by_layer = self.routers_by_layer
+        if not by_layer:
+            raise LookupError("no router tensors (…mlp.gate.weight) in the base snapshot")
+        current = self.record.overlays.get(serving or "", {})
+        routers = [by_layer[n] for n in sorted({min(by_layer), max(by_layer)})]
+        return {n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers}
+
+    def away_change(self) -> dict[str, Op]:
+        """Weights away from the base that every fingerprint sees (FID-SAME-1): where swaps are
+        diffs, an expert tensor of every MoE layer (a few kilobytes each) and the final norm; where
+        a swap is a whole snapshot, the first layer's input norm and its experts, one shard written
+        rather than every one (Qwen3-30B-A3B: 1.2 GB, not 61 GB). Relative to the base."""
+        experts = self.expert_tensors if self.incremental else self.expert_tensors[:1]
+        return {**self.visible_change(None, kv=not self.incremental), **{n: ["scale", 1.5] for n in experts}}
+
+    def change(self, name: str | None, serving: str | None) -> dict[str, Op] | None:
+        """A change by its name (what a test's planned loads name): None is the factory's own
+        (a sentinel's scale of the sentinel tensor)."""
+        if name is None:
+            return None
+        if name == "back":  # every tensor `away_change` changes, at the base's value again
+            return {n: ["scale", 1.0] for n in self.away_change()}
+        made = {"visible": lambda: self.visible_change(serving), "visible-kv": lambda: self.visible_change(serving, kv=True),
+                "routers": lambda: self.router_change(serving), "away": self.away_change, "none": dict}  # fmt: skip
+        if name not in made:
+            raise ValueError(f"unknown change {name!r} (known: {', '.join([*made, 'back'])})")
+        return made[name]()
+
+    # ----------------------------------------------------------------------- config edits
+
+    def numeric_key(self) -> str:
+        """A config value whose change is harmless to serve (for config-mismatch snapshots);
+        LookupError when the config has none."""
+        config = json.loads((self.base / CONFIG).read_text())
+        for key in ("rms_norm_eps", "layer_norm_eps", "initializer_range"):
+            if isinstance(config.get(key), float):
+                return key
+        floats = [k for k, v in sorted(config.items()) if isinstance(v, float)]
+        if not floats:
+            raise LookupError("the base's config.json has no float value to change")
+        return floats[0]
+
+    def config_edit(self, name: str | None) -> Callable[[dict], object] | None:
+        """A config edit by its name: `scaled` (a float value ×10: a mismatch) or `extra` (a key
+        no model has)."""
+        if name is None:
+            return None
+        if name == "scaled":
+            key = self.numeric_key()
+            return lambda c: c.update({key: c[key] * 10})
+        if name == "extra":
+            return lambda c: c.update({PROBE_KEY: 1})
+        raise ValueError(f"unknown config edit {name!r} (known: scaled, extra)")
 
     # ----------------------------------------------------------------------- bytes of a snapshot
 
@@ -266,12 +340,13 @@ class SnapshotFactory:
     def state(self) -> dict:
         """What this run knows (for a cassette: replay restores it before the test)."""
         self.record.load()
-        return {"overlays": self.record.overlays, "needs_full": self.record.needs_full}
+        return {"overlays": self.record.overlays, "needs_full": self.record.needs_full, "parents": self.record.parents}
 
     def restore(self, state: dict) -> None:
         self.record.load()
         self.record.overlays.update(state["overlays"])
         self.record.needs_full = state["needs_full"]
+        self.record.parents.update(state.get("parents", {}))
         self.record.save()
 
     def _remember(self, identity: str, overlay: Overlay | None, parent: str | None = None) -> None:
@@ -353,9 +428,13 @@ class SnapshotFactory:
         identity = self.new_identity(label)
         local = self.workdir / identity
         local.mkdir(parents=True)
-        change = {n: _apply(self._base_tensor(n), op) for n, op in overlay.items()}
-        for file in sorted({self.index["weight_map"][n] for n in change}):
-            build.derive_file(self.base / file, local / file, change)
+        change = {} if self.pricing else {n: _apply(self._base_tensor(n), op) for n, op in overlay.items()}
+        for file in sorted({self.index["weight_map"][n] for n in overlay}):
+            if self.pricing:  # a plan's: a sparse file of the size the shard would have, nothing written
+                with (local / file).open("wb") as f:
+                    f.truncate(build.derived_size(self.base / file))
+            else:
+                build.derive_file(self.base / file, local / file, change)
         config = self._config(config_edit)
         if config is not None:
             (local / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -425,6 +504,8 @@ class SnapshotFactory:
         done = self.bucket.copy(identity, self._checked(outer), inner=inner)
         self.uploaded.append(outer)
         self._built_by[outer] = self.test_key
+        self.notes.append({"identity": outer, "kind": "nested", "uploaded": 0, "copied": done.copied,
+                           "linked": done.linked, "written": 0, "of_full": 0.0})  # fmt: skip
         return done
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:

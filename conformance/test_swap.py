@@ -13,7 +13,7 @@ import pytest
 from pytest_rlrollout.remote.stream import span_version
 from pytest_rlrollout.runs.plan import served, unsignalled
 from pytest_rlrollout.suite.marks import clause, loads, loads_from, requires
-from pytest_rlrollout.suite.observe import WHITELIST, across_swap, parting, probes_during_swap
+from pytest_rlrollout.suite.observe import WHITELIST, across_swap, not_cut_by_the_suite, parting, probes_during_swap
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 
@@ -29,7 +29,8 @@ def crossing(rl_deployment, rl_swap, rl_observe, name, change=None, **signal):
     return c
 
 
-def judge_completion(c, rl_observe) -> None:
+def judge_completion(c, rl_observe, asked: int) -> None:
+    not_cut_by_the_suite(c.error, len(c.entries), asked)
     assert c.error is None, f"the stream broke: {c.error!r}"
     s = c.stream
     assert s.status == 200, f"HTTP {s.status}: {s.body[:200]!r}"
@@ -50,7 +51,7 @@ def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
     c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-1")
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
-    judge_completion(c, rl_observe)
+    judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)
 
 
 @clause("SWAP-ASYNC-2")
@@ -165,7 +166,7 @@ def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_obs
     v = c.versions
     if None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
-    judge_completion(c, rl_observe)
+    judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)
     assert set(v) == {c.old}, f"a stream in flight at a SYNC swap changed policy: {v}"
     rl_observe(len(v), f"chunks all naming {c.old}, the snapshot of the stream's start")
 
@@ -215,4 +216,4 @@ def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_swap, 
     c = crossing(rl_deployment, rl_swap, rl_observe, f"swap-kv-{policy}", reset_prompt_cache=policy)
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
-    judge_completion(c, rl_observe)
+    judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)

@@ -141,6 +141,23 @@ def parting(old: list[dict[str, Any]], crossed: list[dict[str, Any]], tolerance:
     return Parting(None, 0.0, min(len(old), len(crossed)))
 
 
+# The suite's bounds on time: a stream they cut was slow, which no clause judged here forbids
+TIME_BOUNDS = ("Limits.exchange", "the test's deadline", "the swap timeout")
+
+
+def not_cut_by_the_suite(error: BaseException | None, tokens: int, asked: int | None) -> None:
+    """Inconclusive when a stream ended because one of the suite's own time bounds cut it while it
+    was still within the tokens it was asked for: slow is not wrong, and a bound of the suite's is
+    never the deployment's fail. (One that sent more than asked fails by the events bound.)"""
+    from pytest_rlrollout.remote.limits import LimitExceeded
+
+    if not isinstance(error, LimitExceeded) or not error.bound.startswith(TIME_BOUNDS):
+        return
+    if asked is None or tokens <= asked:
+        inconclusive(f"the stream was cut by the suite's own bound after {tokens} of {asked or 'its'} tokens "
+                     f"({error}); raise rl_exchange_timeout or rl_test_timeout, or lower rl_long_stream_tokens")  # fmt: skip
+
+
 def observed(fn: Callable[..., T]) -> Callable[..., T]:
     """Run `fn(rl_deployment, ...)` at a pace at which a swap in progress can be observed."""
 

@@ -28,18 +28,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the totals. Arguments are `rlrollout conformance`'s (--rl-deployment, --rl-bucket-url, "
         "--rl-base-snapshot, -o rl_profile=core, -o rl_max_swaps=N, -o rl_swap_seconds=S, ...).",
     )
-    p.add_argument("--format", choices=("text", "json"), default="text", help="how to print the plan (default text)")
-    p.add_argument("--output", type=Path, metavar="PATH", help="also write the plan here as JSON")
+    _own_options(p)
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=run)
+
+
+def _own_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json"), default="text", help="how to print the plan (default text)")
+    p.add_argument("--output", type=Path, metavar="PATH", help="also write the plan here as JSON")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """Its own options (--format, --output) wherever they are; everything else goes to pytest
     untouched (argparse would claim -k, -o, -q, ...)."""
     own = argparse.ArgumentParser(prog="rlrollout plan", add_help=False)
-    own.add_argument("--format", choices=("text", "json"), default="text")
-    own.add_argument("--output", type=Path)
+    _own_options(own)
     try:
         args, rest = own.parse_known_args(argv)
     except SystemExit:  # argparse said what is wrong on stderr

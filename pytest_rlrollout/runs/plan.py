@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pytest_rlrollout.remote.bucket import DryBucket
 from pytest_rlrollout.runs.snapshots import Built, SnapshotFactory
 
+BYTES = ("uploaded", "copied", "linked", "written")  # a load's costs, as the factory notes them
 How = Literal["step", "known", "sentinel", "full", "copy", "base", "lora", "given", "nested", "reset"]
 End = Literal["served", "refused", "unsignalled", "failed"]
 
@@ -84,9 +85,6 @@ class Context:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-Declared = tuple[Load, ...] | Callable[[Context], list[Load]]
-
-
 def declared(marks: list[Any], context: Context) -> list[Load] | None:
     """A test's loads from its `rl_loads` marks (None when it declares none)."""
     if not marks:
@@ -141,14 +139,14 @@ class TestPlan:
     def signals(self) -> int:
         return sum(p.end in ("served", "refused", "failed") and p.kind != "reset" for p in self.loads)
 
-    @property
-    def uploaded(self) -> int:
-        return sum(p.uploaded for p in self.loads)
+    def figures(self) -> dict[str, int]:
+        """What the test loads in the figures a run's report compares with what it did: swaps,
+        snapshots built and their `BYTES`."""
+        return {"swaps": self.swaps, "built": sum(p.kind != "reset" for p in self.loads),
+                **{k: sum(getattr(p, k) for p in self.loads) for k in BYTES}}  # fmt: skip
 
     def totals(self, full_bytes: int) -> dict[str, int]:
-        return {"swaps": self.swaps, "signals": self.signals, "uploaded": self.uploaded,
-                "copied": sum(p.copied for p in self.loads), "linked": sum(p.linked for p in self.loads),
-                "written": sum(p.written for p in self.loads),
+        return {**self.figures(), "signals": self.signals,
                 "full_uploads": sum(p.is_full_upload(full_bytes) for p in self.loads)}  # fmt: skip
 
     def as_dict(self, full_bytes: int) -> dict[str, Any]:

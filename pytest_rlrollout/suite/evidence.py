@@ -75,7 +75,7 @@ class Observed:
     uploads: list[dict[str, Any]] = field(default_factory=list)  # snapshots built: bytes uploaded and copied
     figures: dict[str, Any] | None = None  # numbers a clause reports (NUM figures, FID's max |Δ|)
     swaps: int = 0  # loads the deployment served for this test
-    planned: dict[str, int] | None = None  # what the run's plan said it would load (suite.planning.figures)
+    planned: dict[str, int] | None = None  # what the run's plan said it would load (runs.plan.TestPlan.figures)
 
     def __call__(self, n: int, what: str) -> int:
         self.facts.append((int(n), what))
@@ -87,10 +87,12 @@ class Observed:
         return self.timeline
 
     def loaded(self) -> dict[str, int]:
-        """What the test loaded, in the figures its plan gives (`suite.planning.figures`): swaps,
-        snapshots built and their bytes as the factory noted them."""
+        """What the test loaded, in the figures its plan gives (`runs.plan.TestPlan.figures`):
+        swaps, snapshots built and their bytes as the factory noted them."""
+        from pytest_rlrollout.runs.plan import BYTES
+
         return {"swaps": self.swaps, "built": len(self.uploads),
-                **{k: sum(int(u.get(k) or 0) for u in self.uploads) for k in ("uploaded", "copied", "linked", "written")}}  # fmt: skip
+                **{k: sum(int(u.get(k) or 0) for u in self.uploads) for k in BYTES}}  # fmt: skip
 
     @property
     def anything(self) -> bool:

@@ -24,6 +24,7 @@ import pytest
 
 from pytest_rlrollout.contract.catalogue import ENGINES, Engine
 from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
+from pytest_rlrollout.numerics.tolerances import TOLERANCES
 from pytest_rlrollout.remote.bucket import Store
 from pytest_rlrollout.remote.limits import Limits
 from pytest_rlrollout.remote.secret import Secret
@@ -406,8 +407,8 @@ SETTINGS = (
         "rl_served_dtype",
         "the precision the deployment computes in, which the tolerances follow (default: the base's "
         "config.json torch_dtype; float32 for the bundled reference deployment)",
-        choices=("float32", "bfloat16", "float16"),
-        metavar="float32|bfloat16|float16",
+        choices=tuple(TOLERANCES),
+        metavar="|".join(TOLERANCES),
     ),
     Setting(
         "rl_min_route_agreement",
@@ -738,7 +739,7 @@ def _numerics(config: pytest.Config, base: Path | None, served: str | None = Non
     """The numbers' settings: the tolerances of the precision served (`rl_served_dtype`, else
     `served`: what the deployment is known to compute in, else the base's config.json, else
     float32), each one an ini key sets taken instead."""
-    from pytest_rlrollout.numerics.tolerances import TOLERANCES, dtype_name, served_dtype
+    from pytest_rlrollout.numerics.tolerances import dtype_name, served_dtype
 
     get = functools.partial(setting, config)
     dtype, said = get("rl_served_dtype"), "rl_served_dtype"
@@ -746,10 +747,7 @@ def _numerics(config: pytest.Config, base: Path | None, served: str | None = Non
         dtype, said = served, "the deployment's"
     if dtype is None and base is not None:
         dtype, said = served_dtype(json.loads((base / "config.json").read_text())), "the base's config.json"
-    try:
-        t = TOLERANCES[dtype_name(dtype or "float32")]
-    except ValueError as e:
-        _usage(f"rl_served_dtype: {e}")
+    t = TOLERANCES[dtype_name(dtype or "float32")]  # every one named here has figures (the key's choices)
     source = f"{t.dtype} ({said if dtype else 'no dtype declared'}): {t.source}"
     given = {"fingerprint_tolerance": get("rl_fingerprint_tolerance"), "logprob_tolerance": get("rl_logprob_tolerance"),
              "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
@@ -854,7 +852,7 @@ def meta_problems(meta: Any) -> list[str]:
         "served_bucket": lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 4096 and v.isprintable()),
         "transition": lambda v: v in (None, "ASYNC", "SYNC"),
         "recorded_mode": lambda v: v in (None, "local", "live"),
-        "served_dtype": lambda v: v in (None, "float32", "bfloat16", "float16"),
+        "served_dtype": lambda v: v is None or v in TOLERANCES,
         "discovery": lambda v: v is None or _discovery_ok(v),
     }
     required = ("run_id", "deployment", "model")

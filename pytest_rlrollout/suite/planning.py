@@ -40,20 +40,12 @@ class PlanBook:
 
 
 BOOK = pytest.StashKey[PlanBook]()
-COUNTED = ("swaps", "built", "uploaded", "copied", "linked", "written")  # what plan and done are compared on
 
 
 def book(config: pytest.Config) -> PlanBook:
     if BOOK not in config.stash:
         config.stash[BOOK] = PlanBook()
     return config.stash[BOOK]
-
-
-def figures(plan: TestPlan) -> dict[str, int]:
-    """A test's plan in the figures its report compares with what it did."""
-    return {"swaps": plan.swaps, "built": sum(p.kind != "reset" for p in plan.loads), "uploaded": plan.uploaded,
-            "copied": sum(p.copied for p in plan.loads), "linked": sum(p.linked for p in plan.loads),
-            "written": sum(p.written for p in plan.loads)}  # fmt: skip
 
 
 def declared_loads(request: pytest.FixtureRequest, dep: RLDeployment) -> list[Load] | None:
@@ -179,7 +171,7 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
         else:
             b.planned.append(plan)
         pytest.skip("planned")
-    observed(item).planned = figures(plan)
+    observed(item).planned = plan.figures()
     if budget.limited:
         why = over_budget(budget, plan, planner.real.full_bytes, spent(request.config, dep).read())
         if why is not None:
@@ -205,10 +197,12 @@ def _leave_out(request: pytest.FixtureRequest, why: str) -> None:
 
 def spend(request: pytest.FixtureRequest, dep: RLDeployment) -> None:
     """After a state-changing test, under its lock: what it did, added to what the run spent."""
+    from pytest_rlrollout.runs.plan import priced
+
     o = observed(request.node)
     did = o.loaded()
     full = book(request.config).full_bytes
-    did["full_uploads"] = sum(u.get("kind") == "full" and int(u.get("uploaded") or 0) >= full > 0 for u in o.uploads)
+    did["full_uploads"] = sum(full > 0 and priced(u, "").is_full_upload(full) for u in o.uploads)
     spent(request.config, dep).add(did)
 
 

@@ -102,8 +102,8 @@ def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
     p = parting(old, entries, tolerance)
     if p.token is None:
         return  # no token scored unlike the old weights: the spans' order is all there is to judge
-    if p.token < c.tokens_before_signal():
-        inconclusive(f"token {p.token}, which arrived before the swap was signalled, already scores unlike the "
+    if p.token < c.tokens_before_swap():
+        inconclusive(f"token {p.token}, which arrived before any replica served {c.new}, already scores unlike the "
                      f"same greedy request before it (|Δlogprob| {p.delta:.3g} > {tolerance:g}): the numbers cannot "
                      "date this stream (see FID-BATCH-1)")  # fmt: skip
     named = [span_version(spans, i) for i in range(p.token, len(entries))]

@@ -61,9 +61,10 @@ def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_
     if not c.served:
         inconclusive(f"the swap to {c.new} did not complete (see HL-GET-2)")
     versions = suffixes(c.chunks)
-    early = {i: versions[i] for i in c.before_signal() if versions[i] not in before}
+    early = {i: versions[i] for i in c.before_swap() if versions[i] not in before}
     assert not early, (
-        f"chunks {sorted(early)} arrived before the signal and name {set(early.values())}; loaded: {before}"
+        f"chunks {sorted(early)} arrived before any replica served {c.new} and name {set(early.values())}; "
+        f"loaded: {before}"
     )
     late = c.after_served()
     stale = [i for i in late if versions[i] != c.new]
@@ -73,7 +74,7 @@ def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_
     )
     between = {versions[i] for i in range(len(versions))} - before - {c.new}
     assert not between, f"chunks name {between}; loaded were {before} and then {c.new}"
-    rl_observe(len(c.before_signal()), "chunks before the signal naming the old snapshot")
+    rl_observe(len(c.before_swap()), "chunks before any replica served the new snapshot naming the old one")
     rl_observe(len(late), f"chunks after every replica served it naming {c.new}")
 
 

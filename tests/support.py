@@ -12,6 +12,11 @@ import httpx
 
 from pytest_rlrollout.remote.polling import wait_until
 
+# A run against `rlrollout serve` takes the live timing profile, whose status polls (two a second)
+# see its one-second swaps in progress only now and then: tests that are not about the poll rate
+# (tests/suite/test_slow_swaps.py is) poll as fast as the reference swaps.
+FAST_POLLS = ("-o", "rl_poll_interval=0.05")
+
 # The mutation matrix: one row per fault switch (tests/suite/test_mutation_matrix.py) and per
 # broken snapshot variant (tests/snapshot/test_validator.py); assembled at the session's end.
 ROWS = Path(__file__).resolve().parent.parent / "build" / "mutation-matrix"

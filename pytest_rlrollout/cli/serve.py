@@ -65,7 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # the delays default to the pace at which the conformance suite can observe swaps
     sv.add_argument("--load-delay", type=float, help="seconds each replica takes to load a snapshot")
     sv.add_argument("--stagger", type=float, default=0.0, help="extra load seconds per replica index (staggered swaps)")
-    sv.add_argument("--swap-delay", type=float, help="seconds a replica pauses at the swap")
+    sv.add_argument(
+        "--swap-delay",
+        type=float,
+        help="seconds a replica pauses at the swap (default 1: the live profile polls twice a second)",
+    )
     sv.add_argument("--token-delay", type=float, help="seconds per decode step (0: full speed)")
     sv.set_defaults(run=run)
 
@@ -174,7 +178,7 @@ def _stop(cleanup: contextlib.ExitStack, dep: Running, signals: StopSignals, buc
 
 def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> dict[str, Any]:
     """The reference deployment's settings from the options, each dialect's defaults filled in."""
-    from pytest_rlrollout.reference.settings import OBSERVABLE_PACE
+    from pytest_rlrollout.reference.settings import SERVED_PACE
 
     options = dict(
         engine=args.engine,
@@ -183,7 +187,7 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> d
         stagger=args.stagger,
         routed_experts=args.enable_return_routed_experts,
         layout=args.layout,
-        **{k: OBSERVABLE_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in OBSERVABLE_PACE},
+        **{k: SERVED_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in SERVED_PACE},
     )
     # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
     given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))

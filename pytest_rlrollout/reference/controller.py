@@ -29,6 +29,7 @@ from pytest_rlrollout.reference.replica import PAUSE_MODES, PendingSwap, Replica
 from pytest_rlrollout.reference.settings import FIRST_LABEL, Settings
 from pytest_rlrollout.reference.settings import OBSERVABLE_PACE as PACE
 from pytest_rlrollout.reference.weights import keep_experts, misread_experts, moe_layers, xor_weights
+from pytest_rlrollout.reference.wire import Logged
 from pytest_rlrollout.snapshot import build, tiny_moe
 from pytest_rlrollout.snapshot.layout import SnapshotDir, UnsafePath
 from pytest_rlrollout.snapshot.validate import Context, signal_findings
@@ -95,7 +96,7 @@ class Deployment:
         # flight finished), on threads of their own
         self.control = ThreadPoolExecutor(4, thread_name_prefix="rlrollout-control")
         self._round_robin = 0
-        self.requests: collections.deque[tuple[str, str]] = collections.deque(maxlen=100_000)  # (method, path)
+        self.requests: collections.deque[Logged] = collections.deque(maxlen=100_000)  # what was asked, and when
         validator.shared().warm()  # its imports run while the deployment starts, not at the first signal
 
     def set_pace(self, **delays: float) -> None:

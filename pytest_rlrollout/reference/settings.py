@@ -35,6 +35,9 @@ DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
 # A swap of 0.1 s once ended, in CI, before any probe was sent inside it (SWAP-ASYNC-4 inconclusive).
 OBSERVABLE_PACE = {"token_delay": 0.003, "swap_delay": 0.2, "load_delay": 0.03}
+# `rlrollout serve`'s: a run against it takes the live timing profile, whose status polls (two a
+# second) see a swap in progress only if it lasts longer than that, as a real one does
+SERVED_PACE = OBSERVABLE_PACE | {"swap_delay": 1.0}
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -59,8 +60,16 @@ async def read_body(request: Request, s: Settings, media: bool = True) -> bytes:
     return b"".join(chunks)
 
 
+class Logged(NamedTuple):
+    """One request as the deployment's log keeps it."""
+
+    method: str
+    path: str
+    at: float  # when it arrived (time.monotonic())
+
+
 class Guarded:
-    """What wraps the app: keeps (method, path) of every request (tests check what a client did,
+    """What wraps the app: keeps (method, path, when) of every request (tests check what a client did,
     e.g. that a read-only run sent no POST to the hot-load API); refuses headers over their limit
     (431), and a body whose declared length is over the limit (413) before a byte of it is read;
     and keeps the connection when an exception escapes the app (Starlette answers it 500, then
@@ -74,7 +83,7 @@ class Guarded:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        self.log.append((scope["method"], scope["path"]))
+        self.log.append(Logged(scope["method"], scope["path"], time.monotonic()))
         head = sum(len(name) + len(value) + 4 for name, value in scope["headers"])  # + ": " and CRLF
         if head > self.max_head:
             message = f"the request headers ({head} bytes) exceed {self.max_head} bytes"

@@ -385,6 +385,12 @@ class Cassette:
             self._mark_cursor[name] += 1
             return values[i]
 
+    def replay_decision(self, name: str) -> bool:
+        """Whether the recording took `name` (a decision it made on the live clock, such as
+        starting one more stream)."""
+        with self._lock:
+            return name in self.data["marks"]
+
     def write(self, key: Secret) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = _scrub(json.dumps(self.data, indent=1, sort_keys=True), key)  # scrubbed before it is held
@@ -469,6 +475,13 @@ class CassetteTransport(httpx.BaseTransport):
         value = round(time.monotonic() - self.t0, 6)
         self.cassette.record_mark(name, value)
         return value
+
+    def decide(self, name: str, live: bool) -> bool:
+        if self.mode == "replay":
+            return self.cassette.replay_decision(name)
+        if live:
+            self.cassette.record_mark(name, round(time.monotonic() - self.t0, 6))
+        return live
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = request_key(request, self.api_key)

@@ -434,11 +434,31 @@ class DeploymentClient:
         finally:
             self.exchanges, self.deadline = before
 
+    @contextlib.contextmanager
+    def held(self, seconds: float) -> Iterator[None]:
+        """Exchanges this thread makes meanwhile may be held silent for up to `seconds` (a stream
+        a swap pauses: vLLM's pause keeps it for as long as the reload takes): each read may wait
+        that long, and the exchange may take that much longer. Slow is not wrong; a bound of the
+        suite's sized for an answer that is not held would cut such a stream for the swap's time."""
+        before = getattr(_EXCHANGE, "held", None)
+        _EXCHANGE.held = seconds
+        try:
+            yield
+        finally:
+            _EXCHANGE.held = before
+
     def mark(self, name: str) -> float:
         """The time now (monotonic seconds); when recording or replaying, on the cassette's
         timeline, so verdicts about timing are the same in replay."""
         mark = getattr(self.transport, "mark", None)
         return mark(name) if mark is not None else time.monotonic()
+
+    def decide(self, name: str, live: bool) -> bool:
+        """`live`, a decision made on the live clock (one more stream while a swap is under
+        way); when recording, written down under `name` (each name once), and when replaying,
+        what the recording decided: the replay sends what the recording sent."""
+        decide = getattr(self.transport, "decide", None)
+        return decide(name, live) if decide is not None else live
 
     def close(self) -> None:
         self.http.close()
@@ -458,6 +478,9 @@ class DeploymentClient:
         in another exchange (a request made from `on_chunk`), it ends no later than the outer one."""
         now = time.monotonic()
         what = f"{method} {httpx.URL(url).path}"
+        held = getattr(_EXCHANGE, "held", None)
+        if held is not None:  # a stream a swap may hold silent: the swap's time on top of its own
+            wait = self.limits.exchange + held if wait is None else max(wait, self.limits.exchange + held)
         if wait is not None and wait > self.limits.exchange:
             clock = _Clock(what, now, now + wait, f"the swap timeout ({wait:g} s)")
         else:
@@ -643,8 +666,9 @@ class DeploymentClient:
         out = Stream(0, {}, reading=reading)
         with self._exchange("POST", url) as clock:
             try:
+                read = max(self.timeout, getattr(_EXCHANGE, "held", None) or 0.0)
                 with self.http.stream("POST", url, json=payload, headers=sending,
-                                      timeout=clock.timeout(self.timeout)) as r:  # fmt: skip
+                                      timeout=clock.timeout(read)) as r:  # fmt: skip
                     key = self.target.api_key  # echoed back, never shown
                     out.status, out.headers = r.status_code, {k.lower(): key.redact(v) for k, v in r.headers.items()}
                     if on_status is not None:

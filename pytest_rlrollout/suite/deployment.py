@@ -71,6 +71,7 @@ class RLDeployment:
         self.base_snapshot, self.bucket = base_snapshot, bucket
         self.timeouts = opts.timeouts
         driver.load_wait = opts.timeouts.swap  # a load answered once done may take the whole swap
+        driver.status_gap = opts.timeouts.poll  # live: at most two status reads a second, whatever reads
         self._local = local  # the bundled reference deployment, when it runs in this process
         self.discovery: Discovery | None = None  # what it is and offers; set before any test
         self.run_id = "run"  # unique per run (the recording's in replay); set before any test
@@ -106,7 +107,7 @@ class RLDeployment:
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
         """What the deployment says each replica serves (the engine's status read, its answer kept)."""
-        return self.driver.status(headers=headers)
+        return self.driver.read_status(headers=headers)
 
     def replicas(self) -> list[dict[str, Any]]:
         """The replicas, in the hot-load status's shape; [] when the status cannot be read."""
@@ -162,6 +163,10 @@ class RLDeployment:
     def mark(self, name: str) -> float:
         """Now, in seconds; on the cassette's timeline when recording or replaying."""
         return self.client.mark(name)
+
+    def decide(self, name: str, live: bool) -> bool:
+        """`live`; when replaying, what the recording decided under `name` (`DeploymentClient.decide`)."""
+        return self.client.decide(name, live)
 
     @property
     def engine(self) -> Engine:
@@ -233,15 +238,15 @@ class RLDeployment:
         rollout stalls part-way, or the swap timeout passes."""
         t = self.timeouts
         return self.driver.wait(identity, timeout=t.swap, poll=t.poll, lora=lora, progress=progress,
-                                stalled_after=t.stalled_after)  # fmt: skip
+                                stalled_after=t.stalled_after, first_poll=t.first_poll)  # fmt: skip
 
     def settle(self) -> bool:
         """Poll until no replica is loading or swapping; False at the deadline or when no
         replica can be seen."""
-        from pytest_rlrollout.remote.client import FIRST_POLL, busy
+        from pytest_rlrollout.remote.client import busy
         from pytest_rlrollout.remote.polling import ticks
 
-        for _ in ticks(self.timeouts.swap, self.timeouts.poll, start=min(self.timeouts.poll, FIRST_POLL)):
+        for _ in ticks(self.timeouts.swap, self.timeouts.poll, start=self.timeouts.first_poll):
             replicas = self.replicas()
             if not replicas:
                 return False  # nothing to observe (see HL-GET-1)
@@ -353,7 +358,10 @@ def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | Non
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
                     engine=engine, control_url=opts.control_url or "", control_key=opts.control_key)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-        yield driver_for(engine, client, bucket=served_path(opts.bucket_url))
+        driver = driver_for(engine, client, bucket=served_path(opts.bucket_url))
+        driver.load_wait = opts.timeouts.swap  # a load answered once done may take the whole swap
+        driver.status_gap = opts.timeouts.poll  # live: at most two status reads a second, whatever reads
+        yield driver
 
 
 @contextlib.contextmanager
@@ -545,7 +553,6 @@ def restore_start(config: pytest.Config, engine: Engine) -> None:
     if label is None:
         return
     with connect(opts, engine) as driver:
-        driver.load_wait = opts.timeouts.swap
         try:
             if driver.replicas() and {r.get("current_snapshot_identity") for r in driver.replicas()} == {label}:
                 return

@@ -3,6 +3,7 @@ it is under way. Both draw the test's timeline (`rl_observe.timeline`) for the r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import threading
@@ -58,6 +59,10 @@ class Crossing:
     response: httpx.Response | None = None
     result: SwapResult | None = None
     reading: Reading = CONTRACT_READING  # the engine's: where its chunks say their version
+    # the latest moment this stream was known in flight while no replica served the new snapshot
+    # yet: the signal, or a status poll showing none did sent after its first chunk (None: none)
+    t_before: float | None = None
+    started: int = 0  # which of the streams `across_swap` kept in flight this is (0: the one before the signal)
 
     @property
     def versions(self) -> list[str | None]:
@@ -87,12 +92,12 @@ class Crossing:
     @property
     def crossed(self) -> bool:
         """Evidence that the swap happened while the stream was being generated: tokens of both
-        versions in it (however late they arrived), or, for a stream that was sending when the
-        swap was signalled, chunks of the new version, a stream still running once every replica
-        served the new snapshot, or a stream that broke after the signal."""
+        versions in it (however late they arrived), or, for a stream that was sending while no
+        replica served the new snapshot yet (`t_before`), chunks of the new version, a stream
+        still running once every replica served it, or a stream that broke after the signal."""
         if self.old in self.versions and self.new in self.versions:
             return True
-        if not self.in_flight_at_signal:
+        if self.t_before is None or self.done_at <= max(self.t_before, self.t_posted):
             return False
         return self.new in self.versions or self.done_at > self.t_served or not self.completed
 
@@ -109,13 +114,15 @@ class Crossing:
         since = self.t_served + self.in_transit
         return [i for i, t in enumerate(self.arrivals) if t > since]
 
-    def before_signal(self) -> list[int]:
-        """Indices of the chunks that arrived before the swap was signalled."""
-        return [i for i, t in enumerate(self.arrivals) if t < self.t_signal]
+    def before_swap(self) -> list[int]:
+        """Indices of the chunks that arrived while no replica served the new snapshot yet (before
+        `t_before`): generated on the old one."""
+        t = self.t_signal if self.t_before is None else self.t_before
+        return [i for i, at in enumerate(self.arrivals) if at < t]
 
-    def tokens_before_signal(self) -> int:
-        """How many output tokens had arrived before the swap was signalled."""
-        return sum(len(self.reading.entries([self.chunks[i]])) for i in self.before_signal())
+    def tokens_before_swap(self) -> int:
+        """How many output tokens had arrived while no replica served the new snapshot yet."""
+        return sum(len(self.reading.entries([self.chunks[i]])) for i in self.before_swap())
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,59 @@ def watch(rl_deployment: RLDeployment, timeline: Timeline) -> Callable[[list[dic
     return lambda replicas: timeline.status(rl_deployment.mark("status"), replicas)
 
 
+MAX_STREAMS = 500  # streams one crossing keeps in flight, at most (a swap that outlasts them is inconclusive)
+RELAY_AT = 0.75  # the next stream starts once this share of the current one's tokens arrived
+
+
+class Relay:
+    """Streams of one body kept in flight, one after another, while a swap is under way: the
+    next starts once `RELAY_AT` of the current one's tokens arrived (or it ended), until the
+    relay is closed. Whenever the deployment gets to the swap, a stream is in flight there,
+    however long it takes to get there, and no stream has to be sized to outlast the swap.
+    Whether one more stream starts is the live clock's decision: a recording keeps it, and a
+    replay starts the streams the recording started."""
+
+    def __init__(self, rl_deployment: RLDeployment, body: dict[str, Any], headers: dict[str, str] | None,
+                 on_arrival: Callable[[float, dict[str, Any]], None], hold: float | None) -> None:  # fmt: skip
+        self.dep, self.body, self.headers, self.on_arrival, self.hold = rl_deployment, body, headers, on_arrival, hold
+        self.streams: list[Crossing] = []
+        self.threads: list[threading.Thread] = []
+        self.open = False  # whether a stream that reaches its relay point starts the next one
+        self.relayed_at = max(1, int(RELAY_AT * int(body.get("max_tokens") or 1)))
+
+    def start(self, wait: bool = True) -> Crossing:
+        """Start the next stream (`wait`: return once its first chunk arrived)."""
+        k = len(self.streams)
+        c = Crossing(reading=self.dep.driver.reading, started=k)
+        self.streams.append(c)
+        passed = threading.Event()
+
+        def arrived(t: float, chunk: dict[str, Any]) -> None:
+            self.on_arrival(t, chunk)
+            if len(c.chunks) >= self.relayed_at:
+                self._next(k, passed)
+
+        self.threads.append(stream_in_background(self.dep, c, self.body, self.headers, on_arrival=arrived,
+                                                 on_end=lambda: self._next(k, passed), suffix=f"-{k}" if k else "",
+                                                 wait=wait, hold=self.hold))  # fmt: skip
+        return c
+
+    def _next(self, k: int, passed: threading.Event) -> None:
+        if passed.is_set():
+            return
+        passed.set()
+        if self.dep.decide(f"relay-{k + 1}", self.open and k + 1 < MAX_STREAMS):
+            self.dep.mark(f"relay-{k + 1}-started")
+            self.start(wait=False)
+
+    def join(self, timeout: float) -> None:
+        """Wait for every stream to end (each within `timeout`), the ones started meanwhile too."""
+        done = 0
+        while done < len(self.threads):
+            self.threads[done].join(timeout=timeout)
+            done += 1
+
+
 @observed
 def across_swap(
     rl_deployment: RLDeployment,
@@ -185,29 +245,61 @@ def across_swap(
     **signal: Any,
 ) -> Crossing:
     """Stream `body`; once its first chunk arrives, signal a new snapshot (the next step, with
-    `change` on it) and wait for it."""
+    `change` on it) and wait for it; the stream that crossed the swap is returned.
+
+    Where the engine's load holds the streams in flight (`Driver.holds_streams`) that stream
+    is the one begun before the signal, allowed to fall silent for the swap's time. Where the
+    deployment swaps when it gets to it (ASYNC), streams are kept in flight (`Relay`) until the
+    status shows every replica serving the new snapshot: one of them is on the swap however long
+    the download before it takes. The one returned is a stream that crossed it (one that broke,
+    if any did), else the first."""
     timeline = rl_observe.swap("a stream across a swap")
-    c = Crossing(old=rl_deployment.serving(), reading=rl_deployment.driver.reading)
+    old = rl_deployment.serving()
     built = rl_swap.build("cross", change)
-    c.new = timeline.new = built.identity
-    timeline.old = c.old
+    timeline.old, timeline.new = old, built.identity
+    reading = rl_deployment.driver.reading
 
     def drawn(t: float, chunk: dict[str, Any]) -> None:  # on the timeline as it arrives
-        timeline.chunks.append((t, c.reading.versions([chunk])[0]))
+        timeline.chunks.append((t, reading.versions([chunk])[0]))
 
-    thread = stream_in_background(rl_deployment, c, body, headers, on_arrival=drawn)
-    c.t_signal = rl_deployment.mark("signal")
-    c.response = rl_swap.post(built, **signal)
-    c.t_posted = rl_deployment.mark("posted")
-    c.result = rl_swap.follow(built, c.response, progress=watch(rl_deployment, timeline))
-    c.t_served = rl_deployment.mark("served")
-    timeline.mark(c.t_signal, "signal")
-    timeline.mark(c.t_posted, f"answered {c.response.status_code}")
-    timeline.mark(c.t_served, "served" if c.served else "gave up")
-    thread.join(timeout=rl_deployment.swap_timeout + 60)
-    timeline.mark(c.done_at, "stream ended")
-    timeline.chunks[:] = list(zip(c.arrivals, c.versions, strict=False))  # versions said at the end, too
-    return c
+    held = rl_deployment.driver.holds_streams
+    relay = Relay(rl_deployment, body, headers, drawn, hold=rl_deployment.swap_timeout if held else None)
+    relay.start()
+    t_signal = rl_deployment.mark("signal")
+    response = rl_swap.post(built, **signal)
+    t_posted = rl_deployment.mark("posted")
+    relay.open = response.status_code == 200 and not held and rl_deployment.capabilities.transition == "ASYNC"
+    # (when each poll's answer was seen, whether it showed no replica serving the new snapshot)
+    polls: list[tuple[float, bool]] = []
+
+    def progress(replicas: list[dict[str, Any]]) -> None:
+        t = rl_deployment.mark("status")
+        timeline.status(t, replicas)
+        polls.append((t, not any(x.get("current_snapshot_identity") == built.identity for x in replicas)))
+
+    result = rl_swap.follow(built, response, progress=progress)
+    relay.open = False
+    t_served = rl_deployment.mark("served")
+    timeline.mark(t_signal, "signal")
+    timeline.mark(t_posted, f"answered {response.status_code}")
+    timeline.mark(t_served, "served" if result.waited is not None and result.waited.ok else "gave up")
+    relay.join(timeout=rl_deployment.swap_timeout + rl_deployment.timeouts.exchange + 60)
+    # A poll is sent after the previous one's answer was seen (the first after the signal was
+    # answered): a stream whose first chunk came before that was in flight when the poll's status
+    # was read, and the poll says whether a replica had swapped by then.
+    sent_after = [t_posted] + [t for t, _ in polls[:-1]]
+    not_yet = [t_signal] + [t for t, (_, none_new) in zip(sent_after, polls, strict=True) if none_new]
+    for c in relay.streams:
+        c.old, c.new, c.response, c.result = old, built.identity, response, result
+        c.t_signal, c.t_posted, c.t_served = t_signal, t_posted, t_served
+        c.t_before = max((t for t in not_yet if c.arrivals and c.arrivals[0] < t), default=None)
+    for c in relay.streams:
+        timeline.mark(c.done_at, f"stream {c.started} ended" if c.started else "stream ended")
+    crossed = [c for c in relay.streams if c.crossed]
+    timeline.chunks[:] = sorted(  # versions said at the end, too
+        (t, v) for c in relay.streams for t, v in zip(c.arrivals, c.versions, strict=False)
+    )
+    return next((c for c in crossed if not c.completed), crossed[0] if crossed else relay.streams[0])
 
 
 @dataclass
@@ -382,31 +474,44 @@ def stream_in_background(
     body: dict[str, Any],
     headers: dict[str, str] | None = None,
     on_arrival: Callable[[float, dict[str, Any]], None] | None = None,
+    *,
+    on_end: Callable[[], None] | None = None,
+    suffix: str = "",
+    wait: bool = True,
+    hold: float | None = None,
 ) -> threading.Thread:
     """Stream `body` on a thread of its own into `into` (the chunks and when each arrived, the
-    stream or the error that ended it, when it ended); return the thread once the first chunk
-    arrived (or the stream ended)."""
+    stream or the error that ended it, when it ended; `on_end` is called then); return the thread
+    once the first chunk arrived or the stream ended (at once unless `wait`). Its marks are
+    named with `suffix` (one per stream of a relay). With `hold`, the stream may be held silent
+    that many seconds (`DeploymentClient.held`)."""
     first = threading.Event()
 
     def seen(chunk: dict[str, Any]) -> None:
         into.chunks.append(chunk)
-        into.arrivals.append(t := rl_deployment.mark("chunk"))
+        into.arrivals.append(t := rl_deployment.mark(f"chunk{suffix}"))
         if on_arrival is not None:
             on_arrival(t, chunk)
         first.set()
 
     def run() -> None:
         try:
-            into.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
+            with contextlib.ExitStack() as stack:
+                if hold is not None:
+                    stack.enter_context(rl_deployment.client.held(hold))
+                into.stream = rl_deployment.complete({**body, "stream": True}, headers=headers, on_chunk=seen)
         except BaseException as e:  # a dropped connection is an observation, not a crash
             into.error = e
         finally:
-            into.done_at = rl_deployment.mark("done")
+            into.done_at = rl_deployment.mark(f"done{suffix}")
             first.set()
+            if on_end is not None:
+                on_end()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    first.wait(timeout=rl_deployment.timeouts.request)
+    if wait:
+        first.wait(timeout=rl_deployment.timeouts.request)
     return thread
 
 

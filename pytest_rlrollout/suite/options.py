@@ -52,18 +52,21 @@ class Timeouts:
     test: float  # everything one test asks of the deployment
     long_stream_tokens: int  # tokens a stream must last for a swap to land inside it
     hold: float = 0.2  # a pause held this long shows whether tokens are still generated
+    # the first interval of a wait's polls, doubling up to `poll`: a quick swap is seen soon
+    first_poll: float = 0.01
 
     def with_(self, **changes: Any) -> Timeouts:
         """A copy with the changes that are not None (options the user left out)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-# The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB.
+# The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB, and is
+# asked its status at most twice a second through it (rl_poll_interval), probes and waits alike.
 # A test waits for at most a few swaps: its deadline is a few swap timeouts.
 LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, exchange=60.0,
                  test=120.0, long_stream_tokens=64)  # fmt: skip
-LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.02, stalled_after=120.0, retry=1.0, request=120.0, exchange=600.0,
-                test=5400.0, long_stream_tokens=256, hold=1.0)  # fmt: skip
+LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.5, stalled_after=120.0, retry=1.0, request=120.0, exchange=600.0,
+                test=5400.0, long_stream_tokens=256, hold=1.0, first_poll=0.5)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,12 @@ SETTINGS = (
     ),
     # waits
     Setting("rl_swap_timeout", "how long a swap may take (default: 3 local, 900 live)", float, check="positive"),
+    Setting(
+        "rl_poll_interval",
+        "seconds between status polls while a swap is under way (default: 0.01 local, 0.5 live: at most two a second)",
+        float,
+        check="positive",
+    ),
     Setting(
         "rl_exchange_timeout",
         "the longest one request and its whole answer (a stream included) may take (default: 60 local, 600 live)",
@@ -730,9 +739,15 @@ def _given(config: pytest.Config, *keys: str) -> list[str]:
 
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
+    """The profile with the waits the settings give, and the waits that follow them: a rollout
+    is taken for stalled after the same share of a longer swap timeout, and the probes and the
+    first poll go no faster than the status poll interval."""
     get = functools.partial(setting, config)
-    return profile.with_(swap=get("rl_swap_timeout"), long_stream_tokens=get("rl_long_stream_tokens"),
-                         exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"))  # fmt: skip
+    swap, poll = get("rl_swap_timeout"), get("rl_poll_interval")
+    stalled = None if swap is None else profile.stalled_after * swap / profile.swap
+    polls = {} if poll is None else {"poll": poll, "probe": poll, "first_poll": min(profile.first_poll, poll)}
+    return profile.with_(swap=swap, long_stream_tokens=get("rl_long_stream_tokens"), stalled_after=stalled,
+                         exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"), **polls)  # fmt: skip
 
 
 def _numerics(config: pytest.Config, base: Path | None, served: str | None = None) -> Numerics:

@@ -62,6 +62,7 @@ class Swapper:
         """Only the signal: tests that act between it and the rollout call `follow` after (or in
         `midway`, where the driver sequences the swap itself: see `Driver.load`)."""
         self.factory.signalled(built.identity)
+        self.deployment.driver.swapping = True  # status reads paced until `follow` ends
         return self.deployment.hot_load({**built.signal, **signal}, midway=midway)
 
     def follow(
@@ -69,6 +70,14 @@ class Swapper:
     ) -> SwapResult:
         """Wait until the signalled snapshot is served everywhere or fails (`progress` sees
         every status poll), and leave the deployment at rest either way."""
+        try:
+            return self._follow(built, response, progress)
+        finally:
+            self.deployment.driver.swapping = False
+
+    def _follow(
+        self, built: Built, response: httpx.Response, progress: Callable[[list[dict[str, Any]]], None] | None
+    ) -> SwapResult:
         if response.status_code != 200:
             self.deployment.settle()
             return SwapResult(built, response, None)

@@ -16,7 +16,7 @@ FIGURES = ("swaps", "uploaded", "copied", "linked", "written")
 
 def state_changes(dep) -> list[tuple[str, str]]:
     """What the server was asked that is neither a read nor inference."""
-    return [(m, p) for m, p in dep.deployment.requests if m != "GET" and "/inference/" not in p and "/v1/" not in p]
+    return [(m, p) for m, p, _ in dep.deployment.requests if m != "GET" and "/inference/" not in p and "/v1/" not in p]
 
 
 @pytest.mark.parametrize(("engine", "replicas"), [("fireworks", 2), ("vllm", 1)])

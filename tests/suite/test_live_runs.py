@@ -18,6 +18,7 @@ from pytest_rlrollout.remote.cassette import digest
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 
+from ..support import FAST_POLLS
 from .offline import NO_SOCKET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def test_without_allow_hot_load_nothing_changes_state(pytester, tmp_path):
             f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "--rl-report=r.json",
         )  # fmt: skip
         assert result.ret == 0, "\n".join(result.outlines[-30:])
-        changes = [(m, p) for m, p in dep.deployment.requests if (m, p) != ("GET", p) and "/inference/" not in p]
+        changes = [(m, p) for m, p, _ in dep.deployment.requests if (m, p) != ("GET", p) and "/inference/" not in p]
         assert changes == [], f"a read-only run sent {changes}"
         assert dep.deployment.ledger == []
     doc = json.loads((pytester.path / "r.json").read_text())
@@ -79,7 +80,7 @@ def test_suite_twice_against_one_long_lived_rlrollout_serve(pytester, tmp_path, 
     reports = []
     for run in ("first", "second"):
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE), "-p", "no:randomly", *command, f"--rl-report={run}.json"
+            str(CONFORMANCE), "-p", "no:randomly", *command, *FAST_POLLS, f"--rl-report={run}.json"
         )
         assert result.ret == 0, "\n".join(result.outlines[-30:])
         reports.append(json.loads((pytester.path / f"{run}.json").read_text()))
@@ -233,7 +234,7 @@ def test_a_live_run_whose_base_is_a_checkpoint_as_save_pretrained_writes_it(pyte
     modules = [
         str(CONFORMANCE / m) for m in ("test_swap.py", "test_hot_load.py", "test_fidelity.py", "test_numerics.py")
     ]
-    result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly", *command, "--rl-report=r.json")
+    result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly", *command, *FAST_POLLS, "--rl-report=r.json")
     assert result.ret == 0, "\n".join(result.outlines[-30:])
     got = outcomes(pytester.path / "r.json")
     assert set(got.values()) <= JUDGED, {k: v for k, v in got.items() if v not in JUDGED}

@@ -51,7 +51,7 @@ def test_misconfigured_run_ends_before_any_test(pytester, dep, case):
     assert not any("collected" in line or "passed" in line for line in result.outlines), result.outlines
     assert took < 5, f"{case}: {took:.1f} s"
     # the deployment was only read: no signal, no completion beyond the one-token probe
-    assert all(method == "GET" or "/completions" in path for method, path in dep.deployment.requests)
+    assert all(method == "GET" or "/completions" in path for method, path, _ in dep.deployment.requests)
 
 
 def test_preflight_prints_the_engine_and_capabilities(pytester, dep):
@@ -108,4 +108,4 @@ def test_auto_recognises_each_dialect_and_names_the_probe(tmp_path, dialect):
             else:
                 assert preflight(client, None) == (engine, decided.format(base=dep.base_url))
                 assert client.target.engine == engine
-        assert all(method == "GET" or "/completions" in path for method, path in dep.deployment.requests)
+        assert all(method == "GET" or "/completions" in path for method, path, _ in dep.deployment.requests)

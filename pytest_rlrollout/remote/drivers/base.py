@@ -17,6 +17,9 @@ of such clauses from running (`not-applicable`), so reaching one is a suite erro
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
 
+_STATUS_READ: dict[str, float] = {}  # when this process last read each deployment's status
+_STATUS_READ_LOCK = threading.Lock()
 PAUSE_MODES = ("abort", "wait", "keep")  # what in-flight requests do while generation is paused
 
 
@@ -71,6 +76,11 @@ class Driver(ABC):
     # how a swap treats requests in flight: ASYNC (they continue on the new weights) or SYNC (they
     # finish on the old ones first); None: the deployment says, or the options do
     transition: ClassVar[str | None] = None
+    # a load pauses generation, keeping the requests in flight, until the new weights serve (vLLM's
+    # keep, SGLang's retract): a stream in flight at the signal is held across the swap, however
+    # long it takes. Otherwise the swap happens when the deployment gets to it, and a stream is
+    # kept in flight until the status shows it done (`suite.observe.across_swap`).
+    holds_streams: ClassVar[bool] = False
     # the reset_prompt_cache values a load binds (a signal with another is Unbound: not-applicable)
     reset_policies: ClassVar[tuple[str, ...]] = ("all", "new_session", "none")
 
@@ -82,6 +92,11 @@ class Driver(ABC):
         # the served model's config.json, when the run has a local copy (--rl-base-snapshot):
         # engines whose routing rows cover every hidden layer keep the MoE layers' by it
         self.served_config: dict[str, Any] | None = None
+        # while a swap is under way (`swapping`, from its signal until it is followed to its
+        # end), the least time between two status reads of this deployment from this process (the
+        # run's poll interval), however the reads come: a wait's polls, a probe's, a test's own
+        self.status_gap = 0.0
+        self.swapping = False
 
     @property
     def target(self) -> Target:
@@ -117,10 +132,23 @@ class Driver(ABC):
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
         raise self.unbound("reading what each replica serves")
 
+    def read_status(self, *, headers: dict[str, str] | None = None) -> Status:
+        """`status()`; while a swap is under way, read no sooner than `status_gap` after the
+        previous read: a deployment swapping for minutes is asked at most 1 / `status_gap` times
+        a second."""
+        if self.swapping and self.status_gap > 0:
+            where = f"{self.target.base_url} {self.target.deployment}"
+            with _STATUS_READ_LOCK:
+                early = _STATUS_READ.get(where, -math.inf) + self.status_gap - time.monotonic()
+                if early > 0:  # a pace kept, not a condition waited for
+                    time.sleep(early)
+                _STATUS_READ[where] = time.monotonic()
+        return self.status(headers=headers)
+
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica in the hot-load status's shape; [] when that cannot be read."""
         try:
-            return self.status().replicas
+            return self.read_status().replicas
         except Unbound:
             return []
 
@@ -133,8 +161,9 @@ class Driver(ABC):
         lora: bool = False,
         progress: Callable[[list[dict[str, Any]]], None] | None = None,
         stalled_after: float | None = None,
+        first_poll: float | None = None,
     ) -> Waited:
-        """Poll `status()` (backing off from 10 ms to `poll`) until every replica serves `identity`
+        """Poll `status()` (backing off from `first_poll`, default 10 ms, to `poll`) until every replica serves `identity`
         (LoRA: lists it as loaded), a replica reports stage 'error' for it, or the deadline passes.
         An answer other than 200 is polled past (a deployment may not answer while it swaps); a
         200 whose replicas cannot be read ends the wait (HL-GET-1). With `stalled_after`, also
@@ -144,8 +173,8 @@ class Driver(ABC):
 
         replicas: list[dict[str, Any]] = []
         stalled_since: float | None = None
-        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL)):
-            status = self.status()
+        for elapsed in ticks(timeout, poll, start=min(poll, FIRST_POLL if first_poll is None else first_poll)):
+            status = self.read_status()
             if status.response.status_code != 200:
                 continue
             if not status.replicas and status.problems:
@@ -245,7 +274,12 @@ class Driver(ABC):
         r = self.load({"identity": label, "reset_prompt_cache": "all"})
         if r.status_code != 200:
             return f"not restored: signalling {label} again got HTTP {r.status_code} {r.text[:200]}"
-        waited = self.wait(label, timeout=self.load_wait or 900.0, poll=poll)
+        self.swapping = True  # polled at the run's pace, as every swap of the run was
+        try:
+            waited = self.wait(label, timeout=self.load_wait or 900.0, poll=max(poll, self.status_gap),
+                               first_poll=self.status_gap or None)  # fmt: skip
+        finally:
+            self.swapping = False
         if not waited.ok:
             return f"signalled {label} again, but it was not served: {waited.error}"
         return f"signalled {label} again (a full snapshot the bucket still holds); every replica serves it"

@@ -184,6 +184,7 @@ class SGLangDriver(Driver):
     reading = SGLANG_READING
     transition = "ASYNC"  # the load retracts the requests in flight; they continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
+    holds_streams = True  # load: pause (retract), update from disk, continue
 
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)

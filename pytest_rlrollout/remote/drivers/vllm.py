@@ -217,6 +217,7 @@ class VLLMDriver(Driver):
     reading = VLLM_READING
     transition = "ASYNC"  # the load pauses in keep mode: requests in flight continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
+    holds_streams = True  # load: pause (keep), reload, resume
 
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)
@@ -285,10 +286,12 @@ class VLLMDriver(Driver):
         lora: bool = False,
         progress: Callable[[list[dict[str, Any]]], None] | None = None,
         stalled_after: float | None = None,
+        first_poll: float | None = None,
     ) -> Waited:
         if lora:
             raise self.unbound("LoRA adapters")
-        return super().wait(identity, timeout=timeout, poll=poll, progress=progress, stalled_after=stalled_after)
+        return super().wait(identity, timeout=timeout, poll=poll, progress=progress, stalled_after=stalled_after,
+                            first_poll=first_poll)  # fmt: skip
 
     # ----------------------------------------------------------------------- loading
 

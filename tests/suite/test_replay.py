@@ -14,6 +14,7 @@ from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 from pytest_rlrollout.suite.options import SHIPPED_CASSETTES as SHIPPED
 
+from ..support import FAST_POLLS
 from .offline import NO_SOCKET
 
 JUDGED = {"pass", "not-applicable"}
@@ -115,7 +116,7 @@ def test_recording_a_live_run_keeps_no_key_and_replays(pytester, tmp_path):
         args += [f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
                  f"--rl-api-key={secret}", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
                  f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "-o", "rl_transition=ASYNC",
-                 f"--rl-record={cassettes}", "--rl-report=rec.json", "-p", "no:cacheprovider"]  # fmt: skip
+                 f"--rl-record={cassettes}", "--rl-report=rec.json", "-p", "no:cacheprovider", *FAST_POLLS]  # fmt: skip
         recorded = pytester.runpytest_inprocess(*args)
         assert recorded.ret == 0, "\n".join(recorded.outlines[-30:])
     rec = {k: v["outcome"] for k, v in json.loads((pytester.path / "rec.json").read_text())["clauses"].items()}

@@ -70,8 +70,7 @@ class RLDeployment:
         self.driver, self.client, self.options = driver, driver.client, opts
         self.base_snapshot, self.bucket = base_snapshot, bucket
         self.timeouts = opts.timeouts
-        driver.load_wait = opts.timeouts.swap  # a load answered once done may take the whole swap
-        driver.status_gap = opts.timeouts.poll  # live: at most two status reads a second, whatever reads
+        timed(driver, opts)
         self._local = local  # the bundled reference deployment, when it runs in this process
         self.discovery: Discovery | None = None  # what it is and offers; set before any test
         self.run_id = "run"  # unique per run (the recording's in replay); set before any test
@@ -347,6 +346,13 @@ def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment
                                local=dep)  # fmt: skip
 
 
+def timed(driver: Driver, opts: RLConfig) -> Driver:
+    """`driver`, keeping the run's waits: a load answered once done may take the whole swap, and
+    a swap's status is read at most once a poll interval (live: twice a second), whatever reads."""
+    driver.load_wait, driver.status_gap = opts.timeouts.swap, opts.timeouts.poll
+    return driver
+
+
 @contextlib.contextmanager
 def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
     """The live deployment the options name, through its engine's driver: the one way the plugin
@@ -358,10 +364,7 @@ def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | Non
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
                     engine=engine, control_url=opts.control_url or "", control_key=opts.control_key)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
-        driver = driver_for(engine, client, bucket=served_path(opts.bucket_url))
-        driver.load_wait = opts.timeouts.swap  # a load answered once done may take the whole swap
-        driver.status_gap = opts.timeouts.poll  # live: at most two status reads a second, whatever reads
-        yield driver
+        yield timed(driver_for(engine, client, bucket=served_path(opts.bucket_url)), opts)
 
 
 @contextlib.contextmanager

@@ -289,12 +289,23 @@ def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself(serve
     [command] = [x for x in child.printed if x.startswith("conformance:")]
     assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
                        f"--rl-allow-hot-load --rl-bucket-url={bucket} "
-                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'} -o rl_served_dtype=float32")  # fmt: skip
+                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'} -o rl_swap_seconds=1.03 "
+                       "-o rl_served_dtype=float32")  # fmt: skip
     assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
     assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
     child.proc.send_signal(signal.SIGTERM)
     assert child.proc.wait(timeout=30) == 0
     assert not bucket.exists()
+
+
+def test_serve_prints_waits_that_follow_its_pace(serve):
+    """A one-minute load: the printed command states the swap time (for the plan's estimate) and a
+    swap timeout of three swaps, not the 10 s that fits the default pace."""
+    child = serve("--load-delay", "60", "--stagger", "2")  # 2 replicas: the last loads 62 s, then 1 s at the swap
+    [command] = [x for x in child.printed if x.startswith("conformance:")]
+    assert " -o rl_swap_seconds=63 -o rl_swap_timeout=189 " in command
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=30) == 0
 
 
 # --------------------------------------------------------------------------- clauses, pipes

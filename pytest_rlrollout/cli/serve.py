@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -227,7 +228,7 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
                    f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}"
                    # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
                    # only by outlasting the whole rollout (every replica, one at a time)
-                   " -o rl_long_stream_tokens=512 -o rl_swap_timeout=10")  # fmt: skip
+                   " -o rl_long_stream_tokens=512")  # fmt: skip
         serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
     else:
         named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
@@ -235,15 +236,30 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
         command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
                    f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket_url}"
                    f" --rl-base-snapshot={base} -o rl_transition={options['transition']}"
-                   # this deployment's pace: a swap lands inside 64 tokens and takes well under 10 s
-                   " -o rl_long_stream_tokens=64 -o rl_swap_timeout=10")  # fmt: skip
+                   # this deployment's pace: a swap lands inside 64 tokens
+                   " -o rl_long_stream_tokens=64")  # fmt: skip
         serving = options["transition"]
+    command += _paced(dep, engine)
     command += " -o rl_served_dtype=float32"  # its numpy engine computes in float32, whatever config.json declares
     replicas = len(dep.deployment.replicas)
     if options.get("mirror"):  # the suite's bucket; the one above is the deployment's local copy of it
         named.append(f"store:      {options['mirror']}" + (f" (endpoint {endpoint})" if endpoint else ""))
     return [*named, f"conformance: rlrollout conformance {command}",
             f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}"]  # fmt: skip
+
+
+def _paced(dep: Running, engine: str) -> str:
+    """The suite's waits for this deployment's pace: how long one swap takes (every replica loads
+    at once, the last one `stagger` seconds per replica later, then pauses at the swap), for the
+    plan's estimate, and a swap timeout of three swaps, never under 10 s. On the vLLM and SGLang
+    dialects the timeout is the live profile's 900 s unless a swap outgrows it."""
+    from pytest_rlrollout.suite.options import LIVE
+
+    s = dep.settings
+    swap = s.load_delay + s.stagger * (len(dep.deployment.replicas) - 1) + s.swap_delay
+    timeout = max(10, math.ceil(3 * swap))
+    said = f" -o rl_swap_seconds={swap:g}"
+    return said if engine in ("vllm", "sglang") and timeout <= LIVE.swap else said + f" -o rl_swap_timeout={timeout}"
 
 
 def _store(args: argparse.Namespace) -> Any:

@@ -5,10 +5,12 @@ deployment's cache holds nothing of an earlier run's."""
 
 import pytest
 
-from pytest_rlrollout.runs.plan import served, unsignalled
+from pytest_rlrollout.runs.plan import shared
 from pytest_rlrollout.suite.marks import clause, loads_from, requires
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
+from pytest_rlrollout.suite.shared import part, share_for, shares
+from pytest_rlrollout.suite.swaps import completed
 
 LONG = CACHED_PREFIX  # prompt tokens: several cache blocks on any deployment
 
@@ -110,11 +112,14 @@ MATRIX = {
     "CACHE-MATRIX-NONE-SAME": ("none", "same", True),
     "CACHE-MATRIX-NONE-NEW": ("none", "new", True),
 }
-CELLS = [pytest.param(cell, policy, who, reuse, marks=clause(cell), id=cell)
-         for cell, (policy, who, reuse) in MATRIX.items()]  # fmt: skip
-# `all` is also the default: the same cell with the field left out
-CELLS.append(pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=clause("CACHE-MATRIX-ALL-SAME"),
-                          id="CACHE-MATRIX-ALL-SAME-omitted"))  # fmt: skip
+# `all` is also the default: the same cell with the field left out. It comes first: under the core
+# profile each cell's share is made by its first cell, and the first swap of a run may have to be
+# a whole snapshot (a start the run cannot diff against); the others then follow one another as
+# diffs, so the share back to the base's weights (`none`) is a diff from a diff (FID-SAME-1).
+CELLS = [pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=clause("CACHE-MATRIX-ALL-SAME"),
+                      id="CACHE-MATRIX-ALL-SAME-omitted")]  # fmt: skip
+CELLS += [pytest.param(cell, policy, who, reuse, marks=clause(cell), id=cell)
+          for cell, (policy, who, reuse) in MATRIX.items()]  # fmt: skip
 
 
 def session_on(rl_deployment, host, name):
@@ -143,16 +148,35 @@ def primed(rl_deployment, name):
     return prompt, owner, second.headers.get("fireworks-backend-host")
 
 
+def owner_again(rl_deployment, was, swapped):
+    """The owner's request for its prompt once the swap is served: (the answer, the replica it was cached on)."""
+    completed(swapped)
+    _, prompt, owner, host = was
+    return ask(rl_deployment, prompt, owner), host
+
+
+def new_session_asks(rl_deployment, was, swapped):
+    """A new session's request for the owner's prompt on the owner's replica, once the swap is served."""
+    completed(swapped)
+    name, prompt, _, host = was
+    # the new session is found after the swap (its probes share no prefix with the prompt)
+    return ask(rl_deployment, prompt, session_on(rl_deployment, host, name)), host
+
+
+def named_primed(rl_deployment, name):
+    return name, *primed(rl_deployment, name)
+
+
+part("cache-same", named_primed, owner_again)
+part("cache-new", named_primed, new_session_asks)
+
+
 @requires("cached_tokens")
-@loads_from(lambda ctx: [served() if (ctx.params["policy"] or "all") in ctx.reset_policies else unsignalled()])
+@loads_from(lambda ctx: [shared() if (ctx.params["policy"] or "all") in ctx.reset_policies else shared("unsignalled")])
+@shares(lambda params: share_for(params["policy"]), lambda params: f"cache-{params['who']}")
 @pytest.mark.parametrize(("cell", "policy", "who", "reuse"), CELLS)
-def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy, who, reuse):
-    name = f"{request.node.name}-{rl_deployment.serving()}"
-    prompt, owner, host = primed(rl_deployment, name)
-    rl_swap("matrix", **({} if policy is None else {"reset_prompt_cache": policy}))
-    # a new session is found after the swap (its probes share no prefix with the prompt)
-    headers = owner if who == "same" else session_on(rl_deployment, host, name)
-    after = ask(rl_deployment, prompt, headers)
+def test_reset_matrix(rl_deployment, rl_shared, rl_observe, cell, policy, who, reuse):
+    after, host = rl_shared(share_for(policy), f"cache-{who}")
     landed = after.headers.get("fireworks-backend-host")
     if host is not None and landed is not None and landed != host:
         inconclusive(f"the request after the swap reached {landed}, the cache is on {host} (see SESS-1)")
@@ -162,28 +186,38 @@ def test_reset_matrix(rl_deployment, rl_swap, rl_observe, request, cell, policy,
     rl_observe(1, f"{who}-session request after a swap with reset_prompt_cache={policy!r}: {n} cached")
 
 
-@clause("CACHE-NOSESSION-1")
-@requires("cached_tokens")
-@loads_from(lambda ctx: [served() if "new_session" in ctx.reset_policies else unsignalled()])
-def test_no_session_is_a_new_session(rl_deployment, rl_swap, rl_observe):
-    prompt = rl_deployment.prompt(f"cache-nosession-{rl_deployment.serving()}", LONG).body
-    host, hit = None, False
+def sessionless_hit(rl_deployment, name):
+    """A prompt a request without a session was served from the cache for: (prompt, its replica)."""
+    prompt = rl_deployment.prompt(name, LONG).body
     for _ in range(8):  # requests without a session may go anywhere: repeat until one hits the cache
         s = ask(rl_deployment, prompt)
         if cached(s) > 0:
-            host, hit = s.headers.get("fireworks-backend-host"), True
-            break
-    if not hit:
-        inconclusive("repeated requests without a session were never served from the cache")
-    if host is None and rl_deployment.capabilities.replicas > 1:
-        inconclusive("several replicas and no fireworks-backend-host header")
-    rl_swap("nosession", reset_prompt_cache="new_session")
-    for _ in range(16):  # the first request without a session that reaches the replica holding the prefix
+            host = s.headers.get("fireworks-backend-host")
+            if host is None and rl_deployment.capabilities.replicas > 1:
+                inconclusive("several replicas and no fireworks-backend-host header")
+            return prompt, host
+    inconclusive("repeated requests without a session were never served from the cache")
+
+
+def sessionless_again(rl_deployment, was, swapped):
+    """After the swap: the first request without a session that reaches the replica holding the prefix."""
+    completed(swapped)
+    prompt, host = was
+    for _ in range(16):
         after = ask(rl_deployment, prompt)
         if host is None or after.headers.get("fireworks-backend-host") == host:
-            assert cached(after) == 0, (
-                f"a request without a session reused {cached(after)} tokens cached before the swap"
-            )
-            rl_observe(1, "request without a session recomputing after a 'new_session' swap")
-            return
+            return after
     inconclusive(f"no request without a session reached {host}")
+
+
+part("no-session", sessionless_hit, sessionless_again)
+
+
+@clause("CACHE-NOSESSION-1")
+@requires("cached_tokens")
+@loads_from(lambda ctx: [shared() if "new_session" in ctx.reset_policies else shared("unsignalled")])
+@shares(lambda _: share_for("new_session"), "no-session")
+def test_no_session_is_a_new_session(rl_deployment, rl_shared, rl_observe):
+    after = rl_shared(share_for("new_session"), "no-session")
+    assert cached(after) == 0, f"a request without a session reused {cached(after)} tokens cached before the swap"
+    rl_observe(1, "request without a session recomputing after a 'new_session' swap")

@@ -12,12 +12,13 @@ import pytest
 from pytest_rlrollout.remote.client import WaitEnd
 from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint
 from pytest_rlrollout.remote.stream import json_object
-from pytest_rlrollout.runs.plan import Load, refused, served, unsignalled
+from pytest_rlrollout.runs.plan import Load, refused, served, shared, unsignalled
 from pytest_rlrollout.runs.snapshots import PROBE_KEY
 from pytest_rlrollout.snapshot import broken, tiny_moe
 from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, swaps
 from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.shared import COPY, part, share_for, shares
 
 
 def status_body(rl_deployment) -> dict:
@@ -143,18 +144,21 @@ def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_sw
     never_served(rl_deployment, built.identity, before, rl_observe)
 
 
+part("signal-answer", lambda _, name: name, lambda _, __, swapped: swapped.response)
+
+
 @clause("HL-POST-1")
-@loads(served("copy"))
-def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_snapshot_factory, rl_swap, rl_observe):
-    built = rl_snapshot_factory.base_copy("post-1")
-    result = rl_swap.signal(built)
-    assert result.response.status_code == 200, f"{result.response.status_code} {result.response.text[:300]}"
+@loads(shared())
+@shares(lambda _: COPY, "signal-answer")
+def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_shared, rl_observe):
+    r = rl_shared(COPY, "signal-answer")
+    assert r.status_code == 200, f"{r.status_code} {r.text[:300]}"
     try:
-        body = result.response.json()
+        body = r.json()
     except ValueError:
-        pytest.fail(f"the answer is not JSON: {result.response.text[:200]!r}")
+        pytest.fail(f"the answer is not JSON: {r.text[:200]!r}")
     assert isinstance(body, dict), f"the answer is {type(body).__name__}, not an object"
-    rl_observe(1, f"full snapshot signal answered 200 {result.response.text[:80]}")
+    rl_observe(1, f"full snapshot signal answered 200 {r.text[:80]}")
 
 
 @clause("HL-POST-2")
@@ -177,15 +181,20 @@ def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
     rl_observe(1, "400 naming the field with the documented wording")
 
 
+RESETS = ("all", "new_session", "none")
+
+
 @clause("HL-POST-3")
-@loads(refused(), served(), served(), served())
-def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_observe):
+@loads(refused(), shared(), shared(), shared())
+@shares(lambda _: [share_for(policy) for policy in RESETS], "signal-answer")
+def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_shared, rl_observe):
     built = rl_swap.build("post-3")
     r = rl_deployment.hot_load({**built.signal, "reset_prompt_cache": "sometimes"})
     assert r.status_code == 400, f"reset_prompt_cache='sometimes' got {r.status_code}"
     rl_deployment.settle()
-    for policy in ("all", "new_session", "none"):
-        signal_accepted(rl_swap, "post-3", policy)
+    for policy in RESETS:
+        r = rl_shared(share_for(policy), "signal-answer")
+        assert r.status_code == 200, f"reset_prompt_cache={policy!r}: {r.status_code} {r.text[:200]}"
     rl_observe(4, "reset_prompt_cache values judged ('sometimes' refused; all, new_session, none accepted)")
 
 
@@ -293,12 +302,15 @@ def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot
 # --------------------------------------------------------------------------- loading
 
 
+part("replicas-after", lambda _, name: name, lambda dep, _, swapped: (swapped, dep.replicas()))
+
+
 @clause("HL-GET-2")
-@loads(served())
-def test_every_replica_reaches_the_new_identity(rl_deployment, rl_swap, rl_observe):
-    result = rl_swap.signal(rl_swap.build("get-2"))
+@loads(shared())
+@shares(lambda _: share_for(None), "replicas-after")
+def test_every_replica_reaches_the_new_identity(rl_deployment, rl_shared, rl_observe):
+    result, replicas = rl_shared(share_for(None), "replicas-after")
     expect_loaded(result, own=True)
-    replicas = rl_deployment.replicas()
     for r in replicas:
         assert r.get("readiness") is True and r.get("current_snapshot_identity") == result.built.identity, r
     rl_observe(len(replicas), f"replicas ready and serving {result.built.identity}")
@@ -336,13 +348,14 @@ def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_sn
 
 
 @clause("HL-CONFIG-2")
-@loads(served(config="extra"), served(config="scaled"))
+@loads(served(change="none", config="extra-scaled"))
 def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
-    key, edit_of = numeric_key(rl_snapshot_factory), rl_snapshot_factory.config_edit
-    for field, edit in ((PROBE_KEY, edit_of("extra")), (key, edit_of("scaled"))):
-        built = rl_snapshot_factory.step(rl_deployment.serving(), "config-2", config_edit=edit)
-        expect_loaded(rl_swap.signal(built, validation={"extra_fields_ignore": [field]}))
-        rl_observe(1, f"snapshot differing in {field} loaded with extra_fields_ignore")
+    # one snapshot differing in both ways (an option the base lacks, a value it sets otherwise),
+    # both fields named: the base's weights, so that what follows can diff against the base
+    key, edit = numeric_key(rl_snapshot_factory), rl_snapshot_factory.config_edit("extra-scaled")
+    built = rl_snapshot_factory.step(rl_deployment.serving(), "config-2", change={}, config_edit=edit)
+    expect_loaded(rl_swap.signal(built, validation={"extra_fields_ignore": [PROBE_KEY, key]}))
+    rl_observe(2, f"snapshot differing in {PROBE_KEY} and {key} loaded with extra_fields_ignore naming both")
 
 
 @clause("HL-LEDGER-1")

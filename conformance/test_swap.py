@@ -11,19 +11,27 @@ import itertools
 import pytest
 
 from pytest_rlrollout.remote.stream import span_version
-from pytest_rlrollout.runs.plan import served, unsignalled
+from pytest_rlrollout.runs.plan import served, shared
 from pytest_rlrollout.suite.marks import clause, loads, loads_from, requires
-from pytest_rlrollout.suite.observe import WHITELIST, across_swap, not_cut_by_the_suite, parting, probes_during_swap
-from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
-
-
-def crossing_body(rl_deployment, name):
-    return {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "temperature": 0, "logprobs": True, "ignore_eos": True}  # fmt: skip
+from pytest_rlrollout.suite.observe import (
+    WHITELIST,
+    across_swap,
+    crossing_body,
+    not_cut_by_the_suite,
+    parting,
+    probes_during_swap,
+)
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.shared import CROSSING, PROBES, part, share_for, shares
+from pytest_rlrollout.suite.swaps import completed
 
 
 def crossing(rl_deployment, rl_swap, rl_observe, name, change=None, **signal):
-    c = across_swap(rl_deployment, rl_swap, rl_observe, crossing_body(rl_deployment, name), change=change, **signal)
+    return signalled(across_swap(rl_deployment, rl_swap, rl_observe, crossing_body(rl_deployment, name),
+                                 change=change, **signal))  # fmt: skip
+
+
+def signalled(c):
     if c.response.status_code != 200:
         inconclusive(f"the swap could not be signalled ({c.response.status_code}: {c.response.text[:200]})")
     return c
@@ -46,33 +54,37 @@ def judge_completion(c, rl_observe, asked: int) -> None:
 
 @clause("SWAP-ASYNC-1")
 @requires("transition:ASYNC", "logprobs")
-@loads(served())
-def test_async_stream_survives_the_swap(rl_deployment, rl_swap, rl_observe):
-    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-1")
+@loads(shared())
+@shares(lambda _: share_for(None), CROSSING)
+def test_async_stream_survives_the_swap(rl_deployment, rl_shared, rl_observe):
+    c = signalled(rl_shared(share_for(None), CROSSING))
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
     judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)
 
 
+def greedy_before(rl_deployment, name):
+    """The crossing stream's request, alone before the swap: its logprobs under the old weights."""
+    return rl_deployment.complete(crossing_body(rl_deployment, name)).expect_ok(
+        "the same greedy request before the swap").entries  # fmt: skip
+
+
+part("crossing-greedy", greedy_before, lambda _, before, __: before)
+
+
 @clause("SWAP-ASYNC-2")
 @requires("transition:ASYNC", "policy_version")
-@loads_from(lambda ctx: [served(change="visible" if ctx.spans_only and ctx.has("logprobs") else None)])
-def test_async_policy_version_changes_once(rl_deployment, rl_swap, rl_observe):
+@loads(shared())
+@shares(lambda _: share_for(None), CROSSING, "crossing-greedy")
+def test_async_policy_version_changes_once(rl_deployment, rl_shared, rl_observe):
     # Spans (said once, at the end) date tokens by their index, and an engine that sends chunks
     # late delivers tokens it generated before the swap after it: arrival dates nothing there.
     # The tokens' own numbers do: the swap doubles the final norm (every logit doubles, greedy
     # tokens stay the same), so the first token scored unlike the same greedy request under the
     # old weights was generated after the swap, and it and every later token must name the new.
     by_numbers = rl_deployment.driver.reading.spans_only and rl_deployment.capabilities.has("logprobs")
-    old, change = None, None
-    if by_numbers:
-        old = rl_deployment.complete(crossing_body(rl_deployment, "swap-async-2")).expect_ok(
-            "the same greedy request before the swap").entries  # fmt: skip
-        try:
-            change = rl_swap.factory.visible_change(rl_deployment.serving())
-        except LookupError:  # no norm vector to change: the spans' order is all there is to judge
-            old = None
-    c = crossing(rl_deployment, rl_swap, rl_observe, "swap-async-2", change=change)
+    seen = rl_shared.parts(share_for(None), [CROSSING, "crossing-greedy"] if by_numbers else [CROSSING])
+    c, old = signalled(seen[CROSSING]), seen.get("crossing-greedy")
     v = c.versions
     if not v or None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
@@ -120,9 +132,15 @@ def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
 
 @clause("SWAP-ASYNC-3")
 @requires("transition:ASYNC")
-@loads(served())
-def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_swap, rl_observe):
-    probes = [p for p in probes_during_swap(rl_deployment, rl_swap, rl_observe).probes if p.any_in_swap]
+@loads(shared())
+# (on the share whose reset is `none`, not the default's: the probes a pause holds are served once
+# the swap is, before the requests SWAP-NEW-1 sends after it, which must be the first)
+@shares(lambda _: share_for("none"), PROBES)
+def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_shared, rl_observe):
+    probing = rl_shared(share_for("none"), PROBES)
+    if probing is None or (probing.result is not None and probing.result.response.status_code != 200):
+        inconclusive("the swap could not be signalled (see HL-POST-1)")
+    probes = [p for p in probing.probes if p.any_in_swap]
     if not probes:
         inconclusive("no request reached the deployment while the swap was under way (no status poll caught it "
                      "in progress, or no answer began while it was held midway)")  # fmt: skip
@@ -189,17 +207,27 @@ def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_sw
     rl_observe(len(judged), "requests refused 425 during the swap and answered 200 on retry")
 
 
-@clause("SWAP-NEW-1")
-@requires("policy_version")
-@loads(served())
-def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe):
-    new = rl_swap("new-1").built.identity
+def new_requests(rl_deployment, name, swapped):
+    """Once the swap is served: the new identity, and the versions 8 one-token requests name."""
+    new = completed(swapped).built.identity
     versions = []
-    probe = rl_deployment.prompt("swap-new-1", 3).body
+    probe = rl_deployment.prompt(f"swap-{name}", 3).body
     for i in range(8):
         s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True},
-                                   headers=rl_deployment.session(f"new-1-{new}-{i % 4}")).expect_ok()  # fmt: skip
+                                   headers=rl_deployment.session(f"{name}-{new}-{i % 4}")).expect_ok()  # fmt: skip
         versions += s.versions
+    return new, versions
+
+
+part("new-requests", lambda _, name: name, new_requests, first=True)
+
+
+@clause("SWAP-NEW-1")
+@requires("policy_version")
+@loads(shared())
+@shares(lambda _: share_for(None), "new-requests")
+def test_new_requests_carry_the_new_identity(rl_deployment, rl_shared, rl_observe):
+    new, versions = rl_shared(share_for(None), "new-requests")
     if not versions or None in versions:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
     assert set(versions) == {new}, f"requests after the status said {new}: {versions}"
@@ -207,13 +235,12 @@ def test_new_requests_carry_the_new_identity(rl_deployment, rl_swap, rl_observe)
 
 
 @clause("SWAP-KV-1")
-@requires("logprobs")
+@requires("logprobs", "transition:ASYNC")  # SYNC swaps wait for in-flight streams: no reset can meet one
 @pytest.mark.parametrize("policy", ["all", "new_session", "none"])
-@loads_from(lambda ctx: [served() if ctx.params["policy"] in ctx.reset_policies else unsignalled()])
-def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_swap, rl_observe, policy):
-    if rl_deployment.capabilities.transition == "SYNC":
-        not_applicable("SYNC swaps wait for in-flight streams, so no reset can meet one")
-    c = crossing(rl_deployment, rl_swap, rl_observe, f"swap-kv-{policy}", reset_prompt_cache=policy)
+@loads_from(lambda ctx: [shared() if ctx.params["policy"] in ctx.reset_policies else shared("unsignalled")])
+@shares(lambda params: share_for(params["policy"]), CROSSING)
+def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_shared, rl_observe, policy):
+    c = signalled(rl_shared(share_for(policy), CROSSING))
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
     judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)

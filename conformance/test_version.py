@@ -6,10 +6,10 @@ engines that say it as spans over the output tokens (vLLM) are held to VER-SPAN-
 import pytest
 
 from pytest_rlrollout.remote.stream import span_problems
-from pytest_rlrollout.runs.plan import served
+from pytest_rlrollout.runs.plan import served, shared
 from pytest_rlrollout.suite.marks import clause, loads, requires
-from pytest_rlrollout.suite.observe import across_swap
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.shared import CROSSING, part, share_for, shares
 from pytest_rlrollout.suite.swaps import served_by
 
 
@@ -48,14 +48,16 @@ def test_streamed_chunks_carry_the_served_identity(rl_deployment, rl_observe, ch
     rl_observe(len(s.chunks), f"chunks naming a loaded snapshot ({', '.join(sorted(seen))})")
 
 
+part("loaded-before", lambda dep, _: loaded(dep), lambda _, before, __: before)
+
+
 @clause("VER-STREAM-1")
 @requires("policy_version")
-@loads(served())
-def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_swap, rl_observe):
-    before = loaded(rl_deployment)
-    body = {"prompt": rl_deployment.prompt("ver-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "ignore_eos": True, "temperature": 0}  # fmt: skip
-    c = across_swap(rl_deployment, rl_swap, rl_observe, body)
+@loads(shared())
+@shares(lambda _: share_for(None), CROSSING, "loaded-before")
+def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_shared, rl_observe):
+    seen = rl_shared.parts(share_for(None), ["loaded-before", CROSSING])
+    before, c = seen["loaded-before"], seen[CROSSING]
     if not c.chunks:
         inconclusive(f"the stream returned no chunks ({c.error!r})")
     if not c.served:
@@ -125,11 +127,10 @@ def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
 
 @clause("VER-SPAN-1")
 @requires("policy_version", "logprobs")
-@loads(served())
-def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_swap, rl_observe):
-    body = {"prompt": rl_deployment.prompt("ver-span-swap", 40).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "ignore_eos": True, "temperature": 0, "logprobs": True}  # fmt: skip
-    c = across_swap(rl_deployment, rl_swap, rl_observe, body)
+@loads(shared())
+@shares(lambda _: share_for(None), CROSSING)
+def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_shared, rl_observe):
+    c = rl_shared(share_for(None), CROSSING)
     if c.stream is None or not c.stream.ok:
         inconclusive(f"the stream did not complete ({c.error!r}; see SWAP-ASYNC-1)")
     if not c.served:

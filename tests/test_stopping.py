@@ -274,6 +274,7 @@ class _Deployment:
         base_identity = "tiny-qwen3-moe-base"
         deployment = "accounts/rlrollout/deployments/reference"
         model = "accounts/rlrollout/models/tiny-qwen3-moe"
+        load_delay, stagger, swap_delay = 0.03, 0.0, 1.0
 
     replicas = (None, None)
 

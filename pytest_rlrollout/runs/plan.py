@@ -24,7 +24,7 @@ from pytest_rlrollout.remote.bucket import DryBucket
 from pytest_rlrollout.runs.snapshots import Built, SnapshotFactory
 
 BYTES = ("uploaded", "copied", "linked", "written")  # a load's costs, as the factory notes them
-How = Literal["step", "known", "sentinel", "full", "copy", "base", "lora", "given", "nested", "reset"]
+How = Literal["step", "known", "sentinel", "full", "copy", "base", "lora", "given", "nested", "reset", "shared"]
 End = Literal["served", "refused", "unsignalled", "failed"]
 
 
@@ -39,6 +39,8 @@ class Load:
     when what is served is not the base), `lora`, `given` (a broken variant of the reference
     model, violating SNAP clause `variant`), `nested` (the snapshot built last, copied under a
     nested name) or `reset` (a ledger reset: nothing built, the next diff must be a full load).
+    `shared` is a swap a test shares with others (`suite.shared`): the plan prices it as its share
+    builds it, never as `shared`.
     """
 
     how: How
@@ -61,6 +63,11 @@ class Load:
 
 def served(how: How = "step", change: str | None = None, config: str | None = None) -> Load:
     return Load(how, change, config)
+
+
+def shared(end: End = "served") -> Load:
+    """The swap of one of the test's shares (`suite.shared`), served or left unsignalled."""
+    return Load("shared", end=end)
 
 
 def refused(how: How = "step", change: str | None = None, config: str | None = None) -> Load:
@@ -217,6 +224,8 @@ class Planner:
         out: list[Priced] = []
         last: Built | None = None
         for load in [step for given in loads for step in self._expand(given)]:
+            if load.how == "shared":
+                raise ValueError(f"{nodeid}: a shared load is priced as its share builds it (suite.shared)")
             if load.how == "reset":
                 self.factory.ledger_reset()
                 out.append(Priced("reset", end=load.end))

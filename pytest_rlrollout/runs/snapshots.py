@@ -195,11 +195,15 @@ class SnapshotFactory:
         return [min(names, key=lambda n: (self._info(n).nbytes, n)) for _, names in sorted(by_layer.items())]
 
     def visible_change(self, serving: str | None, *, kv: bool = False) -> dict[str, Op]:
-        """A change no fingerprint can miss: a norm vector doubled (the final norm doubles every
-        logit; `kv`: a layer's input norm, which changes the KV of every later position). The
-        tensor is one that `serving` holds at its base value, so a diff of it XORs base bytes."""
+        """A change no fingerprint can miss: the final norm doubled, or back where `serving`
+        doubled it (every logit doubles, or halves: greedy tokens stay); `kv` (or no final norm):
+        a layer's input norm doubled, which changes the KV of every later position, one `serving`
+        holds at its base value, so a diff of it XORs base bytes."""
         overlay = self.record.overlays.get(serving or "", {})
         names = list(self.index["weight_map"])
+        final = [n for n in names if FINAL_NORM.search(n) and n != self.sentinel_tensor]
+        if final and not kv:
+            return {final[0]: ["scale", 1.0 if overlay.get(final[0]) == ["scale", 2.0] else 2.0]}
         layers = sorted((n for n in names if LAYER_NORM.search(n) and "input" in n),
                         key=lambda n: int(LAYER_NORM.search(n).group(1)))  # fmt: skip
         finals = [] if kv else [n for n in names if FINAL_NORM.search(n)]
@@ -227,18 +231,26 @@ class SnapshotFactory:
         diffs, an expert tensor of every MoE layer (a few kilobytes each) and the final norm; where
         a swap is a whole snapshot, the first layer's input norm and its experts, one shard written
         rather than every one (Qwen3-30B-A3B: 1.2 GB, not 61 GB). Relative to the base."""
+        return {**self.visible_change(None, kv=not self.incremental), **self._away_experts()}
+
+    def _away_experts(self) -> dict[str, Op]:
+        """Expert tensors scaled, of every MoE layer where swaps are diffs (a few kilobytes each),
+        of the first where a swap is a whole snapshot (one shard written, not every one)."""
         experts = self.expert_tensors if self.incremental else self.expert_tensors[:1]
-        return {**self.visible_change(None, kv=not self.incremental), **{n: ["scale", 1.5] for n in experts}}
+        return {n: ["scale", 1.5] for n in experts}
 
     def change(self, name: str | None, serving: str | None) -> dict[str, Op] | None:
         """A change by its name (what a test's planned loads name): None is the factory's own
-        (a sentinel's scale of the sentinel tensor)."""
+        (a sentinel's scale of the sentinel tensor); `away-kv`: a layer's input norm and experts;
+        `moved`: the final norm toggled (greedy tokens stay) and, where swaps are diffs, experts."""
         if name is None:
             return None
         if name == "back":  # every tensor `away_change` changes, at the base's value again
             return {n: ["scale", 1.0] for n in self.away_change()}
         made = {"visible": lambda: self.visible_change(serving), "visible-kv": lambda: self.visible_change(serving, kv=True),
-                "routers": lambda: self.router_change(serving), "away": self.away_change, "none": dict}  # fmt: skip
+                "routers": lambda: self.router_change(serving), "away": self.away_change, "none": dict,
+                "away-kv": lambda: {**self.visible_change(serving, kv=True), **self._away_experts()},
+                "moved": lambda: {**self.visible_change(serving), **(self._away_experts() if self.incremental else {})}}  # fmt: skip
         if name not in made:
             raise ValueError(f"unknown change {name!r} (known: {', '.join([*made, 'back'])})")
         return made[name]()
@@ -258,8 +270,8 @@ class SnapshotFactory:
         return floats[0]
 
     def config_edit(self, name: str | None) -> Callable[[dict], object] | None:
-        """A config edit by its name: `scaled` (a float value ×10: a mismatch) or `extra` (a key
-        no model has)."""
+        """A config edit by its name: `scaled` (a float value ×10: a mismatch), `extra` (a key
+        no model has) or `extra-scaled` (both)."""
         if name is None:
             return None
         if name == "scaled":
@@ -267,7 +279,10 @@ class SnapshotFactory:
             return lambda c: c.update({key: c[key] * 10})
         if name == "extra":
             return lambda c: c.update({PROBE_KEY: 1})
-        raise ValueError(f"unknown config edit {name!r} (known: scaled, extra)")
+        if name == "extra-scaled":
+            extra, scaled = self.config_edit("extra"), self.config_edit("scaled")
+            return lambda c: (extra(c), scaled(c))
+        raise ValueError(f"unknown config edit {name!r} (known: scaled, extra, extra-scaled)")
 
     # ----------------------------------------------------------------------- bytes of a snapshot
 

@@ -451,7 +451,8 @@ def rl_deployment(
             cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
                                           recorded_mode=dep.mode, transition=dep.discovery.transition,
                                           engine=dep.engine, discovery=dep.discovery.as_dict(),
-                                          run_id=dep.run_id, served_dtype=dep.options.numerics.dtype)  # fmt: skip
+                                          run_id=dep.run_id, served_dtype=dep.options.numerics.dtype,
+                                          profile=dep.options.budget.profile)  # fmt: skip
             cassettes.session.write(dep.target.api_key)
 
 

@@ -4,6 +4,7 @@ it is under way. Both draw the test's timeline (`rl_observe.timeline`) for the r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import statistics
 import threading
@@ -63,6 +64,7 @@ class Crossing:
     # yet: the signal, or a status poll showing none did sent after its first chunk (None: none)
     t_before: float | None = None
     started: int = 0  # which of the streams `across_swap` kept in flight this is (0: the one before the signal)
+    probing: Probing | None = None  # requests sent while the swap was under way, where asked for
 
     @property
     def versions(self) -> list[str | None]:
@@ -234,6 +236,12 @@ class Relay:
             done += 1
 
 
+def crossing_body(rl_deployment: RLDeployment, name: str) -> dict[str, Any]:
+    """The request a stream across a swap sends: a greedy stream of `long_stream_tokens`."""
+    return {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
+            "temperature": 0, "logprobs": True, "ignore_eos": True}  # fmt: skip
+
+
 @observed
 def across_swap(
     rl_deployment: RLDeployment,
@@ -242,6 +250,7 @@ def across_swap(
     body: dict[str, Any],
     headers: dict[str, str] | None = None,
     change: dict[str, Any] | None = None,
+    probes: int = 0,
     **signal: Any,
 ) -> Crossing:
     """Stream `body`; once its first chunk arrives, signal a new snapshot (the next step, with
@@ -252,7 +261,8 @@ def across_swap(
     deployment swaps when it gets to it (ASYNC), streams are kept in flight (`Relay`) until the
     status shows every replica serving the new snapshot: one of them is on the swap however long
     the download before it takes. The one returned is a stream that crossed it (one that broke,
-    if any did), else the first."""
+    if any did), else the first. With `probes`, that many one-token requests go out while the
+    swap is under way as well (`Probes`; the crossing's `probing`)."""
     timeline = rl_observe.swap("a stream across a swap")
     old = rl_deployment.serving()
     built = rl_swap.build("cross", change)
@@ -264,9 +274,10 @@ def across_swap(
 
     held = rl_deployment.driver.holds_streams
     relay = Relay(rl_deployment, body, headers, drawn, hold=rl_deployment.swap_timeout if held else None)
+    probing = Probes(rl_deployment, timeline, built.identity, probes) if probes else None
     relay.start()
     t_signal = rl_deployment.mark("signal")
-    response = rl_swap.post(built, **signal)
+    response = rl_swap.post(built, midway=probing.midway if probing else None, **signal)
     t_posted = rl_deployment.mark("posted")
     relay.open = response.status_code == 200 and not held and rl_deployment.capabilities.transition == "ASYNC"
     # (when each poll's answer was seen, whether it showed no replica serving the new snapshot)
@@ -276,6 +287,8 @@ def across_swap(
         t = rl_deployment.mark("status")
         timeline.status(t, replicas)
         polls.append((t, not any(x.get("current_snapshot_identity") == built.identity for x in replicas)))
+        if probing is not None:
+            probing.progress(replicas, t)
 
     result = rl_swap.follow(built, response, progress=progress)
     relay.open = False
@@ -284,6 +297,7 @@ def across_swap(
     timeline.mark(t_posted, f"answered {response.status_code}")
     timeline.mark(t_served, "served" if result.waited is not None and result.waited.ok else "gave up")
     relay.join(timeout=rl_deployment.swap_timeout + rl_deployment.timeouts.exchange + 60)
+    probed = probing.finish(built) if probing is not None else None
     # A poll is sent after the previous one's answer was seen (the first after the signal was
     # answered): a stream whose first chunk came before that was in flight when the poll's status
     # was read, and the poll says whether a replica had swapped by then.
@@ -291,7 +305,7 @@ def across_swap(
     not_yet = [t_signal] + [t for t, (_, none_new) in zip(sent_after, polls, strict=True) if none_new]
     for c in relay.streams:
         c.old, c.new, c.response, c.result = old, built.identity, response, result
-        c.t_signal, c.t_posted, c.t_served = t_signal, t_posted, t_served
+        c.t_signal, c.t_posted, c.t_served, c.probing = t_signal, t_posted, t_served, probed
         c.t_before = max((t for t in not_yet if c.arrivals and c.arrivals[0] < t), default=None)
     for c in relay.streams:
         timeline.mark(c.done_at, f"stream {c.started} ended" if c.started else "stream ended")
@@ -325,6 +339,83 @@ class Probing:
     probes: list[Probe]
     in_swap_until: float = 0.0  # the last status poll that still showed the swap (as the probes were sent)
     round_trip: float = 0.0  # the fastest status poll: how stale a poll's view may be
+    result: SwapResult | None = None  # how the swap ended
+
+
+class Probes:
+    """`n` one-token requests (distinct sessions) sent at once while a swap is under way, and
+    where they were sent from: in the middle of a swap this side sequences (`midway`, which goes
+    on once every probe's answer has begun, at most `Timeouts.hold`: a probe whose answer began
+    then reached the deployment during the swap), else once a status poll (`progress`) shows the
+    swap on `every` replica at once, or on any. No probes when no poll landed inside the swap."""
+
+    def __init__(self, rl_deployment: RLDeployment, timeline: Timeline, identity: str, n: int = 6,
+                 headers: dict[str, str] | None = None, every: bool = False) -> None:  # fmt: skip
+        self.dep, self.timeline, self.identity, self.n = rl_deployment, timeline, identity, n
+        self.headers, self.every = headers or {}, every
+        self.out = Probing(None, [])
+        self.sent: list[Probe | None] = [None] * n  # where they were sent from is set once the swap ended
+        self.began = [threading.Event() for _ in range(n)]
+        self.began_at = [float("inf")] * n  # when each probe's answer began (held midway)
+        self.threads: list[threading.Thread] = []
+        self.held = False
+        self.all_in = self.any_in = False  # what the poll that sent them showed
+        self.body = {"prompt": rl_deployment.prompt("probe", 3).body, "max_tokens": 1, "stream": True}
+
+    def showing(self, replicas: list[dict[str, Any]]) -> bool:
+        states = [in_swap(x, self.identity) for x in replicas]
+        return bool(states) and (all(states) if self.every else any(states))
+
+    def progress(self, replicas: list[dict[str, Any]], t: float) -> None:
+        """One status poll (seen at `t`): the swap still shown, or the probes sent when first shown."""
+        if not self.showing(replicas):
+            return
+        self.out.in_swap_until = t
+        if not self.threads:
+            states = [in_swap(x, self.identity) for x in replicas]
+            self.all_in, self.any_in = all(states), any(states)
+            self.launch()
+
+    def midway(self) -> None:  # the swap is under way until this returns
+        self.held = True
+        self.launch()
+        until = time.monotonic() + self.dep.timeouts.hold  # one bound for all the probes
+        for event in self.began:
+            event.wait(timeout=max(0.0, until - time.monotonic()))
+        self.out.in_swap_until = self.dep.mark("midway")
+        self.timeline.mark(self.out.in_swap_until, "swap held midway")
+
+    def launch(self) -> None:
+        self.threads.extend(threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(self.n))
+        for th in self.threads:
+            th.start()
+
+    def _one(self, i: int) -> None:
+        def beginning(_: int) -> None:
+            if self.held:  # (a time asked for only where it is used: a replay has the recording's times only)
+                self.began_at[i] = self.dep.mark(f"probe-{i}-began")
+            self.began[i].set()
+
+        session = self.dep.session(f"probe-{self.identity}-{i}")
+        t = self.dep.mark(f"probe-{i}-sent")
+        try:
+            s = self.dep.complete(self.body, headers={**session, **self.headers}, on_status=beginning)
+        finally:
+            self.began[i].set()
+        answered = self.dep.mark(f"probe-{i}-answered")
+        self.sent[i] = Probe(s.status, t, answered, s.versions[0] if s.chunks else None, session, False, False)
+        self.timeline.probes.append((t, answered, s.status))
+
+    def finish(self, built: Any) -> Probing:
+        """Once the swap ended: every probe answered, each with where it was sent from."""
+        for th in self.threads:
+            th.join(timeout=self.dep.swap_timeout + 60)
+        self.out.built, self.out.probes = built, [p for p in self.sent if p is not None]
+        for i, p in enumerate(self.sent):
+            if p is not None:  # held midway: in the swap when its answer began before the swap went on
+                in_it = self.began_at[i] <= self.out.in_swap_until
+                p.all_in_swap, p.any_in_swap = (in_it, in_it) if self.held else (self.all_in, self.any_in)
+        return self.out
 
 
 @observed
@@ -335,95 +426,43 @@ def probes_during_swap(
     n: int = 6,
     headers: dict[str, str] | None = None,
     every: bool = False,
+    change: dict[str, Any] | None = None,
     **signal: Any,
 ) -> Probing:
-    """Signal a new snapshot and, while it is being swapped in, send `n` one-token requests at
-    once (distinct sessions); then follow the swap to its end.
-
-    Where the swap is a sequence this side sends (the driver calls `midway`), the probes go out
-    in its middle, and it goes on once every probe's answer has begun (at most `Timeouts.hold`):
-    a probe whose answer began then reached the deployment during the swap. Otherwise the
-    status is polled, and the probes go out once it shows the swap on `every` replica at once,
-    or on any; no probes when no poll landed inside the swap."""
+    """Signal a new snapshot (the next step, with `change` on it) and, while it is being swapped in, send `n` one-token requests at
+    once (`Probes`); then follow the swap to its end. Where this side does not sequence the swap,
+    the status is polled for it, no faster than the probe interval."""
     timeline = rl_observe.swap("requests sent while a swap is under way")
     timeline.old = rl_deployment.serving()
-    built = rl_swap.build("probe")
+    built = rl_swap.build("probe", change)
     timeline.new = built.identity
-    out = Probing(built, [])
-    sent: list[Probe | None] = [None] * n  # where they were sent from is set once the swap ended
-    began = [threading.Event() for _ in range(n)]
-    began_at = [float("inf")] * n  # when each probe's answer began
-    threads: list[threading.Thread] = []
-    probe = rl_deployment.prompt("probe", 3).body
+    probes = Probes(rl_deployment, timeline, built.identity, n, headers, every)
 
     def progress(replicas: list[dict[str, Any]]) -> None:
         t = rl_deployment.mark("status")
         timeline.status(t, replicas)
-        states = [in_swap(x, built.identity) for x in replicas]
-        if states and (all(states) if every else any(states)):
-            out.in_swap_until = t
-
-    def one(i: int, held: bool) -> None:
-        def beginning(_: int) -> None:
-            if held:  # (a time asked for only where it is used: a replay has the recording's times only)
-                began_at[i] = rl_deployment.mark(f"probe-{i}-began")
-            began[i].set()
-
-        session = rl_deployment.session(f"probe-{built.identity}-{i}")
-        t = rl_deployment.mark(f"probe-{i}-sent")
-        try:
-            s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True},
-                                       headers={**session, **(headers or {})}, on_status=beginning)  # fmt: skip
-        finally:
-            began[i].set()
-        answered = rl_deployment.mark(f"probe-{i}-answered")
-        sent[i] = Probe(s.status, t, answered, s.versions[0] if s.chunks else None, session, False, False)
-        timeline.probes.append((t, answered, s.status))
-
-    def launch(held: bool) -> None:
-        threads.extend(threading.Thread(target=one, args=(i, held), daemon=True) for i in range(n))
-        for th in threads:
-            th.start()
-
-    def midway() -> None:  # the swap is under way until this returns
-        launch(held=True)
-        until = time.monotonic() + rl_deployment.timeouts.hold  # one bound for all the probes
-        for event in began:
-            event.wait(timeout=max(0.0, until - time.monotonic()))
-        out.in_swap_until = rl_deployment.mark("midway")
-        timeline.mark(out.in_swap_until, "swap held midway")
+        probes.progress(replicas, t)
 
     timeline.mark(rl_deployment.mark("signal"), "signal")
-    r = rl_swap.post(built, midway=midway, **signal)
+    r = rl_swap.post(built, midway=probes.midway, **signal)
     timeline.mark(rl_deployment.mark("posted"), f"answered {r.status_code}")
     assert r.status_code == 200, f"the swap could not be signalled: {r.status_code} {r.text[:200]}"
-    held = bool(threads)
-    if not held:
-        replicas: list[dict[str, Any]] = []
-        states: list[bool] = []
-        out.round_trip = float("inf")
+    round_trip = float("inf")
+    if not probes.held:
         for _ in ticks(rl_deployment.swap_timeout, rl_deployment.timeouts.probe):
             asked = rl_deployment.mark("poll")
             replicas = rl_deployment.replicas()
             progress(replicas)
-            out.round_trip = min(out.round_trip, rl_deployment.mark("poll-answered") - asked)
-            states = [in_swap(x, built.identity) for x in replicas]
-            if all(states) if every else any(states):
+            round_trip = min(round_trip, rl_deployment.mark("poll-answered") - asked)
+            if probes.threads:
                 break
             if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):
-                rl_swap.follow(built, r, progress=progress)
-                return out
-        all_in, any_in = bool(replicas) and all(states), any(states)
-        launch(held=False)
+                result = rl_swap.follow(built, r, progress=progress)
+                return dataclasses.replace(probes.finish(built), round_trip=round_trip, result=result)
     result = rl_swap.follow(built, r, progress=progress)  # polls the status while the probes wait
-    for th in threads:
-        th.join(timeout=rl_deployment.swap_timeout + 60)
+    out = probes.finish(built)
     timeline.mark(rl_deployment.mark("served"), "served" if result.waited and result.waited.ok else "gave up")
-    out.probes = [p for p in sent if p is not None]
-    for i, p in enumerate(sent):
-        if p is not None:  # held midway: in the swap when its answer began before the swap went on
-            p.all_in_swap, p.any_in_swap = (began_at[i] <= out.in_swap_until,) * 2 if held else (all_in, any_in)
-    return out
+    return dataclasses.replace(out, round_trip=0.0 if probes.held else round_trip, result=result)
 
 
 def expect_loaded(result: SwapResult, *, own: bool = False) -> None:
@@ -541,14 +580,20 @@ def continued(rl_deployment: RLDeployment, ids: list[int], headers: dict[str, st
 def cached_and_a_visible_change(
     rl_deployment: RLDeployment, rl_swap: Swapper, ids: list[int], headers: dict[str, str], before: str
 ) -> tuple[Continuation, dict[str, Any]]:
-    """The continuation of `ids` served from the prompt cache (asked twice), and a change to the
-    served snapshot that moves it (through the KV); inconclusive when either is not to be had
-    (`before`: what the cache must have been filled before, for the message)."""
-    continued(rl_deployment, ids, headers)
-    old = continued(rl_deployment, ids, headers)
-    if old.cached == 0:
-        inconclusive(f"the prompt was not served from the prompt cache before {before} (see CACHE-HIT-1)")
+    """The continuation of `ids` served from the prompt cache (`cached_continued`), and a change
+    to the served snapshot that moves it (through the KV); inconclusive when there is none."""
+    old = cached_continued(rl_deployment, ids, headers, before)
     try:
         return old, rl_swap.factory.visible_change(rl_deployment.serving(), kv=True)
     except LookupError as e:
         inconclusive(f"no tensor to change visibly: {e}")
+
+
+def cached_continued(rl_deployment: RLDeployment, ids: list[int], headers: dict[str, str], before: str) -> Continuation:
+    """The continuation of `ids` served from the prompt cache (asked twice); inconclusive when it
+    was not (`before`: what the cache must have been filled before, for the message)."""
+    continued(rl_deployment, ids, headers)
+    old = continued(rl_deployment, ids, headers)
+    if old.cached == 0:
+        inconclusive(f"the prompt was not served from the prompt cache before {before} (see CACHE-HIT-1)")
+    return old

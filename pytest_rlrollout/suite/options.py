@@ -589,8 +589,10 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     # judged as recorded: with the precision the recording's deployment served in (float32: the reference's)
     served = meta.get("served_dtype") or ("float32" if meta.get("recorded_mode") == "local" else None)
     common["numerics"] = _numerics(config, common["base_snapshot"], served=served)
+    # the tests the recording ran, on the swaps it made: a core run's shared swaps are replayed shared
+    budget = Budget(profile=meta.get("profile") or "full")
     return RLConfig(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
-                     model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True,
+                     model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True, budget=budget,
                      engine=meta.get("engine", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
 
 
@@ -868,6 +870,7 @@ def meta_problems(meta: Any) -> list[str]:
         "transition": lambda v: v in (None, "ASYNC", "SYNC"),
         "recorded_mode": lambda v: v in (None, "local", "live"),
         "served_dtype": lambda v: v is None or v in TOLERANCES,
+        "profile": lambda v: v is None or v in PROFILES,
         "discovery": lambda v: v is None or _discovery_ok(v),
     }
     required = ("run_id", "deployment", "model")

@@ -21,6 +21,7 @@ import pytest
 from pytest_rlrollout.suite.evidence import observed
 from pytest_rlrollout.suite.options import options
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.shared import share_planned, shared_loads
 
 if TYPE_CHECKING:
     from pytest_rlrollout.runs.plan import Load, Planner, TestPlan
@@ -140,6 +141,8 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
     if not (planning or budget.limited or dep.mode == "live"):
         return
     loads = declared_loads(request, dep)
+    if loads is not None:  # the core profile's shared swaps: made once, by the first test of each share
+        loads = shared_loads(request.config, item, loads, sharing=budget.profile == "core", has=dep.capabilities.has)
     planner = request.getfixturevalue("_rl_planner")
     why = None
     if loads is None:
@@ -170,12 +173,14 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
             planner.back(before)  # the next test is planned without this one's loads
         else:
             b.planned.append(plan)
+            share_planned(request.config, item)
         pytest.skip("planned")
     observed(item).planned = plan.figures()
     if budget.limited:
         why = over_budget(budget, plan, planner.real.full_bytes, spent(request.config, dep).read())
         if why is not None:
             inconclusive(why)
+    share_planned(request.config, item)
 
 
 def unpriced(request: pytest.FixtureRequest, why: str) -> None:

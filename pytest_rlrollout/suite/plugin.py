@@ -29,11 +29,12 @@ pytest_plugins = [
     "pytest_rlrollout.suite.swaps",
     "pytest_rlrollout.suite.session",
     "pytest_rlrollout.suite.gate",
+    "pytest_rlrollout.suite.shared",
     "pytest_rlrollout.suite.planning",
 ]
 
 # fixtures whose users change what the deployment serves: their tests are rl_swaps tests
-STATEFUL = frozenset({"rl_swap"})
+STATEFUL = frozenset({"rl_swap", "rl_shared"})
 MARKERS = (
     "rl_clause(*ids): the contract clauses a test judges (IDs from `rlrollout clauses`)",
     "rl_swaps: the test changes the deployment's state (hot-loads, ledger resets); implied by the rl_swap fixture",
@@ -42,6 +43,8 @@ MARKERS = (
     "rl_soak: a verdict of the soak, run only with -o rl_soak=true (rlrollout soak)",
     "rl_loads(*loads): what a state-changing test loads (runs.plan.Load values, or a function of the deployment "
     "giving them): the run's plan and budget price it",
+    "rl_shares(share, *parts): the swap a test is judged on, which the core profile shares with every test "
+    "naming the same share (suite.shared)",
 )
 
 

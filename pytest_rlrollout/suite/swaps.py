@@ -44,11 +44,7 @@ class Swapper:
 
     def to(self, built: Built, **signal: Any) -> SwapResult:
         """Swap to a snapshot already built, and wait; inconclusive when the swap fails."""
-        result = self.signal(built, **signal)
-        if result.waited is None or not result.waited.ok:
-            why = result.response.text[:300] if result.waited is None else result.waited.error
-            inconclusive(f"the swap to {result.built.identity} did not complete ({why}); see HL-POST-1/HL-GET-2")
-        return result
+        return completed(self.signal(built, **signal))
 
     def build(self, label: str = "step", change: dict[str, Op] | None = None) -> Built:
         """The next snapshot, built and uploaded but not signalled."""
@@ -91,6 +87,15 @@ class Swapper:
         if not waited.ok:
             self.deployment.settle()
         return SwapResult(built, response, waited)
+
+
+def completed(result: SwapResult) -> SwapResult:
+    """The swap a test relies on, served everywhere; inconclusive when it was not: a precondition
+    of the test, not its clause."""
+    if result.waited is None or not result.waited.ok:
+        why = result.response.text[:300] if result.waited is None else result.waited.error
+        inconclusive(f"the swap to {result.built.identity} did not complete ({why}); see HL-POST-1/HL-GET-2")
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -452,8 +452,9 @@ def probes_during_swap(
         for _ in ticks(rl_deployment.swap_timeout, rl_deployment.timeouts.probe):
             asked = rl_deployment.mark("poll")
             replicas = rl_deployment.replicas()
-            progress(replicas)
+            # the poll's own round trip, taken before `progress` starts the probes' threads
             round_trip = min(round_trip, rl_deployment.mark("poll-answered") - asked)
+            progress(replicas)
             if probes.threads:
                 break
             if replicas and all(x.get("current_snapshot_identity") == built.identity for x in replicas):

@@ -226,13 +226,6 @@ class SnapshotFactory:
         routers = [by_layer[n] for n in sorted({min(by_layer), max(by_layer)})]
         return {n: ["scale", 1.0] if current.get(n) == ["negate"] else ["negate"] for n in routers}
 
-    def away_change(self) -> dict[str, Op]:
-        """Weights away from the base that every fingerprint sees (FID-SAME-1): where swaps are
-        diffs, an expert tensor of every MoE layer (a few kilobytes each) and the final norm; where
-        a swap is a whole snapshot, the first layer's input norm and its experts, one shard written
-        rather than every one (Qwen3-30B-A3B: 1.2 GB, not 61 GB). Relative to the base."""
-        return {**self.visible_change(None, kv=not self.incremental), **self._away_experts()}
-
     def _away_experts(self) -> dict[str, Op]:
         """Expert tensors scaled, of every MoE layer where swaps are diffs (a few kilobytes each),
         of the first where a swap is a whole snapshot (one shard written, not every one)."""
@@ -245,14 +238,12 @@ class SnapshotFactory:
         `moved`: the final norm toggled (greedy tokens stay) and, where swaps are diffs, experts."""
         if name is None:
             return None
-        if name == "back":  # every tensor `away_change` changes, at the base's value again
-            return {n: ["scale", 1.0] for n in self.away_change()}
         made = {"visible": lambda: self.visible_change(serving), "visible-kv": lambda: self.visible_change(serving, kv=True),
-                "routers": lambda: self.router_change(serving), "away": self.away_change, "none": dict,
+                "routers": lambda: self.router_change(serving), "none": dict,
                 "away-kv": lambda: {**self.visible_change(serving, kv=True), **self._away_experts()},
                 "moved": lambda: {**self.visible_change(serving), **(self._away_experts() if self.incremental else {})}}  # fmt: skip
         if name not in made:
-            raise ValueError(f"unknown change {name!r} (known: {', '.join([*made, 'back'])})")
+            raise ValueError(f"unknown change {name!r} (known: {', '.join(made)})")
         return made[name]()
 
     # ----------------------------------------------------------------------- config edits

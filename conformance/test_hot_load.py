@@ -14,7 +14,7 @@ from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, c
 from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.runs.plan import Load, refused, served, shared, unsignalled
 from pytest_rlrollout.runs.snapshots import PROBE_KEY
-from pytest_rlrollout.snapshot import broken, tiny_moe
+from pytest_rlrollout.snapshot import broken
 from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, swaps
 from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
@@ -249,8 +249,8 @@ def _variants():
 
 def violating(ctx):
     """HL-POST-5's loads: the broken variant, refused (the planner adds what signalling it needs,
-    as the test does); nothing where the deployment serves another model than the reference."""
-    return [Load("given", end="refused", variant=ctx.params["violated"])] if ctx.reference_model() else []
+    as the test does)."""
+    return [Load("given", end="refused", variant=ctx.params["violated"])]
 
 
 @breaks
@@ -258,13 +258,11 @@ def violating(ctx):
 @pytest.mark.parametrize("violated", _variants())
 @loads_from(violating)
 def test_violating_snapshot_is_never_served(
-    rl_deployment, rl_snapshot_factory, rl_swap, rl_reference_cases, violated, tmp_path, rl_observe
+    rl_deployment, rl_snapshot_factory, rl_swap, rl_base_cases, violated, tmp_path, rl_observe
 ):
-    if rl_deployment.base_config != json.loads((rl_reference_cases.base / "config.json").read_text()):
-        inconclusive("broken variants are built from the reference model; this deployment serves another model")
-    case = broken.broken_case(violated, rl_reference_cases, tmp_path)
+    case = broken.broken_case(violated, rl_base_cases, tmp_path)
     signal = dict(case.signal or {})
-    if broken.diffs_the_base(case, rl_reference_cases):
+    if broken.diffs_the_base(case, rl_base_cases):
         # the diff is against the base: rebase it on a served snapshot holding exactly the base
         if rl_snapshot_factory.record.overlays.get(rl_deployment.serving()) != {}:
             rl_swap.signal(rl_snapshot_factory.base_copy("base-again"))
@@ -272,7 +270,7 @@ def test_violating_snapshot_is_never_served(
         if rl_snapshot_factory.record.overlays.get(serving) != {}:
             inconclusive("could not serve a snapshot equal to the base to diff against")
         meta = signal["incremental_snapshot_metadata"]
-        if meta.get("previous_snapshot_identity") == tiny_moe.BASE_IDENTITY:
+        if meta.get("previous_snapshot_identity") == rl_base_cases.base.name:
             signal["incremental_snapshot_metadata"] = {**meta, "previous_snapshot_identity": serving}
     if case.ledger_reset:
         if not 200 <= rl_deployment.reset_ledger().status_code < 300:

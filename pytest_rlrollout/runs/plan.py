@@ -86,7 +86,6 @@ class Context:
 
     has: Callable[[str], bool]
     engine: str
-    reference_model: Callable[[], bool]  # whether the deployment serves the bundled reference model
     spans_only: bool = False  # its streams date tokens by spans only (said once, at the end)
     reset_policies: tuple[str, ...] = ("all", "new_session", "none")  # the reset_prompt_cache values it binds
     params: dict[str, Any] = field(default_factory=dict)

@@ -515,10 +515,19 @@ class SnapshotFactory:
         return done
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:
-        """Upload a ready-made directory (a broken variant) under a new identity."""
+        """Put a ready-made directory (a broken variant) in the bucket under a new identity. Its
+        files that are the base's own (hard links to them: a variant of `ReferenceCases.of`
+        links every file it leaves alone) are copied inside the bucket or linked, as a step's
+        are; only the rest is sent."""
         identity = self.new_identity(label)
         body = {**(signal or {}), "identity": identity}
-        return self._upload(local, identity, "given", body, None)
+        files = {f.relative_to(local).as_posix(): f for f in sorted(p for p in local.rglob("*") if p.is_file())}
+        same = {n: f for n, f in files.items() if (self.base / n).is_file() and os.path.samefile(f, self.base / n)}
+        own = {n: f for n, f in files.items() if n not in same}
+        done = self.bucket.put(identity, own, same=same, source=self.base.name if self.base_held else None)
+        self._remember(identity, None)
+        written = sum(f.stat().st_size for f in own.values())
+        return self._noted(Built(identity, "given", body, local, done.sent, None, done.copied, done.linked, written))
 
     # ----------------------------------------------------------------------- state shared with the deployment
 

@@ -26,14 +26,30 @@ from pytest_rlrollout.snapshot.layout import ADAPTER_CONFIG, CONFIG, INDEX, SPEC
 
 
 def _copy(case: Case, dst: Path) -> Case:
-    shutil.copytree(case.snapshot, dst, symlinks=True)
+    """The case under `dst`, its files hard-linked (a variant of a production-sized snapshot
+    writes only what it breaks): every edit below replaces a file, or owns it first."""
+    shutil.copytree(case.snapshot, dst, symlinks=True, copy_function=build.link_or_copy)
     return replace(case, snapshot=dst)
+
+
+def _own(path: Path) -> Path:
+    """`path` as a file of its own, for an edit in place (a link shares its bytes with the case's)."""
+    tmp = path.with_name(f"{path.name}.own")
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _edit_json(path: Path, edit: Callable[[Any], object]) -> None:
     doc = json.loads(path.read_text())
     edit(doc)  # edits in place; whatever it returns is ignored
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    _write_text(path, json.dumps(doc, indent=2) + "\n")
 
 
 def _file_of(snapshot: Path, tensor_part: str, *, many: bool = False) -> tuple[str, str]:
@@ -111,7 +127,7 @@ def _(case: Case, dst: Path) -> Case:
 def _(case: Case, dst: Path) -> Case:
     case = _copy(case, dst)
     _, file = _file_of(dst, "layers.1.")
-    path = dst / file
+    path = _own(dst / file)
     os.truncate(path, path.stat().st_size - 3)
     return case
 
@@ -119,7 +135,7 @@ def _(case: Case, dst: Path) -> Case:
 @breaker("SNAP-CONFIG-1", "full", "config.json is not valid JSON")
 def _(case: Case, dst: Path) -> Case:
     case = _copy(case, dst)
-    (dst / CONFIG).write_text('{"model_type": "qwen3_moe", ')
+    _write_text(dst / CONFIG, '{"model_type": "qwen3_moe", ')
     return case
 
 
@@ -261,7 +277,7 @@ def _(case: Case, dst: Path) -> Case:
     case = _copy(case, dst)
     tensor, file = _file_of(dst, "layers.1.self_attn.o_proj")
     info = st.read_header(dst / file).tensors[tensor]
-    with open(dst / file, "r+b") as f:
+    with open(_own(dst / file), "r+b") as f:
         at = info.start + info.nbytes // 2
         f.seek(at)
         byte = f.read(1)
@@ -286,7 +302,8 @@ def _(case: Case, dst: Path) -> Case:
 
 @breaker("SNAP-INC-6", "lora", "a LoRA adapter signalled with incremental metadata")
 def _(case: Case, dst: Path) -> Case:
-    return replace(_copy(case, dst), signal=build.incremental_signal(dst.name, tiny_moe.BASE_IDENTITY))
+    previous = case.base.name if case.base is not None else tiny_moe.BASE_IDENTITY
+    return replace(_copy(case, dst), signal=build.incremental_signal(dst.name, previous))
 
 
 @breaker("SNAP-INC-7", "incremental", "an incremental signal right after a ledger reset")

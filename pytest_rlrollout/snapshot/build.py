@@ -4,12 +4,13 @@ one layer per shard (under a size cap), an index, a spec, config and tokenizer f
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +58,23 @@ def plan_shards(entries: list[st.Entry], max_bytes: int = MAX_SHARD_BYTES) -> li
 
 
 def write_layout(
-    dst: Path, entries: list[st.Entry], *, max_bytes: int = MAX_SHARD_BYTES, metadata: Mapping[str, str] | None = None
+    dst: Path,
+    entries: list[st.Entry],
+    *,
+    max_bytes: int = MAX_SHARD_BYTES,
+    metadata: Mapping[str, str] | None = None,
+    fill: Callable[[st.Entry], st.Entry] | None = None,
 ) -> None:
-    """Write shards, index and spec for `entries` into `dst`."""
+    """Write shards, index and spec for `entries` into `dst`. With `fill`, an entry is made
+    whole (its data computed) just before its shard is written: one shard's data in memory."""
     shards = plan_shards(entries, max_bytes)
     weight_map: dict[str, str] = {}
     tensor_map: dict[str, dict[str, Any]] = {}
     total = 0
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        st.write_file(dst / name, shard, metadata if metadata is not None else {"format": "pt"})
+        st.write_file(dst / name, shard if fill is None else [fill(e) for e in shard],
+                      metadata if metadata is not None else {"format": "pt"})  # fmt: skip
         for e in shard:
             weight_map[e.name] = name
             tensor_map[e.name] = {"shape": list(e.shape), "dtype": e.dtype}
@@ -212,12 +220,13 @@ def export_checkpoint(
 
 def read_snapshot(src: str | os.PathLike[str]) -> dict[str, st.Tensor]:
     """All tensors of a snapshot (or checkpoint) directory, loaded into memory."""
-    out = {}
-    for e in checkpoint_entries(src):
-        assert isinstance(e.source, st.FileRange)
-        info = st.TensorInfo(e.dtype, e.shape, e.source.start, e.source.end)
-        out[e.name] = st.read_tensor(info, e.source.path)
-    return out
+    return {e.name: read_entry(e) for e in checkpoint_entries(src)}
+
+
+def read_entry(e: st.Entry) -> st.Tensor:
+    """The tensor a `checkpoint_entries` entry's file range holds, loaded into memory."""
+    assert isinstance(e.source, st.FileRange)
+    return st.read_tensor(st.TensorInfo(e.dtype, e.shape, e.source.start, e.source.end), e.source.path)
 
 
 # --------------------------------------------------------------------------- derived snapshots
@@ -229,9 +238,12 @@ def derive(
     change: Mapping[str, st.Tensor],
     *,
     config: Mapping[str, Any] | None = None,
+    link: bool = False,
 ) -> Path:
     """A full snapshot equal to `src` except for the tensors in `change` (same layout, same file
-    names), so it can serve as the target of an incremental diff."""
+    names), so it can serve as the target of an incremental diff. With `link`, a shard holding
+    none of `change` is a hard link to `src`'s (a copy where the filesystem cannot link): write
+    nothing to such a shard in place."""
     src, dst = Path(src), Path(dst)
     _empty_destination(dst)
     files = weight_map(src)
@@ -241,8 +253,11 @@ def derive(
     unknown = set(change) - set(files)
     if unknown:
         raise SnapshotError(f"cannot change tensors the snapshot does not have: {sorted(unknown)[:5]}")
-    for file in by_file:
-        derive_file(src / file, dst / file, change)
+    for file, names in by_file.items():
+        if link and not change.keys() & set(names):
+            link_or_copy(src / file, dst / file)
+        else:
+            derive_file(src / file, dst / file, change)
     for name in (INDEX, SPEC):  # a checkpoint as `save_pretrained` writes it may have neither
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
@@ -250,6 +265,14 @@ def derive(
     if config is not None:
         _write_json(dst / CONFIG, dict(config))
     return dst
+
+
+def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """`dst` as a hard link to `src`, or a copy of it across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def derive_file(src: Path, dst: Path, change: Mapping[str, st.Tensor]) -> int:
@@ -285,9 +308,10 @@ def perturbed(
     plus Gaussian noise of relative size `scale`."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, t in read_snapshot(src).items():
-        if t.dtype not in ("BF16", "F32", "F16") or (only is not None and only not in name):
+    for e in checkpoint_entries(src):  # only the tensors changed are read
+        if e.dtype not in ("BF16", "F32", "F16") or (only is not None and only not in e.name):
             continue
+        name, t = e.name, read_entry(e)
         x = t.float32()
         x = x + rng.standard_normal(x.shape, dtype=np.float32) * (scale * float(np.abs(x).mean() or 1.0))
         out[name] = st.Tensor.bf16(x) if t.dtype == "BF16" else st.Tensor(t.dtype, t.shape, x.astype(t.data.dtype))
@@ -457,23 +481,38 @@ QUANTIZATION_CONFIG = {
 
 def quantize_fp8(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
     """Pre-quantize routed expert weights to FP8 E4M3 with 128x128 block scales, in the
-    `mxfp8_bw128` layout fireworks-prequant writes (`<name>_scale_inv` = dequant multiplier)."""
+    `mxfp8_bw128` layout fireworks-prequant writes (`<name>_scale_inv` = dequant multiplier).
+    Only one output shard's tensors are in memory at a time."""
     from pytest_rlrollout.snapshot import fp8
 
     src, dst = Path(src), Path(dst)
-    tensors = read_snapshot(src)
-    out: dict[str, st.Tensor] = {}
-    for name, t in tensors.items():
-        if ".mlp.experts." in name and name.endswith(EXPERT_WEIGHT) and len(t.shape) == 2:
-            codes, scale = fp8.quantize_blockwise(t.float32(), (128, 128))
-            out[name] = st.Tensor("F8_E4M3", t.shape, codes)
-            out[f"{name}_scale_inv"] = st.Tensor.of(scale)
+    sources = {e.name: e for e in checkpoint_entries(src)}
+    planned: list[st.Entry] = []
+    of: dict[str, str] = {}  # an FP8 weight or its scale -> the base's weight it quantizes
+    for e in sources.values():
+        if ".mlp.experts." in e.name and e.name.endswith(EXPERT_WEIGHT) and len(e.shape) == 2:
+            scale = (-(-e.shape[0] // 128), -(-e.shape[1] // 128))
+            planned += [st.Entry(e.name, "F8_E4M3", e.shape, e.source),
+                        st.Entry(f"{e.name}_scale_inv", "F32", scale, e.source)]  # fmt: skip
+            of[e.name] = of[f"{e.name}_scale_inv"] = e.name
         else:
-            out[name] = t
+            planned.append(e)
+
+    @functools.lru_cache(maxsize=1)  # a weight's codes and its scale are written one after the other
+    def quantized(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return fp8.quantize_blockwise(read_entry(sources[name]).float32(), (128, 128))
+
+    def fill(e: st.Entry) -> st.Entry:
+        if e.name not in of:
+            return e
+        codes, scale = quantized(of[e.name])
+        return st.Entry(e.name, e.dtype, e.shape, st.Tensor("F8_E4M3", e.shape, codes) if e.name == of[e.name]
+                        else st.Tensor.of(scale))  # fmt: skip
+
     cfg = json.loads((src / CONFIG).read_text())
     cfg["quantization_config"] = dict(QUANTIZATION_CONFIG)
     _empty_destination(dst)
-    write_layout(dst, st.entries_of(out))
+    write_layout(dst, planned, fill=fill)
     carry_files(src, dst)
     _write_json(dst / CONFIG, cfg)
     return dst

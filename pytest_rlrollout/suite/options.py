@@ -103,6 +103,21 @@ class Budget:
     def limited(self) -> bool:
         return any(v is not None for v in (self.swaps, self.upload_bytes, self.full_uploads))
 
+    # What the profiles mean, said once: core runs only the tests of MUST clauses the engine binds,
+    # on swaps shared by every test that can be judged on one (suite/shared.py).
+    @property
+    def musts_only(self) -> bool:
+        return self.profile == "core"
+
+    @property
+    def shares_swaps(self) -> bool:
+        return self.profile == "core"
+
+    @property
+    def musts_first(self) -> bool:
+        """Whether the run spends what it may do on MUST clauses first (a budget, or core)."""
+        return self.limited or self.musts_only
+
     def describe(self) -> str:
         limits = [f"{k} = {v}" for k, v in (("rl_max_swaps", self.swaps), ("rl_max_upload_bytes", self.upload_bytes),
                                              ("rl_max_full_uploads", self.full_uploads)) if v is not None]  # fmt: skip

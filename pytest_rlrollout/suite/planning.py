@@ -53,12 +53,8 @@ def declared_loads(request: pytest.FixtureRequest, dep: RLDeployment) -> list[Lo
     """The test's loads as its `rl_loads` marks declare them on this deployment."""
     from pytest_rlrollout.runs.plan import Context, declared
 
-    def reference_model() -> bool:
-        cases = request.getfixturevalue("rl_reference_cases")
-        return dep.base_config == json.loads((cases.base / "config.json").read_text())
-
     callspec = getattr(request.node, "callspec", None)
-    context = Context(has=dep.capabilities.has, engine=str(dep.engine), reference_model=reference_model,
+    context = Context(has=dep.capabilities.has, engine=str(dep.engine),
                       spans_only=dep.driver.reading.spans_only, reset_policies=dep.driver.reset_policies,
                       params=dict(callspec.params) if callspec is not None else {})  # fmt: skip
     return declared(list(request.node.iter_markers("rl_loads")), context)
@@ -122,7 +118,7 @@ def _rl_planner(
         return
     from pytest_rlrollout.runs.plan import Planner
 
-    planner = Planner(_rl_snapshots, None, reference_cases=lambda: request.getfixturevalue("rl_reference_cases"))
+    planner = Planner(_rl_snapshots, None, reference_cases=lambda: request.getfixturevalue("rl_base_cases"))
     book(request.config).full_bytes, book(request.config).model = _rl_snapshots.full_bytes, _rl_snapshots.model
     yield planner
     planner.close()
@@ -134,7 +130,7 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
     item, budget = request.node, dep.options.budget
     if budget.profile == "read-only":
         _leave_out(request, "left out by the profile read-only (rl_profile): it changes what the deployment serves")
-    if budget.profile == "core" and not must_clauses_bound(item, dep):
+    if budget.musts_only and not must_clauses_bound(item, dep):
         _leave_out(request, f"left out by the profile core (rl_profile): it judges no MUST clause that {dep.engine} "
                             "binds")  # fmt: skip
     planning = budget.plan is not None
@@ -142,7 +138,7 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
         return
     loads = declared_loads(request, dep)
     if loads is not None:  # the core profile's shared swaps: made once, by the first test of each share
-        loads = shared_loads(request.config, item, loads, sharing=budget.profile == "core", has=dep.capabilities.has)
+        loads = shared_loads(request.config, item, loads, sharing=budget.shares_swaps, has=dep.capabilities.has)
     planner = request.getfixturevalue("_rl_planner")
     why = None
     if loads is None:

@@ -150,7 +150,7 @@ def _plan_order(config: pytest.Config, items: list[pytest.Item], cat: Any) -> No
         if read_only:
             config.hook.pytest_deselected(items=read_only)
             items[:] = [i for i in items if i.get_closest_marker("rl_swaps") is not None]
-    if budget.limited or budget.profile == "core":
+    if budget.musts_first:
 
         def must(item: pytest.Item) -> bool:
             return any(cat[c].level == "MUST" for m in item.iter_markers("rl_clause") for c in m.args)

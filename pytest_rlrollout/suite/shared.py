@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_rlrollout.runs.plan import End, Load, served
 from pytest_rlrollout.suite.evidence import observed
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.runs.plan import Load
     from pytest_rlrollout.suite.deployment import RLDeployment
     from pytest_rlrollout.suite.evidence import Observed, Timeline
     from pytest_rlrollout.suite.swaps import Swapper, SwapResult
@@ -53,10 +53,8 @@ class Share:
     def name(self) -> str:
         return f"shared-{self.reset_prompt_cache or 'default'}" + ("-copy" if self.how == "copy" else "")
 
-    def loads(self, has: Callable[[str], bool], end: str = "served") -> list[Load]:
+    def loads(self, has: Callable[[str], bool], end: End = "served") -> list[Load]:
         """What its swap loads, for the plan: a copy follows a ledger reset where there is a ledger."""
-        from pytest_rlrollout.runs.plan import Load, served
-
         if self.how != "copy":
             return [dataclasses.replace(served(change=self.change), end=end)]
         return ([Load("reset")] if has("ledger") else []) + [dataclasses.replace(served("copy"), end=end)]
@@ -199,7 +197,7 @@ class SharedSwaps:
 
     @property
     def sharing(self) -> bool:
-        return self.deployment.options.budget.profile == "core"
+        return self.deployment.options.budget.shares_swaps
 
     def __call__(self, share: Share, name: str) -> Any:
         """What part `name` saw around `share`'s swap (see `parts`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
     from pytest_rlrollout.remote.client import Waited
     from pytest_rlrollout.runs.snapshots import Built, Op, SnapshotFactory
+    from pytest_rlrollout.snapshot.cases import ReferenceCases
     from pytest_rlrollout.suite.evidence import Observed
 
 
@@ -129,6 +131,27 @@ def _rl_snapshots(
     removed, kept = made.cleanup(keep=served)
     if rl_deployment.mode == "live":
         run_state(config).cleaned(Cleanup(removed, kept))
+
+
+@pytest.fixture(scope="session")
+def rl_base_cases(
+    request: pytest.FixtureRequest,
+    rl_deployment: RLDeployment,
+    _rl_snapshots: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ReferenceCases | None:
+    """Valid snapshots of every kind of the model the deployment serves, which HL-POST-5's broken
+    variants start from: the reference model's where it serves that model, else built from the
+    run's base (`ReferenceCases.of`: what each writes follows what it changes); None without a
+    snapshot factory."""
+    if _rl_snapshots is None:
+        return None
+    reference = request.getfixturevalue("rl_reference_cases")
+    if rl_deployment.base_config == json.loads((reference.base / "config.json").read_text()):
+        return reference
+    from pytest_rlrollout.snapshot.cases import ReferenceCases
+
+    return ReferenceCases.of(tmp_path_factory.mktemp("rl-base-cases"), _rl_snapshots.base, rl_deployment.target.model)
 
 
 def served_by(replica: dict[str, Any]) -> set[str]:

@@ -259,3 +259,22 @@ def test_r3_and_numerics_on_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, ser
     uploads = [u for t in doc["clauses"]["R3-CHANGE-1"]["tests"] for u in t["uploads"]]
     full = sum(f.stat().st_size for f in (tmp_path / "bucket" / tiny_moe.BASE_IDENTITY).glob("*.safetensors"))
     assert uploads and all(u["kind"] == "incremental" and u["written"] < 0.05 * full for u in uploads), (full, uploads)
+
+
+def test_broken_variants_of_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, serve):
+    """HL-POST-5 on a model that is not the bundled reference: its broken variants are built from
+    the run's own base (a full step, an ARC2 diff, a LoRA adapter and an FP8 checkpoint of the
+    Qwen3-30B-A3B layout, one variant of each), judged, and refused; a variant writes the shard
+    it breaks and links the rest."""
+    command = serve("--bucket", tmp_path / "bucket", "--layout", "qwen3-30b-a3b").named("conformance")
+    variants = ("SNAP-SAFETENSORS-1", "SNAP-INC-3", "SNAP-LORA-3", "SNAP-QUANT-1")
+    result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_hot_load.py"), "-p", "no:randomly",
+                                          "-k", f"test_violating_snapshot_is_never_served and ({' or '.join(variants)})",
+                                          *command.removeprefix("rlrollout conformance ").split(), "--rl-report=r.json")  # fmt: skip
+    assert result.ret == 0, "\n".join(result.outlines[-30:])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    tests = {t["test"].rsplit("[", 1)[-1].rstrip("]"): t for t in doc["clauses"]["HL-POST-5"]["tests"]}
+    assert {v: tests[v]["outcome"] for v in variants} == dict.fromkeys(variants, "pass"), tests
+    full = sum(f.stat().st_size for f in (tmp_path / "bucket" / tiny_moe.BASE_IDENTITY).glob("*.safetensors"))
+    cut = [u for u in tests["SNAP-SAFETENSORS-1"]["uploads"] if u["kind"] == "given"]
+    assert cut and all(u["written"] < 0.1 * full and u["linked"] + u["copied"] > 0.8 * full for u in cut), (full, cut)

@@ -275,11 +275,15 @@ def across_swap(
     held = rl_deployment.driver.holds_streams
     relay = Relay(rl_deployment, body, headers, drawn, hold=rl_deployment.swap_timeout if held else None)
     probing = Probes(rl_deployment, timeline, built.identity, probes) if probes else None
+    # Open from the signal on: a deployment may take seconds to answer the signal (it checks the
+    # snapshot first) and start swapping meanwhile, and a stream that reached its relay point
+    # then must already hand over to the next one.
+    relay.open = not held and rl_deployment.capabilities.transition == "ASYNC"
     relay.start()
     t_signal = rl_deployment.mark("signal")
     response = rl_swap.post(built, midway=probing.midway if probing else None, **signal)
     t_posted = rl_deployment.mark("posted")
-    relay.open = response.status_code == 200 and not held and rl_deployment.capabilities.transition == "ASYNC"
+    relay.open = relay.open and response.status_code == 200
     # (when each poll's answer was seen, whether it showed no replica serving the new snapshot)
     polls: list[tuple[float, bool]] = []
 

@@ -278,3 +278,23 @@ def test_broken_variants_of_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, ser
     full = sum(f.stat().st_size for f in (tmp_path / "bucket" / tiny_moe.BASE_IDENTITY).glob("*.safetensors"))
     cut = [u for u in tests["SNAP-SAFETENSORS-1"]["uploads"] if u["kind"] == "given"]
     assert cut and all(u["written"] < 0.1 * full and u["linked"] + u["copied"] > 0.8 * full for u in cut), (full, cut)
+
+
+def test_runs_that_reset_no_ledger_leave_the_start_served(pytester, tmp_path, serve):
+    """Runs of one swap test, no ledger reset among them: the start identity is in the ledger
+    once the first run's restore signalled it again, and the ledger takes no identity twice. Each
+    later run resets the ledger before it signals the start again, and says so; every run ends
+    serving the base, scoring as at the start."""
+    command = serve("--bucket", tmp_path / "bucket").named("conformance").removeprefix("rlrollout conformance ")
+    said = []
+    for run in ("first", "second", "third"):
+        result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_swap.py"), "-p", "no:randomly",
+                                              "-k", "test_async_stream_survives_the_swap", *command.split(),
+                                              *FAST_POLLS, f"--rl-report={run}.json")  # fmt: skip
+        assert result.ret == 0, "\n".join(result.outlines[-30:])
+        provenance = json.loads((pytester.path / f"{run}.json").read_text())["provenance"]
+        assert provenance["served_at_start"] == provenance["served_at_end"] == [tiny_moe.BASE_IDENTITY], provenance
+        assert "the weights score as at the start" in provenance["restored"], provenance["restored"]
+        said.append(provenance["restored"])
+    assert said[0].startswith(f"signalled {tiny_moe.BASE_IDENTITY} again"), said[0]
+    assert all(s.startswith(f"the ledger reset first (it listed {tiny_moe.BASE_IDENTITY})") for s in said[1:]), said

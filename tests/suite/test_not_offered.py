@@ -1,0 +1,107 @@
+""" "Not offered" is never "wrong": an OpenAI-compatible server that ignores an option the suite
+asks for is `unsupported` for it, naming the option, and judged on what it does offer."""
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+MODEL = "plain-model"
+
+
+@contextmanager
+def plain_server(stream_usage: str) -> Iterator[str]:
+    """A small OpenAI-compatible completions server. `stream_usage`: "none" (a stream carries no
+    usage, whatever the request asks; its non-streamed answers do), or "off-by-one" (the
+    stream's usage counts one token more than it sent)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _json(self, status: int, doc: dict) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                return self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.path != "/v1/completions":
+                return self._json(404, {"error": {"message": f"no route {self.path}"}})
+            try:
+                req = json.loads(raw)
+                n = int(req.get("max_tokens") or 16)
+                prompt = len(str(req["prompt"]).split())
+            except (ValueError, KeyError, TypeError) as e:
+                return self._json(400, {"error": {"message": f"bad request: {e}"}})
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+            if not req.get("stream"):
+                return self._json(200, {"id": "c", "object": "text_completion", "model": MODEL, "usage": usage,
+                                        "choices": [{"index": 0, "text": "a " * n, "finish_reason": "length"}]})  # fmt: skip
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for i in range(n):
+                choice = {"index": 0, "text": "a ", "finish_reason": "length" if i == n - 1 else None}
+                self.wfile.write(
+                    f"data: {json.dumps({'id': 'c', 'object': 'text_completion', 'choices': [choice]})}\n\n".encode()
+                )
+            if stream_usage == "off-by-one":
+                wrong = {**usage, "completion_tokens": n + 1, "total_tokens": prompt + n + 1}
+                self.wfile.write(f"data: {json.dumps({'id': 'c', 'choices': [], 'usage': wrong})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def usage_run(pytester, url: str) -> dict:
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE / "test_inference.py"), "-p", "no:randomly", "-k", "test_usage_matches_the_tokens",
+        f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-engine=auto", "--rl-report=r.json",
+    )  # fmt: skip
+    assert result.ret in (0, 1), "\n".join(result.outlines[-30:])
+    return json.loads((pytester.path / "r.json").read_text())
+
+
+def test_a_stream_without_usage_is_unsupported_and_the_clause_judged_on_the_rest(pytester):
+    """A server that streams no usage though asked (`stream_options.include_usage`) while its
+    non-streamed answers carry it: INF-USAGE-1 passes on what it offers, and the streamed test
+    is `unsupported`, naming the option."""
+    with plain_server("none") as url:
+        doc = usage_run(pytester, url)
+    clause = doc["clauses"]["INF-USAGE-1"]
+    tests = {t["test"].rsplit("[", 1)[-1].rstrip("]"): t for t in clause["tests"]}
+    assert clause["outcome"] == "pass", clause
+    assert tests["non-streamed"]["outcome"] == "pass", tests
+    assert tests["streamed"]["outcome"] == "unsupported", tests
+    assert "stream_options.include_usage" in tests["streamed"]["reason"], tests["streamed"]
+
+
+def test_a_stream_whose_usage_is_wrong_still_fails(pytester):
+    """What the server does offer is judged: a streamed usage that miscounts is the clause's fail."""
+    with plain_server("off-by-one") as url:
+        doc = usage_run(pytester, url)
+    clause = doc["clauses"]["INF-USAGE-1"]
+    assert clause["outcome"] == "fail", clause
+    failed = [t for t in clause["tests"] if t["outcome"] == "fail"]
+    assert [t["test"].rsplit("[", 1)[-1].rstrip("]") for t in failed] == ["streamed"], clause["tests"]
+    assert "completion_tokens" in failed[0]["reason"], failed[0]

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_rlrollout.runs.plan import shared
 from pytest_rlrollout.suite.marks import clause, loads_from, requires
-from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.outcomes import inconclusive, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 from pytest_rlrollout.suite.shared import part, share_for, shares
 from pytest_rlrollout.suite.swaps import completed
@@ -23,27 +23,50 @@ def cached(stream) -> int:
     return stream.cached or 0
 
 
-@clause("CACHE-RPT-1")
-@requires("cached_tokens")
-def test_cached_tokens_reported_consistently(rl_deployment, rl_observe):
-    prompt = rl_deployment.prompt("cache-rpt", LONG)
-    h = rl_deployment.session("cache-rpt")
-    perf = {"perf_metrics_in_response": True} if rl_deployment.capabilities.has("perf_metrics") else {}
-    answers = [ask(rl_deployment, prompt.body, h, **perf), ask(rl_deployment, prompt.body, h, **perf),
-               ask(rl_deployment, prompt.body, h, stream=True, stream_options={"include_usage": True}, **perf)]  # fmt: skip
-    for i, s in enumerate(answers):
-        channels = {k: v for k, v in s.cached_tokens().items() if v is not None}
-        assert channels, f"answer {i} reports no cached tokens on any channel"
-        assert len(set(channels.values())) == 1, f"answer {i}: the channels disagree: {channels}"
-        n = next(iter(channels.values()))
+def reported(s, what: str) -> tuple[int, str]:
+    """The cached tokens an answer reports, every channel that says agreeing; and the channels."""
+    channels = {k: v for k, v in s.cached_tokens().items() if v is not None}
+    assert channels, f"{what} reports no cached tokens on any channel"
+    assert len(set(channels.values())) == 1, f"{what}: the channels disagree: {channels}"
+    return next(iter(channels.values())), ", ".join(channels)
+
+
+def judged_report(s, what: str, prompt, rl_observe, prompt_tokens: int | None = None) -> int:
+    """CACHE-RPT-1 on one answer: the cached count within usage.prompt_tokens, which counts every
+    token sent (`prompt_tokens`: the count a stream without usage is held to)."""
+    n, on = reported(s, what)
+    if s.usage is not None or prompt_tokens is None:
         prompt_tokens = (s.usage or {}).get("prompt_tokens")
-        assert isinstance(prompt_tokens, int), f"answer {i}: usage.prompt_tokens is {prompt_tokens!r}"
-        assert 0 <= n <= prompt_tokens, f"answer {i}: {n} cached of {prompt_tokens} prompt tokens"
+        assert isinstance(prompt_tokens, int), f"{what}: usage.prompt_tokens is {prompt_tokens!r}"
         if prompt.ids is not None:
             assert prompt_tokens == len(prompt.ids), (
-                f"answer {i}: prompt_tokens {prompt_tokens} leaves out cached tokens ({len(prompt.ids)} were sent)"
+                f"{what}: prompt_tokens {prompt_tokens} leaves out cached tokens ({len(prompt.ids)} were sent)"
             )
-        rl_observe(1, f"answer reporting {n} cached of {prompt_tokens} on {', '.join(channels)}")
+    assert 0 <= n <= prompt_tokens, f"{what}: {n} cached of {prompt_tokens} prompt tokens"
+    rl_observe(1, f"{what} reporting {n} cached of {prompt_tokens} on {on}")
+    return prompt_tokens
+
+
+@clause("CACHE-RPT-1")
+@requires("cached_tokens")
+@pytest.mark.parametrize("how", ["non-streamed", "streamed"])
+def test_cached_tokens_reported_consistently(rl_deployment, rl_observe, how):
+    """Cached tokens reported alike on every channel and within the prompt's count. A stream's
+    usage is an option (`stream_options.include_usage`): a stream that carries none when asked,
+    and no other channel either, does not offer the count (`unsupported`); a stream that carries
+    usage without the count fails."""
+    prompt = rl_deployment.prompt(f"cache-rpt-{how}", LONG)
+    h = rl_deployment.session(f"cache-rpt-{how}")
+    perf = {"perf_metrics_in_response": True} if rl_deployment.capabilities.has("perf_metrics") else {}
+    counted = judged_report(ask(rl_deployment, prompt.body, h, **perf), "answer 0", prompt, rl_observe)
+    if how == "non-streamed":
+        judged_report(ask(rl_deployment, prompt.body, h, **perf), "answer 1", prompt, rl_observe)
+        return
+    s = ask(rl_deployment, prompt.body, h, stream=True, stream_options={"include_usage": True}, **perf)
+    if s.usage is None and not any(v is not None for v in s.cached_tokens().values()):
+        unsupported("stream_options.include_usage: asked for, and the stream carried no usage and no other "
+                    "channel: no cached-token count on streams (non-streamed answers: the non-streamed test)")  # fmt: skip
+    judged_report(s, "the streamed answer", prompt, rl_observe, prompt_tokens=counted)
 
 
 def same_replica(first, second) -> None:

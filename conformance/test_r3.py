@@ -65,10 +65,17 @@ def routed(rl_deployment, prompt, *, chat=False, headers=None, **body):
 
 
 def completion_tokens(stream) -> int:
-    """What the completion made: an end-of-sequence may stop it before max_tokens."""
+    """What the completion made: an end-of-sequence may stop it before max_tokens. A stream's
+    usage is an option (stream_options.include_usage); without it, a stream that ran to
+    max_tokens made that many, and one that stopped sooner cannot be counted."""
     usage = stream.usage if isinstance(stream.usage, dict) else {}
     made = usage.get("completion_tokens")
-    return made if isinstance(made, int) else TOKENS
+    if isinstance(made, int):
+        return made
+    if stream.finish_reason != "length":
+        inconclusive(f"the stream carried no usage (stream_options.include_usage) and ended {stream.finish_reason!r} "
+                     "before max_tokens: its completion tokens cannot be counted")  # fmt: skip
+    return TOKENS
 
 
 def present(entries):
@@ -148,7 +155,7 @@ def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
     prompt = rl_deployment.prompt("r3-echo")
-    stream = routed(rl_deployment, prompt, stream=True, echo=True)
+    stream = routed(rl_deployment, prompt, stream=True, echo=True, stream_options={"include_usage": True})
     entries = stream.entries
     made = completion_tokens(stream)
     assert len(entries) == len(prompt.ids) + made, (
@@ -164,7 +171,7 @@ def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_observe):
     prompt = rl_deployment.prompt("r3-echolast")
-    stream = routed(rl_deployment, prompt, stream=True, echo_last=5)
+    stream = routed(rl_deployment, prompt, stream=True, echo_last=5, stream_options={"include_usage": True})
     entries = stream.entries
     made = completion_tokens(stream)
     assert len(entries) == 5 + made, f"{len(entries)} entries for echo_last=5 and {made} completion tokens"

@@ -237,9 +237,10 @@ class Relay:
 
 
 def crossing_body(rl_deployment: RLDeployment, name: str) -> dict[str, Any]:
-    """The request a stream across a swap sends: a greedy stream of `long_stream_tokens`."""
+    """The request a stream across a swap sends: a greedy stream of `long_stream_tokens`, with its
+    usage (which counts what was generated: a stream restarted by the swap shows)."""
     return {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "temperature": 0, "logprobs": True, "ignore_eos": True}  # fmt: skip
+            "temperature": 0, "logprobs": True, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
 
 
 @observed

@@ -2,10 +2,13 @@
 asks for is `unsupported` for it, naming the option, and judged on what it does offer."""
 
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -45,7 +48,8 @@ def plain_server(stream_usage: str) -> Iterator[str]:
                 prompt = len(str(req["prompt"]).split())
             except (ValueError, KeyError, TypeError) as e:
                 return self._json(400, {"error": {"message": f"bad request: {e}"}})
-            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                     "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
             if not req.get("stream"):
                 return self._json(200, {"id": "c", "object": "text_completion", "model": MODEL, "usage": usage,
                                         "choices": [{"index": 0, "text": "a " * n, "finish_reason": "length"}]})  # fmt: skip
@@ -74,8 +78,10 @@ def plain_server(stream_usage: str) -> Iterator[str]:
 
 
 def usage_run(pytester, url: str) -> dict:
+    """INF-USAGE-1 and CACHE-RPT-1, the clauses that read a stream's usage, against `url`."""
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE / "test_inference.py"), "-p", "no:randomly", "-k", "test_usage_matches_the_tokens",
+        str(CONFORMANCE / "test_inference.py"), str(CONFORMANCE / "test_cache.py"), "-p", "no:randomly",
+        "-k", "test_usage_matches_the_tokens or test_cached_tokens_reported_consistently",
         f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-engine=auto", "--rl-report=r.json",
     )  # fmt: skip
     assert result.ret in (0, 1), "\n".join(result.outlines[-30:])
@@ -84,16 +90,17 @@ def usage_run(pytester, url: str) -> dict:
 
 def test_a_stream_without_usage_is_unsupported_and_the_clause_judged_on_the_rest(pytester):
     """A server that streams no usage though asked (`stream_options.include_usage`) while its
-    non-streamed answers carry it: INF-USAGE-1 passes on what it offers, and the streamed test
-    is `unsupported`, naming the option."""
+    non-streamed answers carry it (cached tokens included): INF-USAGE-1 and CACHE-RPT-1 pass on
+    what it offers, and each one's streamed test is `unsupported`, naming the option."""
     with plain_server("none") as url:
         doc = usage_run(pytester, url)
-    clause = doc["clauses"]["INF-USAGE-1"]
-    tests = {t["test"].rsplit("[", 1)[-1].rstrip("]"): t for t in clause["tests"]}
-    assert clause["outcome"] == "pass", clause
-    assert tests["non-streamed"]["outcome"] == "pass", tests
-    assert tests["streamed"]["outcome"] == "unsupported", tests
-    assert "stream_options.include_usage" in tests["streamed"]["reason"], tests["streamed"]
+    for cid in ("INF-USAGE-1", "CACHE-RPT-1"):
+        clause = doc["clauses"][cid]
+        tests = {t["test"].rsplit("[", 1)[-1].rstrip("]"): t for t in clause["tests"]}
+        assert clause["outcome"] == "pass", (cid, clause)
+        assert tests["non-streamed"]["outcome"] == "pass", (cid, tests)
+        assert tests["streamed"]["outcome"] == "unsupported", (cid, tests)
+        assert "stream_options.include_usage" in tests["streamed"]["reason"], (cid, tests["streamed"])
 
 
 def test_a_stream_whose_usage_is_wrong_still_fails(pytester):
@@ -105,3 +112,46 @@ def test_a_stream_whose_usage_is_wrong_still_fails(pytester):
     failed = [t for t in clause["tests"] if t["outcome"] == "fail"]
     assert [t["test"].rsplit("[", 1)[-1].rstrip("]") for t in failed] == ["streamed"], clause["tests"]
     assert "completion_tokens" in failed[0]["reason"], failed[0]
+
+
+def _swap_module():
+    import importlib.util
+
+    name = "_not_offered_test_swap"
+    spec = importlib.util.spec_from_file_location(name, CONFORMANCE / "test_swap.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # (a dataclass looks itself up)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+class _Stream:
+    status, done, body = 200, True, b""
+
+    def __init__(self, finish: str, usage: dict | None) -> None:
+        self.finish_reason, self.usage = finish, usage
+
+
+class _Crossing:
+    error = None
+
+    def __init__(self, tokens: int, finish: str, usage: dict | None) -> None:
+        self.entries, self.stream = [{}] * tokens, _Stream(finish, usage)
+
+
+def test_a_stream_across_a_swap_without_usage_is_counted_by_max_tokens():
+    """SWAP-ASYNC-1/SYNC-1/KV-1 count a restart by usage; a stream without it (the option not
+    offered) is counted by max_tokens (asked with ignore_eos): exactly as many passes, more fails,
+    and one that stopped early cannot be counted (inconclusive), never a fail."""
+    judge = _swap_module().judge_completion
+    seen = []
+    judge(_Crossing(8, "length", None), lambda n, what: seen.append(n), asked=8)
+    assert seen == [8]
+    with pytest.raises(AssertionError, match="no usage"):
+        judge(_Crossing(12, "length", None), lambda *_: None, asked=8)
+    with pytest.raises(pytest.skip.Exception, match=r"^inconclusive: .*stream_options\.include_usage"):
+        judge(_Crossing(5, "stop", None), lambda *_: None, asked=8)
+    with pytest.raises(AssertionError, match="usage says 9"):
+        judge(_Crossing(8, "length", {"completion_tokens": 9}), lambda *_: None, asked=8)

@@ -94,7 +94,7 @@ def _change_cached(response) -> bool:
     [
         ("R3-SHAPE-1", "test_r3", "test_matrices_hold_l_times_k_bytes", _short_matrix),
         ("VER-STREAM-1", "test_version", "test_streamed_chunks_carry_the_served_identity_completions", _drop_version),
-        ("CACHE-RPT-1", "test_cache", "test_cached_tokens_reported_consistently", _change_cached),
+        ("CACHE-RPT-1", "test_cache", "test_cached_tokens_reported_consistently_non-streamed", _change_cached),
     ],
 )
 def test_tampered_cassette_fails_its_clause(pytester, clause, module, test, edit):

@@ -138,3 +138,18 @@ def assemble(rows: Path = ROWS) -> dict | None:
               f"{', '.join(r['inconclusive'])} |" for r in table]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return doc
+
+
+def conformance_module(path: Path, name: str):
+    """A conformance test module, imported from its file under `name` (registered while it runs:
+    a dataclass in it looks its module up) and left out of sys.modules afterwards."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module

@@ -491,16 +491,15 @@ def quantize_fp8(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Pa
     of: dict[str, str] = {}  # an FP8 weight or its scale -> the base's weight it quantizes
     for e in sources.values():
         if ".mlp.experts." in e.name and e.name.endswith(EXPERT_WEIGHT) and len(e.shape) == 2:
-            scale = (-(-e.shape[0] // 128), -(-e.shape[1] // 128))
             planned += [st.Entry(e.name, "F8_E4M3", e.shape, e.source),
-                        st.Entry(f"{e.name}_scale_inv", "F32", scale, e.source)]  # fmt: skip
+                        st.Entry(f"{e.name}_scale_inv", "F32", fp8.scale_shape(e.shape), e.source)]  # fmt: skip
             of[e.name] = of[f"{e.name}_scale_inv"] = e.name
         else:
             planned.append(e)
 
     @functools.lru_cache(maxsize=1)  # a weight's codes and its scale are written one after the other
     def quantized(name: str) -> tuple[np.ndarray, np.ndarray]:
-        return fp8.quantize_blockwise(read_entry(sources[name]).float32(), (128, 128))
+        return fp8.quantize_blockwise(read_entry(sources[name]).float32())
 
     def fill(e: st.Entry) -> st.Entry:
         if e.name not in of:

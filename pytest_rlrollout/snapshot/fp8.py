@@ -41,13 +41,18 @@ def encode_e4m3(x: np.ndarray) -> np.ndarray:
     return np.where(np.signbit(x) & (out != 0), out | 0x80, out).astype(np.uint8)
 
 
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int] = (128, 128)) -> tuple[int, int]:
+    """The shape of a 2-D weight's block scales: [ceil(M/bm), ceil(K/bn)]."""
+    (m, k), (bm, bn) = shape, block
+    return -(-m // bm), -(-k // bn)
+
+
 def quantize_blockwise(w: np.ndarray, block: tuple[int, int] = (128, 128)) -> tuple[np.ndarray, np.ndarray]:
-    """(E4M3 codes, float32 dequant multipliers of shape [ceil(M/bm), ceil(K/bn)]) for a 2-D weight."""
-    m, k = w.shape
+    """(E4M3 codes, float32 dequant multipliers of shape `scale_shape`) for a 2-D weight."""
     bm, bn = block
-    rows, cols = -(-m // bm), -(-k // bn)
+    rows, cols = scale_shape(w.shape, block)
     scale = np.ones((rows, cols), dtype=np.float32)
-    codes = np.empty((m, k), dtype=np.uint8)
+    codes = np.empty(w.shape, dtype=np.uint8)
     for i in range(rows):
         for j in range(cols):
             tile = w[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn].astype(np.float32)

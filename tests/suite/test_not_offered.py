@@ -2,7 +2,6 @@
 asks for is `unsupported` for it, naming the option, and judged on what it does offer."""
 
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pytest_rlrollout.suite.options import CONFORMANCE
+
+from ..support import conformance_module
 
 MODEL = "plain-model"
 
@@ -114,19 +115,6 @@ def test_a_stream_whose_usage_is_wrong_still_fails(pytester):
     assert "completion_tokens" in failed[0]["reason"], failed[0]
 
 
-def _swap_module():
-    import importlib.util
-
-    name = "_not_offered_test_swap"
-    spec = importlib.util.spec_from_file_location(name, CONFORMANCE / "test_swap.py")
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # (a dataclass looks itself up)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    return module
-
-
 class _Stream:
     status, done, body = 200, True, b""
 
@@ -145,7 +133,7 @@ def test_a_stream_across_a_swap_without_usage_is_counted_by_max_tokens():
     """SWAP-ASYNC-1/SYNC-1/KV-1 count a restart by usage; a stream without it (the option not
     offered) is counted by max_tokens (asked with ignore_eos): exactly as many passes, more fails,
     and one that stopped early cannot be counted (inconclusive), never a fail."""
-    judge = _swap_module().judge_completion
+    judge = conformance_module(CONFORMANCE / "test_swap.py", "_not_offered_test_swap").judge_completion
     seen = []
     judge(_Crossing(8, "length", None), lambda n, what: seen.append(n), asked=8)
     assert seen == [8]

@@ -4,7 +4,6 @@ around it; the verdicts are the full profile's, a fault included, at fewer swaps
 counts each shared swap once; a replay of a core run replays the shared swaps."""
 
 import json
-import sys
 
 import pytest
 
@@ -12,6 +11,7 @@ from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.reference.faults import clause_of
 from pytest_rlrollout.suite.options import CONFORMANCE
 
+from ..support import conformance_module
 from . import test_mutation_matrix as matrix
 from .test_mutation_matrix import NEVER_SERVED, ROWS, Setup, fault_args, run_suite_report
 from .test_replay import replay
@@ -82,17 +82,9 @@ def test_a_core_run_replays_its_shared_swaps(pytester, tmp_path):
 def shared_clauses() -> set[str]:
     """The clauses judged by the conformance tests that name a share (their `rl_shares` mark),
     read from the modules themselves: a parametrized test's per-case clauses included."""
-    import importlib.util
-
     found: set[str] = set()
     for path in sorted(CONFORMANCE.glob("test_*.py")):
-        name = f"_shared_scan_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = sys.modules[name] = importlib.util.module_from_spec(spec)  # (a dataclass looks itself up)
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            del sys.modules[name]
+        module = conformance_module(path, f"_shared_scan_{path.stem}")
         for fn in vars(module).values():
             marks = getattr(fn, "pytestmark", [])
             if not any(m.name == "rl_shares" for m in marks):

@@ -74,6 +74,11 @@ def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
 def test_soak(soak, clause_id, rl_observe):
     v = soak.verdicts.get(clause_id)
     what = JUDGED[clause_id]
+    if v is not None and not v.judged and v.uncounted:
+        inconclusive(
+            f"{v.uncounted} streams crossed a swap and ended, but none carried both usage "
+            "(stream_options.include_usage) and logprobs entries: whether any restarted cannot be counted"
+        )
     if v is None or not v.judged:
         inconclusive(f"the soak met no occasion to judge: no {what.split(',')[0]} ({len(soak.swaps)} swaps, "
                      f"{soak.figures.turns} turns)")  # fmt: skip

@@ -127,6 +127,9 @@ class Verdict:
     judged: int = 0
     violations: int = 0
     examples: list[str] = field(default_factory=list)
+    # streams that ended whole but could not be counted (no usage or no logprobs on the stream):
+    # whether they restarted is unknown, so they are not judged; said when nothing else was
+    uncounted: int = 0
 
     @property
     def outcome(self) -> Outcome:
@@ -138,7 +141,8 @@ class Verdict:
         if other.clause != self.clause:
             raise ValueError(f"cannot merge {other.clause} into {self.clause}")
         examples = (self.examples + other.examples)[:EXAMPLES]
-        return Verdict(self.clause, self.judged + other.judged, self.violations + other.violations, examples)
+        return Verdict(self.clause, self.judged + other.judged, self.violations + other.violations, examples,
+                       self.uncounted + other.uncounted)  # fmt: skip
 
 
 class Judge:
@@ -213,7 +217,9 @@ class Judge:
         epochs = [self._epoch[i] for i in s.identities if i in self._epoch]  # type: ignore[index]
         moves = [(a, b) for a, b in pairwise(epochs) if a != b]
         crossed = bool(s.overlapped()) or bool(moves)
-        if crossed and asynchronous:
+        if crossed and asynchronous and _ended(s) and not _countable(s):
+            self.verdicts.setdefault("SWAP-ASYNC-1", Verdict("SWAP-ASYNC-1")).uncounted += 1
+        elif crossed and asynchronous:
             self._rule("SWAP-ASYNC-1", s, not _whole(s), f"a stream across a swap {_how(s)}")
         else:
             self._rule("INF-SSE-1", s, not _whole(s), _how(s))
@@ -269,9 +275,20 @@ class Judge:
                 v.examples.append(example())
 
 
+def _ended(s: Turn) -> bool:
+    """The stream ended as every stream must: a finish reason and [DONE] (INF-SSE-1 asks no more)."""
+    return s.done and s.finish_reason in FINISHED
+
+
+def _countable(s: Turn) -> bool:
+    """The stream says how many tokens it carried twice, so a restart would show: usage (an option,
+    stream_options.include_usage, a server may ignore) and logprobs entries (likewise)."""
+    return s.usage_tokens is not None and s.tokens > 0
+
+
 def _whole(s: Turn) -> bool:
-    """The stream ended as every stream must: a finish reason, [DONE], usage counting what came."""
-    return s.done and s.finish_reason in FINISHED and s.usage_tokens == s.tokens
+    """Ended, and where the stream can be counted, not restarted: usage counts what came."""
+    return _ended(s) and (not _countable(s) or s.usage_tokens == s.tokens)
 
 
 def _how(s: Turn) -> str:

@@ -4,7 +4,8 @@ An agentic RL rollout is a session whose context grows: each turn's prompt is th
 prompt, the completion the deployment returned, then the environment's next observation. That
 growing prefix on one session key is what exercises session affinity and the prompt cache across
 swaps, so the soak sends exactly that, as token ids (what a trainer sends), with bounded
-`max_tokens`, logprobs always (the judge counts tokens by them) and routing where asked.
+`max_tokens`, logprobs and stream usage always (the judge counts tokens by both, to see a
+restart) and routing where asked.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Trajectory:
         if self.done:
             raise RuntimeError(f"{self.session}: the trajectory is over after {self.index} turns")
         body: dict[str, Any] = {"prompt": list(self.prompt), "max_tokens": self.max_tokens, "stream": True,
-                                "logprobs": True, "temperature": 1.0, "seed": self._rng.randrange(2**31)}  # fmt: skip
+                                "logprobs": True, "temperature": 1.0, "seed": self._rng.randrange(2**31),
+                                "stream_options": {"include_usage": True}}  # fmt: skip
         if self.routing:
             body["include_routing_matrix"] = True
         return body

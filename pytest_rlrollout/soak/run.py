@@ -102,7 +102,7 @@ class Result:
     def to_json(self) -> dict[str, Any]:
         return {"transition": self.transition, "settings": asdict(self.settings), "seconds": self.seconds,
                 "verdicts": {c: {"judged": v.judged, "violations": v.violations, "examples": v.examples,
-                                 "outcome": v.outcome.value} for c, v in sorted(self.verdicts.items())},
+                                 "uncounted": v.uncounted, "outcome": v.outcome.value} for c, v in sorted(self.verdicts.items())},
                 "figures": self.figures.to_json(), "workers": {w: f.to_json() for w, f in sorted(self.workers.items())},
                 "swaps": [asdict(s) for s in self.swaps], "exit_codes": self.exit_codes}  # fmt: skip
 

@@ -52,6 +52,23 @@ def test_a_stream_cut_by_a_swap_breaks_swap_async_1_and_one_cut_elsewhere_inf_ss
     assert "[DONE] missing, 2 tokens streamed, usage None" in judge.verdicts["SWAP-ASYNC-1"].examples[0]
 
 
+def test_a_stream_without_usage_is_judged_on_how_it_ended_and_never_counted_as_restarted():
+    """Stream usage is an option (stream_options.include_usage) a server may ignore: a stream
+    without it is not a fail, but a stream across a swap then cannot show a restart, so it is left
+    uncounted (inconclusive if nothing else was judged); a restart that usage does show still fails."""
+    judge = Judge("ASYNC", ["base", "step-1"])
+    judge.judge(stream("base", "step-1", ended=(1, 1), usage_tokens=None))  # across the swap, no usage
+    judge.judge(stream("base", "base", usage_tokens=None))  # no swap near it
+    assert outcomes(judge)["INF-SSE-1"] == "pass"
+    v = judge.verdicts["SWAP-ASYNC-1"]
+    assert (v.outcome, v.judged, v.uncounted) == (Outcome.INCONCLUSIVE, 0, 1)
+    judge.judge(stream("base", "step-1", ended=(1, 1), usage_tokens=5))  # two streamed, five counted: restarted
+    v = judge.verdicts["SWAP-ASYNC-1"]
+    assert (v.outcome, v.judged, v.violations, v.uncounted) == (Outcome.FAIL, 1, 1, 1)
+    assert "2 tokens streamed, usage 5" in v.examples[0]
+    assert merged([judge.verdicts, judge.verdicts])["SWAP-ASYNC-1"].uncounted == 2
+
+
 def test_a_chunk_naming_no_loaded_snapshot_breaks_ver_stream_1():
     judge = Judge("ASYNC", ["base"])
     judge.judge(stream("base", None, "mystery"))

@@ -17,10 +17,14 @@ MODEL = "plain-model"
 
 
 @contextmanager
-def plain_server(stream_usage: str) -> Iterator[str]:
+def plain_server(stream_usage: str, replicas: int = 0) -> Iterator[str]:
     """A small OpenAI-compatible completions server. `stream_usage`: "none" (a stream carries no
     usage, whatever the request asks; its non-streamed answers do), or "off-by-one" (the
-    stream's usage counts one token more than it sent)."""
+    stream's usage counts one token more than it sent). `replicas`: 0, no prompt cache; N, N
+    replicas taking requests in turn (no session affinity, no header naming the replica), each
+    reporting a prompt it served before as cached."""
+    served: list[set[str]] = [set() for _ in range(replicas)]
+    turn = iter(range(1 << 30))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # quiet
@@ -49,8 +53,12 @@ def plain_server(stream_usage: str) -> Iterator[str]:
                 prompt = len(str(req["prompt"]).split())
             except (ValueError, KeyError, TypeError) as e:
                 return self._json(400, {"error": {"message": f"bad request: {e}"}})
+            hit = 0
+            if replicas:
+                seen = served[next(turn) % replicas]
+                hit, _ = (prompt if str(req["prompt"]) in seen else 0), seen.add(str(req["prompt"]))
             usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
-                     "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+                     "prompt_tokens_details": {"cached_tokens": hit}}  # fmt: skip
             if not req.get("stream"):
                 return self._json(200, {"id": "c", "object": "text_completion", "model": MODEL, "usage": usage,
                                         "choices": [{"index": 0, "text": "a " * n, "finish_reason": "length"}]})  # fmt: skip
@@ -113,6 +121,20 @@ def test_a_stream_whose_usage_is_wrong_still_fails(pytester):
     failed = [t for t in clause["tests"] if t["outcome"] == "fail"]
     assert [t["test"].rsplit("[", 1)[-1].rstrip("]") for t in failed] == ["streamed"], clause["tests"]
     assert "completion_tokens" in failed[0]["reason"], failed[0]
+
+
+def test_a_session_without_affinity_is_repeated_until_the_prefix_is_met(pytester):
+    """CACHE-HIT-1 against two replicas that take requests in turn and name neither: the session
+    header buys no affinity there, so the repeat is sent again until it reaches the replica that
+    holds the prefix (a pass on that hit); it is never a fail for landing elsewhere."""
+    with plain_server("none", replicas=2) as url:
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE / "test_cache.py"), "-p", "no:randomly", "-k", "test_same_session_reuses_a_long_prefix",
+            f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-engine=auto", "--rl-report=r.json",
+        )  # fmt: skip
+    assert result.ret == 0, "\n".join(result.outlines[-30:])
+    clause = json.loads((pytester.path / "r.json").read_text())["clauses"]["CACHE-HIT-1"]
+    assert clause["outcome"] == "pass", clause
 
 
 class _Stream:

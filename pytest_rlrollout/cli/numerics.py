@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pytest_rlrollout.cli.console import print_text, progress
 from pytest_rlrollout.cli.exits import EXIT_FINDINGS, EXIT_OK, UsageError
+from pytest_rlrollout.engines import NUMERICS
 from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT, Sampling
 
 DEFAULT = Sampling()
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     nm.add_argument("--base-url", metavar="URL", help="the API base (default https://api.fireworks.ai with "
                     "--deployment; without it, an OpenAI-compatible server)")  # fmt: skip
     nm.add_argument("--model", help="the model the deployment serves")
-    nm.add_argument("--engine", choices=["auto", "fireworks", "vllm", "openai"], default=DEFAULT.engine,
+    nm.add_argument("--engine", choices=["auto", *NUMERICS], default=DEFAULT.engine,
                     help="whose wire the deployment speaks (default auto: decided as the suite decides it)")  # fmt: skip
     nm.add_argument("--api-key", metavar="KEY", help="default: $FIREWORKS_API_KEY")
     nm.add_argument("--inference-url", metavar="URL", help="where /v1/completions is (default: from --base-url)")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
 from pytest_rlrollout.cli.stopping import WOKEN, StopSignals, StopTimedOut
+from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, spec, with_control_plane
 
 if TYPE_CHECKING:
     from pytest_rlrollout.reference.server import Running
@@ -27,6 +28,10 @@ BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default k
 STOP_WITHIN = 30.0
 HURRIED_WITHIN = 10.0
 
+# the reference's dialects: hosted (a bucket URL, the built-in key) and self-hosted (one engine)
+HOSTED = ", ".join(s.name for s in SPECS if s.dialect and not s.self_hosted)
+SELF_HOSTED = ", ".join(s.name for s in SPECS if s.dialect and s.self_hosted)
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv = sub.add_parser("serve", help="run the reference deployment (a hot-load deployment of the tiny MoE)")
@@ -34,24 +39,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
     sv.add_argument("--bucket-url", metavar="URL",
-                    help="fireworks, coreweave: an object store bucket (s3://, gs://) the deployment downloads each "
+                    help=f"{HOSTED}: an object store bucket (s3://, gs://) the deployment downloads each "
                          "snapshot from, as a hosted one does; --bucket is then its local copy. The base is put "
                          "there at start; credentials come from the environment")  # fmt: skip
     sv.add_argument("--bucket-endpoint-url", metavar="URL", help="the object store's endpoint (MinIO, moto, ...)")
-    sv.add_argument("--engine", choices=["fireworks", "vllm", "sglang", "coreweave"], default="fireworks",
-                    help="the wire it speaks: Fireworks' hot-load API, vLLM 0.32's or SGLang 0.5.23's RL routes "
-                         "(one engine, the model served as 'tiny'), or CoreWeave's v1alpha1 hot-load API beside an "
-                         "OpenAI-compatible gateway")  # fmt: skip
+    sv.add_argument("--engine", choices=DIALECTS, default=DEFAULT,
+                    help="the wire it speaks: " + "; ".join(f"{s.name}: {s.dialect.serving.format(transition='ASYNC')}"
+                                                            for s in SPECS if s.dialect))  # fmt: skip
     sv.add_argument("--layout", choices=["tiny", "qwen3-30b-a3b"], default="tiny",
                     help="the base it serves when --bucket holds none: the reference model, or Qwen3-30B-A3B's "
                          "structure (48 layers, 128 experts, top-8, its 18,867 tensor names) at the reference's "
                          "widths (as `rlrollout make-base --layout`)")  # fmt: skip
-    sv.add_argument("--replicas", type=int, help="default: 2 (fireworks, coreweave), 1 (vllm, sglang)")
+    sv.add_argument("--replicas", type=int, help=f"default: 2 ({HOSTED}), 1 ({SELF_HOSTED})")
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
-    sv.add_argument("--api-key", help="default: rl-reference-key (fireworks, coreweave), none asked for (vllm, sglang)")
-    sv.add_argument("--control-api-key", help="coreweave: a key of its own for the hot-load API (default: --api-key)")
+    sv.add_argument("--api-key", help=f"default: rl-reference-key ({HOSTED}), none asked for ({SELF_HOSTED})")
+    sv.add_argument("--control-api-key", help=f"{with_control_plane().name}: a key of its own for the hot-load API "
+                                              "(default: --api-key)")  # fmt: skip
     sv.add_argument("--enable-return-routed-experts", action="store_true",
-                    help="vllm, sglang: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
+                    help=f"{SELF_HOSTED}: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
                          "none, and neither has this dialect by default)")  # fmt: skip
     sv.add_argument(
         "--fault",
@@ -84,23 +89,23 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"{name:{width}}  {what}" for name, what in switches.items()))
         return EXIT_OK
     faults = _check_faults(args.fault)  # before anything is built, bound or created
-    vllm = args.engine in ("vllm", "sglang")  # a self-hosted engine: one server, swapped through its RL routes
-    if vllm and args.transition.upper() != "ASYNC":
-        raise UsageError(f"--engine {args.engine}: the swap pauses generation and the requests in flight continue "
-                         "(ASYNC); --transition sync is a Fireworks setting")  # fmt: skip
-    if args.engine == "coreweave" and args.transition.upper() != "ASYNC":
-        raise UsageError("--engine coreweave: CoreWeave documents TRANSITION_MODE_ASYNC only")
-    if args.control_api_key is not None and args.engine != "coreweave":
-        raise UsageError("--control-api-key is the key of CoreWeave's hot-load API (--engine coreweave)")
-    if args.enable_return_routed_experts and not vllm:
-        raise UsageError("--enable-return-routed-experts is vLLM's and SGLang's flag (--engine vllm|sglang); the "
-                         "Fireworks dialect returns routing matrices when a request asks for them")  # fmt: skip
+    engine = spec(args.engine)
+    self_hosted = engine.self_hosted  # one server, swapped through its RL routes
+    if engine.async_only and args.transition.upper() != "ASYNC":
+        raise UsageError(f"--engine {args.engine}: {engine.async_only}; --transition sync does not apply")
+    if args.control_api_key is not None and not engine.control_plane:
+        control = with_control_plane()
+        raise UsageError(f"--control-api-key is the key of {control.title}'s hot-load API (--engine {control.name})")
+    if args.enable_return_routed_experts and not self_hosted:
+        raise UsageError(f"--enable-return-routed-experts is a self-hosted engine's flag (--engine "
+                         f"{SELF_HOSTED.replace(', ', '|')}); the others return routing matrices when a request asks "
+                         "for them")  # fmt: skip
 
     if args.bucket_endpoint_url is not None and args.bucket_url is None:
         raise UsageError("--bucket-endpoint-url is the endpoint of --bucket-url's object store")
-    if args.bucket_url is not None and vllm:
+    if args.bucket_url is not None and self_hosted:
         raise UsageError(f"--bucket-url: {args.engine} reloads from a directory of this machine (--bucket)")
-    options = _settings(args, faults, vllm)
+    options = _settings(args, faults, self_hosted)
     if args.bucket_url is not None:
         options |= _mirror(args)
     # Caught from here on, before there is anything to clean up: a signal that arrives while the
@@ -177,7 +182,7 @@ def _stop(cleanup: contextlib.ExitStack, dep: Running, signals: StopSignals, buc
         raise ended[0]
 
 
-def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> dict[str, Any]:
+def _settings(args: argparse.Namespace, faults: frozenset[str], self_hosted: bool) -> dict[str, Any]:
     """The reference deployment's settings from the options, each dialect's defaults filled in."""
     from pytest_rlrollout.reference.settings import SERVED_PACE
 
@@ -193,7 +198,7 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> d
     # each dialect's defaults: 2 replicas and the built-in key on Fireworks; one engine and no key on vLLM
     given = (("replicas", args.replicas), ("api_key", args.api_key), ("control_api_key", args.control_api_key))
     options |= {k: v for k, v in given if v is not None}
-    if not vllm:
+    if not self_hosted:
         options.setdefault("api_key", BUILT_IN_KEY)
     return options
 
@@ -201,8 +206,6 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], vllm: bool) -> d
 def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[str]:
     """What `serve` prints once the deployment is up: where it is, the suite's command for it, and
     what it serves. The built-in key is public; a key of the user's own is never echoed."""
-    from pytest_rlrollout.reference.settings import SGLANG_VERSION, VLLM_VERSION
-
     engine, key = options["engine"], options.get("api_key")
     shown_key = _shown(key, "--api-key")
     base = bucket / dep.settings.base_identity
@@ -210,13 +213,13 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
     # where the suite puts snapshots: the object store when there is one (its endpoint an ini key)
     bucket_url = options.get("mirror") or str(bucket)
     bucket_url += f" -o rl_bucket_endpoint_url={endpoint}" if endpoint else ""
-    if engine in ("vllm", "sglang"):
+    s = spec(engine)
+    if s.self_hosted:
         named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
         command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={engine} --rl-allow-hot-load"
                    f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
                    + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
-        serving = f"vLLM {VLLM_VERSION}'s dialect" if engine == "vllm" else f"SGLang {SGLANG_VERSION}'s dialect"
-    elif engine == "coreweave":
+    elif s.control_plane:
         # the gateway and the hot-load API on one host here; a real deployment has two
         shown_control = _shown(options.get("control_api_key") or key, "--control-api-key")
         deployment = dep.settings.deployment_id
@@ -224,21 +227,19 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
                  f"model:      {dep.model}", f"bucket:     {bucket}",
                  f"environment: COREWEAVE_API_KEY={shown_control}"]  # fmt: skip
         command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} -o rl_control_url={dep.base_url}"
-                   f" --rl-model={dep.model} --rl-engine=coreweave --rl-api-key={shown_key} --rl-allow-hot-load"
-                   f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}"
-                   # no policy version on CoreWeave's chunks: a stream shows it crossed a swap
-                   # only by outlasting the whole rollout (every replica, one at a time)
-                   " -o rl_long_stream_tokens=512")  # fmt: skip
-        serving = "CoreWeave's v1alpha1 dialect, TRANSITION_MODE_ASYNC"
+                   f" --rl-model={dep.model} --rl-engine={engine} --rl-api-key={shown_key} --rl-allow-hot-load"
+                   f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}")  # fmt: skip
     else:
         named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
                  f"bucket:     {bucket}"]  # fmt: skip
         command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
                    f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket_url}"
-                   f" --rl-base-snapshot={base} -o rl_transition={options['transition']}"
-                   # this deployment's pace: a swap lands inside 64 tokens
-                   " -o rl_long_stream_tokens=64")  # fmt: skip
-        serving = options["transition"]
+                   f" --rl-base-snapshot={base} -o rl_transition={options['transition']}")  # fmt: skip
+    dialect = s.dialect
+    assert dialect is not None  # --engine's choices are the dialects
+    if dialect.stream_tokens is not None:
+        command += f" -o rl_long_stream_tokens={dialect.stream_tokens}"
+    serving = dialect.serving.format(transition=options["transition"])
     command += _paced(dep, engine)
     command += " -o rl_served_dtype=float32"  # its numpy engine computes in float32, whatever config.json declares
     replicas = len(dep.deployment.replicas)
@@ -259,7 +260,7 @@ def _paced(dep: Running, engine: str) -> str:
     swap = s.load_delay + s.stagger * (len(dep.deployment.replicas) - 1) + s.swap_delay
     timeout = max(10, math.ceil(3 * swap))
     said = f" -o rl_swap_seconds={swap:g}"
-    return said if engine in ("vllm", "sglang") and timeout <= LIVE.swap else said + f" -o rl_swap_timeout={timeout}"
+    return said if spec(engine).self_hosted and timeout <= LIVE.swap else said + f" -o rl_swap_timeout={timeout}"
 
 
 def _store(args: argparse.Namespace) -> Any:

@@ -1,6 +1,6 @@
 """The clause catalogue: every clause of the contract with its level, area, rule and sources.
 
-`data/clauses.json` is the one source of truth; the validator, the reference deployment, the
+`schemas/clauses.json` is the one source of truth; the validator, the reference deployment, the
 suite, the reports and `docs/contract.md` all read it through `catalogue()`.
 """
 
@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
+from pytest_rlrollout.engines import ENGINES, Engine
 from pytest_rlrollout.shipped import shipped
 
 Level = Literal["MUST", "SHOULD", "MAY"]
 LEVELS: tuple[Level, ...] = ("MUST", "SHOULD", "MAY")
-Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "openai"]
-ENGINES: tuple[Engine, ...] = ("fireworks", "vllm", "sglang", "coreweave", "openai")
 DATA = shipped("schemas")  # the catalogue and the JSON Schemas, at the project's top level
 
 
@@ -31,7 +30,7 @@ class Clause:
     source: tuple[str, ...]
     # engine -> how that engine expresses the clause (its binding); an engine without one is
     # not judged on the clause: the intent has no form on its wire
-    bindings: dict[Engine, str] = field(default_factory=lambda: {"fireworks": "as the rule states"}, hash=False)
+    bindings: dict[Engine, str] = field(hash=False)
     refines: str | None = None
     decision: str | None = None
 
@@ -103,6 +102,11 @@ def catalogue() -> Catalogue:
         )
         for c in doc["clauses"]
     ]
+    if tuple(doc["engines"]) != ENGINES:  # the registry lists the engines; the catalogue describes each
+        raise ValueError(f"clauses.json describes the engines {list(doc['engines'])}, the registry has {list(ENGINES)}")
+    for c in clauses:
+        if stray := sorted(set(c.bindings) - set(ENGINES)):
+            raise ValueError(f"clauses.json: {c.id} binds {', '.join(stray)}, no engine of the registry")
     # the catalogue's number, and a digest of the clauses (ID, level, area, rule): two reports compare
     # only when they were judged by the same contract. An engine's binding is how that engine is
     # asked, documented beside the clause; a binding added for another engine changes no verdict.

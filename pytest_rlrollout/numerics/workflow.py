@@ -19,6 +19,7 @@ import httpx
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import MoeShape, moe_shape
+from pytest_rlrollout.engines import presumed, spec
 from pytest_rlrollout.numerics import MAX_KL, MIN_ROUTE_AGREEMENT, Sampling
 from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, unavailable
@@ -100,7 +101,7 @@ def deployment_target(deployment: str | None, base_url: str, model: str | None, 
         raise NumericsError(f"--deployment {deployment}: pass --api-key or set FIREWORKS_API_KEY")
     try:
         return Target(deployment, base_url.rstrip("/"), model, api_key, inference_url=inference_url,
-                      engine="fireworks" if deployment is not None else "openai")  # fmt: skip
+                      engine=presumed(deployment=deployment))  # fmt: skip
     except ValueError as e:
         raise NumericsError(f"--deployment: {e}") from None
 
@@ -151,12 +152,14 @@ def _sample(target: Target, sampling: Sampling, shape: MoeShape | None, prompts:
             engine, decided = preflight(client, None if sampling.engine == "auto" else sampling.engine)
             tell(f"engine {engine} ({decided})")
             driver = driver_for(engine, client)
-            if engine == "vllm":  # the spans of vLLM's generate route name each rollout's policy
+            if spec(engine).discovers_to_sample:  # its sampling reads what discovery found (vLLM: spans)
                 found = driver.discover(transition=None, decided=decided)
                 driver.adopt(found)
                 if shape is not None and not found.has("routing_matrix"):  # a server flag, off
                     flag = CAPABILITIES["routing_matrix"].flag(engine)
-                    tell(f"note: routing not compared: {found.seen['routing_matrix']} (vLLM returns it with {flag})")
+                    tell(
+                        f"note: routing not compared: {found.seen['routing_matrix']} ({spec(engine).title} returns it with {flag})"
+                    )
                     shape = None
             rollouts = sample(driver, prompts, sampling.tokens, shape=(shape.layers, shape.k) if shape else None,
                               seed=sampling.seed, progress=progress("sampling"))  # fmt: skip

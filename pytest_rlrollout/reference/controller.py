@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlrollout.contract.identity import identity_problem
+from pytest_rlrollout.engines import spec
 from pytest_rlrollout.reference import validator
 from pytest_rlrollout.reference.admission import HotLoadError, LoadInProgress, admit
 from pytest_rlrollout.reference.admission import finding as _finding
@@ -73,8 +74,9 @@ class Deployment:
         self.config = json.loads((base / "config.json").read_text())
         model = Model.load(base)
         self.replicas = [Replica(i, settings, model, settings.base_identity) for i in range(settings.replicas)]
-        # vLLM: tokens are versioned by a label set apart from the weights, "default" at start
-        self.labelled = settings.engine in ("vllm", "sglang")
+        # self-hosted engines (vLLM, SGLang): tokens are versioned by a label set apart from the
+        # weights, "default" at start
+        self.labelled = spec(settings.engine).self_hosted
         for replica in self.replicas:
             replica.label = FIRST_LABEL if self.labelled else None
         self.info_label = FIRST_LABEL  # what GET /weight_info reads (HL-GET-2 fault: never updated)

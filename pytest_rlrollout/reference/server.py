@@ -13,6 +13,7 @@ from typing import Any
 
 import uvicorn
 
+from pytest_rlrollout.engines import DEFAULT, spec
 from pytest_rlrollout.reference.app import create_app
 from pytest_rlrollout.reference.controller import Deployment
 from pytest_rlrollout.reference.settings import Dialect, Settings
@@ -32,13 +33,13 @@ class Running:
 
     @property
     def engine(self) -> str:
-        """The wire it speaks: fireworks, vllm, sglang or coreweave."""
+        """The wire it speaks: an engine of the registry with a reference dialect."""
         return self.settings.engine
 
     @property
     def inference_url(self) -> str:
-        """Where /v1/completions is: under /inference on Fireworks, at the base URL on the other engines."""
-        return self.base_url + "/inference" if self.engine == "fireworks" else self.base_url
+        """Where /v1/completions is: under the engine's inference prefix (/inference on Fireworks)."""
+        return self.base_url + spec(self.engine).inference_prefix
 
     @property
     def name(self) -> str:
@@ -78,7 +79,7 @@ class _Server(uvicorn.Server):
 
 @contextlib.contextmanager
 def reference_deployment(
-    bucket: str | Path, host: str = "127.0.0.1", port: int = 0, engine: Dialect = "fireworks", **settings: Any
+    bucket: str | Path, host: str = "127.0.0.1", port: int = 0, engine: Dialect = DEFAULT, **settings: Any
 ) -> Iterator[Running]:
     """Start the reference deployment on a free port (in a thread) and stop it on exit. `engine`
     is the wire it speaks (`fireworks`, or `vllm`: vLLM's RL routes, one replica and the model

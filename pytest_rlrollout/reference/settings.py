@@ -7,30 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_rlrollout.engines import DEFAULT, Engine, coreweave, dialect, sglang, vllm
 from pytest_rlrollout.reference.faults import check_faults
 from pytest_rlrollout.snapshot import tiny_moe
 
 Transition = Literal["ASYNC", "SYNC"]
-# The wire the deployment speaks: Fireworks' hot-load API, or vLLM's RL routes over one engine.
-Dialect = Literal["fireworks", "vllm", "sglang", "coreweave"]
-DIALECTS: tuple[Dialect, ...] = ("fireworks", "vllm", "sglang", "coreweave")
-COREWEAVE_DEPLOYMENT = "3f2b8c1e-6d0a-4e6b-9a55-0c1d2e3f4a5b"  # CoreWeave names deployments by UUID
-VLLM_VERSION = "0.32.0"  # what GET /version says in the vLLM dialect (the release measured)
-SGLANG_VERSION = "0.5.23"  # what GET /server_info says in the SGLang dialect (the release read, not run)
+# The wire the deployment speaks: an engine of the registry with a reference dialect
+Dialect = Engine
+COREWEAVE_DEPLOYMENT = coreweave.REFERENCE_DEPLOYMENT  # CoreWeave names deployments by UUID
+VLLM_VERSION = vllm.DIALECT_VERSION  # what GET /version says in the vLLM dialect (the release measured)
+SGLANG_VERSION = sglang.DIALECT_VERSION  # what GET /server_info says in the SGLang dialect (the release read, not run)
 FIRST_LABEL = "default"  # vLLM's weight version until one is set
-# What a vLLM dialect changes unless the caller says otherwise: one server is one engine, the
-# model is served under a short name (vLLM's --served-model-name), no API key is asked for (a
-# server started without --api-key), and the CPU backend measured here caches prefixes in blocks
-# of 128 tokens (cached_tokens 128, 256, 384 for 200-, 300- and 400-token prompts).
-DIALECT_DEFAULTS: dict[Dialect, dict[str, Any]] = {
-    "fireworks": {},
-    "vllm": {"replicas": 1, "model": "tiny", "block_size": 128, "api_key": None},
-    # SGLang as an RL stack starts it: one server, --served-model-name, no key; its radix cache
-    # matches any prefix (page size 1): the reference's smallest sensible block stands in for it
-    "sglang": {"replicas": 1, "model": "tiny", "block_size": 16, "api_key": None},
-    # CoreWeave's gateway runs vLLM (under NVIDIA Dynamo): the vLLM dialect's answers and blocks
-    "coreweave": {"model": "tiny", "block_size": 128, "deployment_id": COREWEAVE_DEPLOYMENT},
-}
 # A pace at which swaps can be observed from outside: streams last long enough, and loads and
 # swaps pause long enough, for a probe to land inside them (the tiny model alone swaps in ms).
 # A swap of 0.1 s once ended, in CI, before any probe was sent inside it (SWAP-ASYNC-4 inconclusive).
@@ -75,7 +62,7 @@ class Settings:
     workers: int = 4  # threads that decode, validate and tokenize requests off the event loop
     seed: int = 0
     faults: frozenset[str] = field(default_factory=frozenset)
-    engine: Dialect = "fireworks"  # the wire it speaks; the engine under it is the same
+    engine: Dialect = DEFAULT  # the wire it speaks; the engine under it is the same
     # vLLM's --enable-return-routed-experts: completions end with the experts every position was
     # routed to (`routed_experts`); off by default, as on the CPU build (it needs the GPU runner)
     routed_experts: bool = False
@@ -85,11 +72,9 @@ class Settings:
     mirror_options: Mapping[str, Any] = field(default_factory=dict)  # fsspec storage options
 
     @classmethod
-    def for_dialect(cls, engine: Dialect = "fireworks", **given: Any) -> Settings:
+    def for_dialect(cls, engine: Dialect = DEFAULT, **given: Any) -> Settings:
         """Settings of a deployment speaking `engine`, its dialect's defaults under what is given."""
-        if engine not in DIALECTS:
-            raise ValueError(f"engine: expected one of {', '.join(DIALECTS)}, got {engine!r}")
-        return cls(engine=engine, **(DIALECT_DEFAULTS[engine] | given))
+        return cls(engine=engine, **(dict(dialect(engine).defaults) | given))
 
     @property
     def deployment(self) -> str:

@@ -76,6 +76,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pytest_rlrollout.engines.sglang import NAME as OWNED_BY  # the card names the engine
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.inference_request import BadRequest, decode_json
 from pytest_rlrollout.reference.replica import TooEarly, Unavailable
@@ -240,7 +241,7 @@ class SglangRoutes(VllmRoutes):
 
     async def models(self, request: Request) -> Response:
         """http_server.available_models: protocol.ModelCard of the served model name."""
-        card = {"id": self.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+        card = {"id": self.served_model_name, "object": "model", "created": int(time.time()), "owned_by": OWNED_BY,
                 "root": self.served_model_name, "parent": None, "max_model_len": self.s.max_context}  # fmt: skip
         return VllmJson({"object": "list", "data": [card]})
 

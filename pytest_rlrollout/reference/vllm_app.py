@@ -74,6 +74,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pytest_rlrollout.engines.vllm import NAME as OWNED_BY  # the card names the engine
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.inference_request import BadRequest, decode_json
 from pytest_rlrollout.reference.replica import PAUSE_MODES, TooEarly, Unavailable
@@ -163,7 +164,7 @@ class VllmRoutes:
                       "created": self.started, "allow_create_engine": False, "allow_sampling": True,
                       "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
                       "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}  # fmt: skip
-        card = {"id": self.s.model, "object": "model", "created": self.started, "owned_by": "vllm",
+        card = {"id": self.s.model, "object": "model", "created": self.started, "owned_by": OWNED_BY,
                 "root": str(self.dep.full_dirs[self.s.base_identity]), "parent": None,
                 "max_model_len": self.s.max_context, "permission": [permission]}  # fmt: skip
         return VllmJson({"object": "list", "data": [card]})

@@ -27,7 +27,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from pytest_rlrollout.contract.catalogue import Engine
+from pytest_rlrollout.engines import DEFAULT, Engine, spec
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
@@ -68,13 +68,13 @@ class Target:
     model: str  # the model the deployment serves, for fireworks-model
     api_key: Secret = field(repr=False)
     inference_url: str = ""  # as given; empty: see `inference_base`
-    engine: Engine = "fireworks"
+    engine: Engine = DEFAULT
     # a control plane of its own (CoreWeave's hot-load API), with a key of its own; empty: the base URL and key
     control_url: str = ""
     control_key: Secret | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.engine == "fireworks" and not _is_deployment_name(self.deployment):
+        if spec(self.engine).names == "path" and not _is_deployment_name(self.deployment):
             raise ValueError(f"{self.deployment!r} is not accounts/<account>/deployments/<deployment>")
         if not isinstance(self.api_key, Secret):
             object.__setattr__(self, "api_key", Secret(self.api_key))
@@ -86,7 +86,7 @@ class Target:
         """Where /v1/completions lives: as given, else base URL + /inference (Fireworks) or the
         base URL itself (an OpenAI-compatible server)."""
         base = self.base_url.rstrip("/")
-        return (self.inference_url or (base + "/inference" if self.engine == "fireworks" else base)).rstrip("/")
+        return (self.inference_url or base + spec(self.engine).inference_prefix).rstrip("/")
 
     @property
     def control_base(self) -> str:
@@ -102,7 +102,7 @@ class Target:
     def by_name(self) -> bool:
         """Whether requests name the deployment (Fireworks: its name is the inference `model` and
         a header); a CoreWeave deployment's UUID names it on the hot-load API only."""
-        return self.engine == "fireworks" and self.deployment is not None
+        return spec(self.engine).model_is_name and self.deployment is not None
 
     @property
     def body_model(self) -> str:

@@ -5,13 +5,14 @@ Nothing here changes a deployment: status, ledger and resource reads, and one-to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
-from pytest_rlrollout.contract.catalogue import Engine
+from pytest_rlrollout.engines import SPECS, Engine, spec
 from pytest_rlrollout.remote.client import DeploymentClient, Target
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.stream import EXCERPT, Stream, json_object
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from pytest_rlrollout.remote.drivers.base import Driver
 
 PROBE_TEXT = "Hello"
-COREWEAVE_HOT_LOADS = "/v1alpha1/inference/hotLoads"
 PROBE_IDS = [1, 2, 3]
 
 
@@ -69,108 +69,58 @@ class Discovery:
 # --------------------------------------------------------------------------- preflight
 
 
+@dataclass
+class Answered:
+    """What the preflight's first reads found, for the drivers to recognise their engine by (and
+    to check the names given against): the hot-load status, whether it or the control plane
+    answered, and what an engine's own probe read (each read once)."""
+
+    status: httpx.Response
+    hot_load_api: bool
+    control_plane: bool
+    reads: dict[str, Any] = field(default_factory=dict)
+
+    def read(self, key: str, ask: Callable[[], Any]) -> Any:
+        if key not in self.reads:
+            self.reads[key] = ask()
+        return self.reads[key]
+
+
 def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engine, str]:
     """Reach the deployment the options name, with their key and names: the engine it has
     (`requested`, or decided from what answers) and why. Raises PreflightError saying what to fix."""
     t = client.target
-    status = _get(client, client._hot_load_url(), client.hot_load_headers(), "--rl-base-url")
+    status = get(client, client._hot_load_url(), client.hot_load_headers(), "--rl-base-url")
     _authorized(status, "GET the hot-load status")
-    accounts = _get(client, t.base_url.rstrip("/") + "/v1/accounts", client.auth_headers(), "--rl-base-url")
+    accounts = get(client, t.base_url.rstrip("/") + "/v1/accounts", client.auth_headers(), "--rl-base-url")
     _authorized(accounts, "GET /v1/accounts")
-    hot_load_api = status.status_code == 200 and json_object(status) is not None
-    control_plane = accounts.status_code == 200 and isinstance((json_object(accounts) or {}).get("accounts"), list)
-    hot_loads = _coreweave_control(client) if requested == "coreweave" or t.control_url else None
+    seen = Answered(
+        status,
+        hot_load_api=status.status_code == 200 and json_object(status) is not None,
+        control_plane=accounts.status_code == 200 and isinstance((json_object(accounts) or {}).get("accounts"), list),
+    )
     if requested is not None:
         engine, decided = requested, f"--rl-engine={requested}"
-    elif hot_loads is not None:  # a CoreWeave UUID and its control plane were named: asked first (checked below)
-        engine, decided = (
-            "coreweave",
-            f"auto: GET {t.control_base}{COREWEAVE_HOT_LOADS} answers CoreWeave's hot-load list",
-        )
-    elif hot_load_api or control_plane:
-        engine, decided = "fireworks", "auto: a Fireworks API answers (the hot-load status or /v1/accounts)"
-    elif (version := vllm_version(client)) is not None:
-        engine, decided = "vllm", f"auto: GET /version answers vLLM {version}"
-    elif (label := sglang_label(client)) is not None:
-        engine, decided = "sglang", f"auto: GET /model_info answers SGLang's weight_version {label!r}"
-    elif _lists_hot_loads(hot_loads := _coreweave_control(client)):  # at the base URL: a server of both
-        engine, decided = "coreweave", f"auto: GET {COREWEAVE_HOT_LOADS} answers CoreWeave's hot-load list"
     else:
-        engine, decided = "openai", "auto: no hot-load API and no engine's own API answers"
-    if engine == "fireworks":
-        _fireworks_names(t, status, hot_load_api, control_plane)
-    if engine == "coreweave":
-        assert hot_loads is not None  # asked above on every path that decides coreweave
-        _coreweave_names(t, hot_loads, decided)
+        engine, decided = _recognised(client, seen)
+    spec(engine).driver_class().check_names(client, seen, decided)
     client.target = _with_engine(t, engine)
     _inference_answers(client)
     return engine, decided
 
 
-def vllm_version(client: DeploymentClient) -> str | None:
-    """vLLM's version, when a vLLM server answers `GET /version` (every vLLM OpenAI server routes it)."""
-    r = _get(client, client.target.base_url.rstrip("/") + "/version", client.auth_headers(), "--rl-base-url")
-    version = (json_object(r) or {}).get("version") if r.status_code == 200 else None
-    return version[:40] if isinstance(version, str) else None
+def _recognised(client: DeploymentClient, seen: Answered) -> tuple[Engine, str]:
+    """--rl-engine auto: each engine's driver in registry order says whether it recognises what
+    answers (an engine with a control plane of its own first, when one is named); the last
+    registered, a plain OpenAI-compatible server, recognises anything."""
+    named = bool(client.target.control_url)
+    for s in sorted(SPECS, key=lambda s: not (s.control_plane and named)):
+        if (why := s.driver_class().recognises(client, seen)) is not None:
+            return s.name, f"auto: {why}"  # type: ignore[return-value]
+    raise PreflightError("no engine recognised the deployment")  # the fallback recognises anything
 
 
-def sglang_label(client: DeploymentClient) -> str | None:
-    """The served label, when an SGLang server answers `GET /model_info` with its weight_version."""
-    r = _get(client, client.target.base_url.rstrip("/") + "/model_info", client.auth_headers(), "--rl-base-url")
-    label = (json_object(r) or {}).get("weight_version") if r.status_code == 200 else None
-    return label[:80] if isinstance(label, str) else None
-
-
-def _coreweave_control(client: DeploymentClient) -> httpx.Response:
-    """The hot-load list (the deployment's, when it is named), asked of the control plane with its
-    own key; without one, of the base URL with the run's key."""
-    t = client.target
-    url = t.control_base + COREWEAVE_HOT_LOADS
-    option = "rl_control_url" if t.control_url else "--rl-base-url"
-    params = {"parentDeploymentId": t.deployment} if t.deployment else None
-    try:
-        return client.request("GET", url, headers=client.control_headers(), params=params)
-    except (httpx.HTTPError, LimitExceeded) as e:
-        raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check {option}") from None
-
-
-def _lists_hot_loads(r: httpx.Response) -> bool:
-    return r.status_code == 200 and isinstance((json_object(r) or {}).get("hotLoads"), list)
-
-
-def _coreweave_names(t: Target, hot_loads: httpx.Response, decided: str) -> None:
-    said = f"GET {t.control_base}{COREWEAVE_HOT_LOADS}: HTTP {hot_loads.status_code} {_excerpt(hot_loads)}"
-    if t.deployment is None:
-        raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
-                             "and set COREWEAVE_API_KEY (rl_control_url where the hot-load API has a host of its own)")  # fmt: skip
-    if hot_loads.status_code in (401, 403):
-        raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")
-    if hot_loads.status_code == 404:
-        raise PreflightError(
-            f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
-        )
-    if not _lists_hot_loads(hot_loads):
-        raise PreflightError(f"no CoreWeave hot-load API at {t.control_base} ({said}): check rl_control_url")
-
-
-def _fireworks_names(t: Target, status: httpx.Response, hot_load_api: bool, control_plane: bool) -> None:
-    if not t.deployment:
-        raise PreflightError(f"{t.base_url} is a Fireworks API: pass --rl-deployment=accounts/<a>/deployments/<d>")
-    said = f"GET status: HTTP {status.status_code} {_excerpt(status)}"
-    if not (hot_load_api or control_plane):
-        raise PreflightError(f"no hot-load API at {t.base_url} ({said}): check --rl-base-url, or pass "
-                             "--rl-engine=openai for a plain OpenAI-compatible server")  # fmt: skip
-    if status.status_code == 404:
-        raise PreflightError(
-            f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
-        )
-    if 400 <= status.status_code < 500:
-        raise PreflightError(f"the hot-load API refused the names ({said}): check --rl-model and --rl-deployment")
-    if not hot_load_api:
-        raise PreflightError(f"the hot-load status did not answer with a JSON object ({said})")
-
-
-def _get(client: DeploymentClient, url: str, headers: dict[str, str], option: str) -> httpx.Response:
+def get(client: DeploymentClient, url: str, headers: dict[str, str], option: str) -> httpx.Response:
     try:
         return client.request("GET", url, headers=headers)
     except (httpx.HTTPError, LimitExceeded) as e:
@@ -180,7 +130,7 @@ def _get(client: DeploymentClient, url: str, headers: dict[str, str], option: st
 def _authorized(r: httpx.Response, what: str) -> None:
     if r.status_code in (401, 403):
         raise PreflightError(
-            f"the API key was refused ({what}: HTTP {r.status_code} {_excerpt(r)}): check --rl-api-key or FIREWORKS_API_KEY"
+            f"the API key was refused ({what}: HTTP {r.status_code} {excerpt(r)}): check --rl-api-key or FIREWORKS_API_KEY"
         )
 
 
@@ -199,7 +149,7 @@ def _inference_answers(client: DeploymentClient) -> None:
         return
     said = s.body[:EXCERPT]
     if s.status in (400, 404) and "model" in said.lower():
-        names = "--rl-deployment" if t.engine == "fireworks" else "--rl-model"
+        names = "--rl-deployment" if spec(t.engine).model_is_name else "--rl-model"
         raise PreflightError(
             f"the deployment does not serve model {t.body_model!r} (HTTP {s.status} {said}): check {names}"
         )
@@ -212,7 +162,7 @@ def _with_engine(t: Target, engine: Engine) -> Target:
     return t if t.engine == engine else replace(t, engine=engine)
 
 
-def _excerpt(r: httpx.Response) -> str:
+def excerpt(r: httpx.Response) -> str:
     return r.text[:200]
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_rlrollout.engines import DEFAULT, spec
 from pytest_rlrollout.suite.options import RLConfig, options
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.run_state import Cleanup, Restored, RunState, Served
@@ -29,7 +30,7 @@ from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DI
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.contract.catalogue import Engine
+    from pytest_rlrollout.engines import Engine
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
@@ -331,13 +332,14 @@ def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
-    engine = opts.engine or "fireworks"  # the dialect the bundled deployment speaks (--rl-engine)
+    engine = opts.engine or DEFAULT  # the dialect the bundled deployment speaks (--rl-engine)
     # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
     # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
     with reference_deployment(bucket, engine=engine, faults=opts.local_faults, transition=opts.transition,
                               api_key=LOCAL_KEY) as dep:  # fmt: skip
-        # a vLLM or SGLang server is addressed by its URL alone; CoreWeave's hot-loads name the deployment's UUID
-        name = {"fireworks": dep.name, "coreweave": dep.settings.deployment_id}.get(engine)
+        # a self-hosted server is addressed by its URL alone; a hosted deployment by its name
+        # (accounts/<a>/deployments/<d>) or its UUID (its hot-loads name it)
+        name = {"path": dep.name, "uuid": dep.settings.deployment_id, None: None}[spec(engine).names]
         target = Target(name, dep.base_url, dep.model, dep.api_key, engine=engine)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
@@ -395,7 +397,7 @@ def _replay(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     # snapshots are still built (their signals must match the recording), into a bucket nobody reads
     bucket = tmp.mktemp("rl-replay-bucket")
     base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
-    engine = opts.engine or "fireworks"
+    engine = opts.engine or DEFAULT
     target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key,
                     engine=engine)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:

@@ -14,6 +14,7 @@ from types import ModuleType
 
 from pytest_rlrollout.contract import SEVERITY, Clause, Outcome, catalogue
 from pytest_rlrollout.contract.capabilities import CAPABILITIES, Capability
+from pytest_rlrollout.engines import ENGINES
 from pytest_rlrollout.suite.options import CONFORMANCE
 
 OUTCOMES: dict[Outcome, str] = {
@@ -65,8 +66,8 @@ def _clauses_of(marks: list) -> Iterator[tuple[str, str | None]]:
 
 
 def _capability_row(c: Capability) -> str:
-    required = ", ".join(sorted(c.required_by)) or "-"
-    flags = "; ".join(f"{engine}: {flag}" for engine, flag in c.flags.items()) or "-"
+    required = ", ".join(sorted(e for e in ENGINES if c.required(e))) or "-"
+    flags = "; ".join(f"{e}: {flag}" for e in ENGINES if (flag := c.flag(e)) is not None) or "-"
     return (
         f"| `{c.name}` | {c.about} | {c.probe} | {required}{' (observation only)' if c.observable else ''} | {flags} |"
     )

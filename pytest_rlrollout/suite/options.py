@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_rlrollout.contract.catalogue import ENGINES, Engine
+from pytest_rlrollout.engines import DEFAULT, DIALECTS, ENGINES, Engine, presumed, spec, with_control_plane
 from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
 from pytest_rlrollout.numerics.tolerances import TOLERANCES
 from pytest_rlrollout.remote.bucket import Store
@@ -137,7 +137,7 @@ class RLConfig:
     # CoreWeave: the hot-load API's URL and key (the gateway's are base_url and api_key)
     control_url: str | None = None
     control_key: Secret | None = None
-    engine: Engine | None = "fireworks"  # None: decided by the preflight (--rl-engine=auto)
+    engine: Engine | None = DEFAULT  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
     budget: Budget = Budget()
     bucket_url: str | None = None
@@ -584,8 +584,10 @@ def read_options(config: pytest.Config) -> RLConfig:
     if replay:
         return _replay_options(config, replay, common)
     if deployment == "local" or not (deployment or get("rl_base_url")):
-        if get("rl_engine") == "openai":
-            _usage("--rl-engine=openai: also pass --rl-base-url (the server) and --rl-model (what it serves)")
+        if get("rl_engine") not in (None, "auto", *DIALECTS):  # an engine the bundled deployment does not speak
+            _usage(
+                f"--rl-engine={get('rl_engine')}: also pass --rl-base-url (the server) and --rl-model (what it serves)"
+            )
         return _local_options(config, common)
     return _live_options(config, deployment, common)
 
@@ -608,7 +610,7 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     budget = Budget(profile=meta.get("profile") or "full")
     return RLConfig(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
                      model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True, budget=budget,
-                     engine=meta.get("engine", "fireworks"), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+                     engine=meta.get("engine", DEFAULT), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
@@ -625,7 +627,7 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
             _usage(f"rl_local_faults: {e}")
     common["transition"] = common["transition"] or "ASYNC"
     given = setting(config, "rl_engine")
-    engine = given if given in ("vllm", "sglang", "coreweave") else "fireworks"  # the bundled deployment's dialect
+    engine = given if given in DIALECTS else DEFAULT  # the bundled deployment's dialect (auto: its default)
     budget = _budget(functools.partial(setting, config), allow=True)
     common["numerics"] = _numerics(config, common["base_snapshot"], served="float32")  # the reference's numpy engine
     return RLConfig(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
@@ -637,18 +639,23 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
         return setting(config, key)
 
     engine: Engine | None = None if get("rl_engine") in (None, "auto") else get("rl_engine")
-    coreweave = engine == "coreweave" or (engine is None and _is_uuid(deployment))
-    if deployment is not None and not (_is_uuid(deployment) if coreweave else _is_deployment_name(deployment)):
+    # the engine given, or the one its names point to before the preflight asks (a UUID: CoreWeave's)
+    named = spec(engine or presumed(deployment=deployment, uuid=_is_uuid(deployment)))
+    controlled = named.control_plane
+    if deployment is not None and not (
+        _is_uuid(deployment) if named.names == "uuid" else _is_deployment_name(deployment)
+    ):
         _usage(f"--rl-deployment {deployment!r} is not "
-               + ("a CoreWeave deployment's UUID" if coreweave else "accounts/<account>/deployments/<deployment>"))  # fmt: skip
-    if engine == "fireworks" and deployment is None:
-        _usage("--rl-engine=fireworks: also pass --rl-deployment=accounts/<a>/deployments/<d>")
-    if get("rl_control_url") and not coreweave:
-        _usage("rl_control_url is CoreWeave's hot-load API: also pass --rl-engine=coreweave (or auto) and "
-               "--rl-deployment=<the deployment's UUID>")  # fmt: skip
+               + (f"a {named.title} deployment's UUID" if named.names == "uuid" else "accounts/<account>/deployments/<deployment>"))  # fmt: skip
+    if engine is not None and named.names == "path" and deployment is None:
+        _usage(f"--rl-engine={engine}: also pass --rl-deployment=accounts/<a>/deployments/<d>")
+    if get("rl_control_url") and not controlled:
+        control_plane = with_control_plane()
+        _usage(f"rl_control_url is {control_plane.title}'s hot-load API: also pass --rl-engine={control_plane.name} "
+               "(or auto) and --rl-deployment=<the deployment's UUID>")  # fmt: skip
     control: dict[str, Any] = {}
-    if coreweave:  # its control plane and gateway are two hosts with keys of their own
-        control = _coreweave_control(config, deployment)
+    if controlled:  # its control plane and gateway are two hosts with keys of their own
+        control = _control_plane(config, deployment)
     if get("rl_local_faults"):
         _usage(
             f"rl_local_faults break the bundled reference deployment; they cannot apply to "
@@ -657,8 +664,8 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     model = get("rl_model")
     if not model:
         _usage(f"{'--rl-deployment' if deployment else '--rl-base-url'}: also pass --rl-model (the model it serves)")
-    key = get("rl_api_key") or (None if coreweave else os.environ.get("FIREWORKS_API_KEY"))
-    if not key and (engine == "fireworks" or (engine is None and deployment is not None and not coreweave)):
+    key = get("rl_api_key") or (None if controlled else os.environ.get("FIREWORKS_API_KEY"))
+    if not key and named.model_is_name and deployment is not None:
         _usage(f"--rl-deployment {deployment}: pass --rl-api-key or set FIREWORKS_API_KEY")
     bucket_url, allow = get("rl_bucket_url"), get("rl_allow_hot_load")
     budget = _budget(get, allow=bool(allow))
@@ -715,15 +722,18 @@ def _store(get: Callable[[str], Any]) -> Store:
                  concurrency=get("rl_bucket_concurrency") or Store.concurrency, options=options)  # fmt: skip
 
 
-def _coreweave_control(config: pytest.Config, deployment: str | None) -> dict[str, Any]:
-    """CoreWeave's control plane: its URL and its own key (never a setting: a key typed on a
-    command line stays in the shell's history and the process list, one in an ini file in git)."""
+def _control_plane(config: pytest.Config, deployment: str | None) -> dict[str, Any]:
+    """The control plane of the engine that has one of its own (CoreWeave's): its URL and its own
+    key (never a setting: a key typed on a command line stays in the shell's history and the
+    process list, one in an ini file in git)."""
+    control_plane = with_control_plane()
     if deployment is None:
-        _usage("--rl-engine=coreweave: also pass --rl-deployment=<the deployment's UUID> (what its hot-loads name)")
+        _usage(f"--rl-engine={control_plane.name}: also pass --rl-deployment=<the deployment's UUID> (what its "
+               "hot-loads name)")  # fmt: skip
     what = (
-        "--rl-engine=coreweave"
-        if setting(config, "rl_engine") == "coreweave"
-        else f"--rl-deployment {deployment} (CoreWeave)"
+        f"--rl-engine={control_plane.name}"
+        if setting(config, "rl_engine") == control_plane.name
+        else f"--rl-deployment {deployment} ({control_plane.title})"
     )
     if not setting(config, "rl_base_url"):
         _usage(f"{what}: also pass --rl-base-url (the deployment's OpenAI-compatible gateway)")
@@ -892,7 +902,8 @@ def meta_problems(meta: Any) -> list[str]:
     problems = [f"meta.{k} is missing" for k in required if k not in meta]
     problems += [f"meta.{k} is not allowed: {str(meta[k])[:80]!r}" for k, ok in checks.items() if k in meta
                  and not ok(meta[k])]  # fmt: skip
-    if meta.get("engine") in (None, "fireworks") and meta.get("deployment") is None:
+    engine = meta.get("engine") or DEFAULT
+    if engine in ENGINES and spec(engine).names == "path" and meta.get("deployment") is None:
         problems.append("meta.deployment is missing: a Fireworks recording names its deployment")
     return problems
 

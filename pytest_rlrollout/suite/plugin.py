@@ -78,6 +78,7 @@ def _preflight(config: pytest.Config) -> Discovery:
     what it offers; a run that could only misjudge it ends here with what to fix."""
     import httpx
 
+    from pytest_rlrollout.engines import presumed
     from pytest_rlrollout.remote.discovery import PreflightError, preflight
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
@@ -85,7 +86,7 @@ def _preflight(config: pytest.Config) -> Discovery:
 
     o = options(config)
     # before the preflight decides: the engine the names given point to (a CoreWeave UUID comes with a control plane)
-    guess = "coreweave" if o.control_url else "fireworks" if o.deployment else "openai"
+    guess = presumed(deployment=o.deployment, control_url=o.control_url)
     with connect(o, o.engine or guess) as probing:
         try:
             engine, decided = preflight(probing.client, o.engine)

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_rlrollout.reference.faults import switches_for
 from pytest_rlrollout.reference.model import Model, Sequence_
-from pytest_rlrollout.remote.drivers.vllm import routed_experts
+from pytest_rlrollout.remote.openai_wire import routed_experts
 from pytest_rlrollout.snapshot import broken
 
 from .vllm_support import (

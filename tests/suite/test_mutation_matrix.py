@@ -280,26 +280,29 @@ ROWS = [_row(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
 ]
 
 
+def started_with(monkeypatch, engine: str, **settings) -> None:
+    """The reference's `engine` dialect started with `settings` over its defaults."""
+    import dataclasses
+
+    from pytest_rlrollout.engines import registry
+
+    was = registry.spec(engine)
+    dialect = dataclasses.replace(was.dialect, defaults={**was.dialect.defaults, **settings})
+    monkeypatch.setitem(registry.BY_NAME, engine, dataclasses.replace(was, dialect=dialect))
+
+
 @pytest.fixture
 def one_replica(monkeypatch):
     """The CoreWeave dialect started with one replica (its gateway names none that answered)."""
-    from pytest_rlrollout.reference import settings
-
-    monkeypatch.setitem(
-        settings.DIALECT_DEFAULTS, "coreweave", settings.DIALECT_DEFAULTS["coreweave"] | {"replicas": 1}
-    )
+    started_with(monkeypatch, "coreweave", replicas=1)
 
 
 @pytest.fixture
 def routed_experts(monkeypatch):
     """The vLLM and SGLang dialects started as servers with --enable-return-routed-experts (off by
     default on both; vLLM's CPU build cannot turn it on)."""
-    from pytest_rlrollout.reference import settings
-
-    for dialect in ("vllm", "sglang"):
-        monkeypatch.setitem(
-            settings.DIALECT_DEFAULTS, dialect, settings.DIALECT_DEFAULTS[dialect] | {"routed_experts": True}
-        )
+    for engine in ("vllm", "sglang"):
+        started_with(monkeypatch, engine, routed_experts=True)
 
 
 # Faults whose violation, on vLLM's wire, also breaks other clauses by the contract's own logic.

@@ -31,9 +31,9 @@ from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.contract.catalogue import Engine
+    from pytest_rlrollout.engines import Engine
     from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
-    from pytest_rlrollout.remote.discovery import Discovery
+    from pytest_rlrollout.remote.discovery import Answered, Discovery
 
 _STATUS_READ: dict[str, float] = {}  # when this process last read each deployment's status
 _STATUS_READ_LOCK = threading.Lock()
@@ -97,6 +97,20 @@ class Driver(ABC):
         # run's poll interval), however the reads come: a wait's polls, a probe's, a test's own
         self.status_gap = 0.0
         self.swapping = False
+
+    # --------------------------------------------------------------------- the preflight's
+
+    @classmethod
+    def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
+        """Why what answers is this engine (`--rl-engine auto`), or None. Reads only; `seen` holds
+        what the preflight read first, and any read an engine caches there for another's check."""
+        return None
+
+    @classmethod
+    def check_names(cls, client: DeploymentClient, seen: Answered, decided: str) -> None:
+        """Raise PreflightError saying what to fix when the names given do not fit this engine's
+        deployment (nothing to check by default: a server at a URL)."""
+        return None
 
     @property
     def target(self) -> Target:

@@ -26,26 +26,86 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
+import httpx
+
+from pytest_rlrollout.engines.coreweave import ENGINE
+from pytest_rlrollout.remote.discovery import (
+    PROBE_IDS,
+    Answered,
+    Discovery,
+    PreflightError,
+    auth_probe,
+    excerpt,
+    inference_probes,
+    mark,
+    said,
+)
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
-from pytest_rlrollout.remote.drivers.vllm import VLLM_READING, bound, legacy_body
+from pytest_rlrollout.remote.limits import LimitExceeded
+from pytest_rlrollout.remote.openai_wire import OpenAIReading, bound, legacy_body
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    import httpx
-
     from pytest_rlrollout.remote.client import DeploymentClient
 
 PREFIX = "/v1alpha1/inference"
+HOT_LOADS = PREFIX + "/hotLoads"
 POLICIES = {"all": "PROMPT_CACHE_POLICY_RESET_ALL", "none": "PROMPT_CACHE_POLICY_PRESERVE"}
 STAGES = {"READY": "ready", "UPDATING": "loading", "PENDING_UPDATE": "pending", "ERROR": "error"}
 
 
+def _hot_loads(client: DeploymentClient, seen: Answered) -> httpx.Response:
+    """The hot-load list (the deployment's, when it is named), asked of the control plane with its
+    own key; without one, of the base URL with the run's key. Read once per preflight."""
+
+    def ask() -> httpx.Response:
+        t = client.target
+        url = t.control_base + HOT_LOADS
+        option = "rl_control_url" if t.control_url else "--rl-base-url"
+        params = {"parentDeploymentId": t.deployment} if t.deployment else None
+        try:
+            return client.request("GET", url, headers=client.control_headers(), params=params)
+        except (httpx.HTTPError, LimitExceeded) as e:
+            raise PreflightError(f"nothing answers at {url} ({type(e).__name__}: {e}): check {option}") from None
+
+    return seen.read(ENGINE.name, ask)
+
+
+def _lists_hot_loads(r: httpx.Response) -> bool:
+    return r.status_code == 200 and isinstance((json_object(r) or {}).get("hotLoads"), list)
+
+
 class CoreWeaveDriver(Driver):
-    engine = "coreweave"
-    reading = VLLM_READING
+    engine = ENGINE.name
+    reading = OpenAIReading()  # its gateway answers as vLLM's /v1/completions does
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
     reset_policies = tuple(POLICIES)
+
+    @classmethod
+    def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
+        """Where a control plane is named, it is asked first and decides (its names checked next);
+        otherwise a server answering the hot-load list at the base URL is one of both."""
+        hot_loads, t = _hot_loads(client, seen), client.target
+        if t.control_url or _lists_hot_loads(hot_loads):
+            return f"GET {t.control_base if t.control_url else ''}{HOT_LOADS} answers CoreWeave's hot-load list"
+        return None
+
+    @classmethod
+    def check_names(cls, client: DeploymentClient, seen: Answered, decided: str) -> None:
+        t = client.target
+        hot_loads = _hot_loads(client, seen)
+        said = f"GET {t.control_base}{HOT_LOADS}: HTTP {hot_loads.status_code} {excerpt(hot_loads)}"
+        if t.deployment is None:
+            raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
+                                 "and set COREWEAVE_API_KEY (rl_control_url where the hot-load API has a host of its own)")  # fmt: skip
+        if hot_loads.status_code in (401, 403):
+            raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")
+        if hot_loads.status_code == 404:
+            raise PreflightError(
+                f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
+            )
+        if not _lists_hot_loads(hot_loads):
+            raise PreflightError(f"no CoreWeave hot-load API at {t.control_base} ({said}): check rl_control_url")
 
     def __init__(self, client: DeploymentClient):
         super().__init__(client)
@@ -150,7 +210,7 @@ class CoreWeaveDriver(Driver):
     # ----------------------------------------------------------------------- discovery
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
-        d = Discovery("coreweave", decided, transition=transition or self.transition)
+        d = Discovery(self.engine, decided, transition=transition or self.transition)
         inference_probes(self, d)
         auth_probe(self, d)
         listed = self._control("GET", "/hotLoads", params={"parentDeploymentId": self.deployment})

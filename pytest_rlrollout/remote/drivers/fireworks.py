@@ -8,11 +8,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.contract.schemas import problems
+from pytest_rlrollout.engines import FALLBACK
+from pytest_rlrollout.engines.fireworks import ENGINE
 from pytest_rlrollout.remote.discovery import (
     PROBE_IDS,
     PROBE_TEXT,
+    Answered,
     Discovery,
+    PreflightError,
     auth_probe,
+    excerpt,
     inference_probes,
     mark,
     said,
@@ -23,9 +28,35 @@ from pytest_rlrollout.remote.stream import json_object
 if TYPE_CHECKING:
     import httpx
 
+    from pytest_rlrollout.remote.client import DeploymentClient
+
 
 class FireworksDriver(Driver):
-    engine = "fireworks"
+    engine = ENGINE.name
+
+    @classmethod
+    def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
+        if seen.hot_load_api or seen.control_plane:
+            return "a Fireworks API answers (the hot-load status or /v1/accounts)"
+        return None
+
+    @classmethod
+    def check_names(cls, client: DeploymentClient, seen: Answered, decided: str) -> None:
+        t, status = client.target, seen.status
+        if not t.deployment:
+            raise PreflightError(f"{t.base_url} is a Fireworks API: pass --rl-deployment=accounts/<a>/deployments/<d>")
+        said = f"GET status: HTTP {status.status_code} {excerpt(status)}"
+        if not (seen.hot_load_api or seen.control_plane):
+            raise PreflightError(f"no hot-load API at {t.base_url} ({said}): check --rl-base-url, or pass "
+                                 f"--rl-engine={FALLBACK} for a plain OpenAI-compatible server")  # fmt: skip
+        if status.status_code == 404:
+            raise PreflightError(
+                f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
+            )
+        if 400 <= status.status_code < 500:
+            raise PreflightError(f"the hot-load API refused the names ({said}): check --rl-model and --rl-deployment")
+        if not seen.hot_load_api:
+            raise PreflightError(f"the hot-load status did not answer with a JSON object ({said})")
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
         r = self.client.status(headers=headers)
@@ -73,7 +104,7 @@ class FireworksDriver(Driver):
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
         client = self.client
-        d = Discovery("fireworks", decided)
+        d = Discovery(self.engine, decided)
         inference_probes(self, d)
         auth_probe(self, d)
         replicas = client.replicas()

@@ -3,14 +3,24 @@ pause or reset. The clauses it binds are those about what any OpenAI answer must
 
 from __future__ import annotations
 
-from pytest_rlrollout.remote.discovery import Discovery, inference_probes
+from typing import TYPE_CHECKING
+
+from pytest_rlrollout.engines.openai import ENGINE
+from pytest_rlrollout.remote.discovery import Answered, Discovery, inference_probes
 from pytest_rlrollout.remote.drivers.base import Driver
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.remote.client import DeploymentClient
 
 
 class OpenAIDriver(Driver):
-    engine = "openai"
+    engine = ENGINE.name
+
+    @classmethod
+    def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
+        return "no hot-load API and no engine's own API answers"  # the fallback: any OpenAI-compatible server
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
-        d = Discovery("openai", decided)
+        d = Discovery(self.engine, decided)
         inference_probes(self, d)
         return d

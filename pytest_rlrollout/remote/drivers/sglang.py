@@ -41,9 +41,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_rlrollout.contract.moe import moe_layers
-from pytest_rlrollout.remote.discovery import PROBE_IDS, Discovery, auth_probe, inference_probes, mark, said
+from pytest_rlrollout.engines.sglang import ENGINE
+from pytest_rlrollout.remote.discovery import (
+    PROBE_IDS,
+    Answered,
+    Discovery,
+    auth_probe,
+    get,
+    inference_probes,
+    mark,
+    said,
+)
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
-from pytest_rlrollout.remote.drivers.vllm import VLLMReading, bound, labelled_status, lay_routing
+from pytest_rlrollout.remote.openai_wire import OpenAIReading, as_list, bound, labelled_status, lay_routing
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -55,10 +65,6 @@ GENERATE = "/generate"
 NOT_FLUSHED = "Weights were updated, but the cache was not flushed"  # SGLang's words for a swap it did
 MODES = {"abort": "abort", "keep": "in_place"}  # the contract's pause modes SGLang has
 COMPLETION_MAX_TOKENS = 16  # the contract's (OpenAI's) default; SGLang's native default is 128
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _meta(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +82,8 @@ def _grown(now: Any, before: Any) -> Any:
 def _entries(rows: Any) -> list[dict[str, Any]]:
     """`[[logprob, id, text], ...]` as the contract's entries (what a row does not say is left out)."""
     out = []
-    for row in _list(rows):
-        row = _list(row)
+    for row in as_list(rows):
+        row = as_list(row)
         if len(row) < 2:
             continue
         entry: dict[str, Any] = {"logprob": row[0], "token_id": row[1]}
@@ -118,7 +124,7 @@ def routed_rows(value: Any, width: int | None) -> np.ndarray | None:
 
 
 @dataclass(frozen=True)
-class SGLangReading(VLLMReading):
+class SGLangReading(OpenAIReading):
     """Where SGLang's native answers say what the contract talks about (see the module's doc):
     chunks laid out with `choices` and `usage`; entries from the last chunk's cumulative
     `input_token_logprobs` and `output_token_logprobs`; versions from the finished chunk's spans,
@@ -166,7 +172,7 @@ class SGLangReading(VLLMReading):
         if not scored and self.echo and prompt is not None:
             scored = [{"token_id": token} for token in prompt]
         out = scored + _entries(meta.get("output_token_logprobs"))
-        generated = sum(len(_list(c["choices"][0].get("token_ids"))) for c in chunks if c.get("choices"))
+        generated = sum(len(as_list(c["choices"][0].get("token_ids"))) for c in chunks if c.get("choices"))
         size = meta.get("prompt_tokens")
         rows = routed_rows(meta.get("routed_experts"), self.width)
         if rows is not None and self.keep is not None:
@@ -180,10 +186,18 @@ SGLANG_READING = SGLangReading()
 
 
 class SGLangDriver(Driver):
-    engine = "sglang"
+    engine = ENGINE.name
     reading = SGLANG_READING
     transition = "ASYNC"  # the load retracts the requests in flight; they continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
+
+    @classmethod
+    def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
+        """An SGLang server answers `GET /model_info` with its weight_version."""
+        r = get(client, client.target.base_url.rstrip("/") + "/model_info", client.auth_headers(), "--rl-base-url")
+        label = (json_object(r) or {}).get("weight_version") if r.status_code == 200 else None
+        return f"GET /model_info answers SGLang's weight_version {label[:80]!r}" if isinstance(label, str) else None
+
     holds_streams = True  # load: pause (retract), update from disk, continue
 
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
@@ -254,7 +268,7 @@ class SGLangDriver(Driver):
     # ----------------------------------------------------------------------- what is served
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        return labelled_status(self._get("/model_info", headers=headers), "GET /model_info")
+        return labelled_status(self._get("/model_info", headers=headers), "GET /model_info", ENGINE.name)
 
     # ----------------------------------------------------------------------- loading
 
@@ -343,7 +357,7 @@ class SGLangDriver(Driver):
     # ----------------------------------------------------------------------- discovery
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
-        d = Discovery("sglang", decided, transition=transition or self.transition)
+        d = Discovery(self.engine, decided, transition=transition or self.transition)
         version = self._info("/server_info").get("version")
         d.version = version[:40] if isinstance(version, str) else None
         inference_probes(self, d)

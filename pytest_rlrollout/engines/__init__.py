@@ -1,0 +1,20 @@
+"""The engines a deployment may run, one module each (`spec` says what one is), registered in
+`registry`: the one place that lists them."""
+
+from pytest_rlrollout.engines.registry import (
+    DEFAULT,
+    DIALECTS,
+    ENGINES,
+    FALLBACK,
+    NUMERICS,
+    SPECS,
+    Engine,
+    dialect,
+    presumed,
+    spec,
+    with_control_plane,
+)
+from pytest_rlrollout.engines.spec import Dialect, EngineSpec, load
+
+__all__ = ["DEFAULT", "DIALECTS", "ENGINES", "FALLBACK", "NUMERICS", "SPECS", "Dialect", "Engine", "EngineSpec",
+           "dialect", "load", "presumed", "spec", "with_control_plane"]  # fmt: skip

@@ -23,7 +23,14 @@ from pytest_rlrollout.remote.fingerprint import (
 from pytest_rlrollout.remote.stream import json_object, span_problems
 from pytest_rlrollout.runs.plan import served
 from pytest_rlrollout.suite.marks import clause, loads, requires, swaps
-from pytest_rlrollout.suite.observe import WHITELIST, InFlight, cached_and_a_visible_change, continued, with_stream
+from pytest_rlrollout.suite.observe import (
+    WHITELIST,
+    InFlight,
+    cached_and_a_visible_change,
+    cached_continued,
+    continued,
+    with_stream,
+)
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
@@ -273,7 +280,7 @@ def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, 
         inconclusive(f"no tensor to change visibly: {e}")
     built = rl_swap.build("ctl-label", change)
     result = rl_swap.to(built)
-    ids = rl_deployment.prompt("ctl-label", 32).ids
+    ids = rl_deployment.token_ids("ctl-label", 32)
     served = scored(rl_deployment, ids, rl_deployment.salted("ctl-label-served"))  # at once, under the new label
     label = rl_deployment.serving()
     assert label == built.identity, f"after loading {built.identity} the deployment names {label}"
@@ -318,26 +325,36 @@ def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_obser
 @requires("cache_reset", "logprobs", "token_id_prompts", "cached_tokens")
 @loads(served(change="visible-kv"))
 def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_swap, rl_observe):
+    """Judged on every replica (a fleet's engines each reset their own cache): a prompt cached on
+    each before the swap, under a session that reaches it."""
     tol = rl_deployment.options.numerics.fingerprint_tolerance
-    ids = rl_deployment.prompt("ctl-cache", CACHED_PREFIX).ids
-    key = {ISOLATION: rl_deployment.salted("ctl-cache")}
-    old, change = cached_and_a_visible_change(rl_deployment, rl_swap, ids, key, "the reset")
+    ids = rl_deployment.token_ids("ctl-cache", CACHED_PREFIX)
+    places = rl_deployment.sessions_per_replica("ctl-cache")
+    keys = {replica: {ISOLATION: rl_deployment.salted(f"ctl-cache-{n}"), **session}
+            for n, (replica, session) in enumerate(sorted(places.items()))}  # fmt: skip
+    first = next(iter(sorted(keys)))
+    old, change = cached_and_a_visible_change(rl_deployment, rl_swap, ids, keys[first], "the reset")
+    olds = {first: old} | {
+        r: cached_continued(rl_deployment, ids, k, "the reset") for r, k in keys.items() if r != first
+    }
     rl_swap("ctl-cache", change=change, reset_prompt_cache="none")  # new weights; the cache kept
     r = rl_deployment.reset_cache()
     said = (json_object(r) or {}).get("success")
     if r.status_code != 200 or said is False:
         inconclusive(f"the reset said it did not happen (HTTP {r.status_code} {r.text[:200]}): no success to judge")
-    repeated = continued(rl_deployment, ids, key)
-    fresh = continued(rl_deployment, ids, {ISOLATION: rl_deployment.salted("ctl-cache-fresh")})
-    moved, _ = old.difference(fresh)
-    if moved <= tol:
-        inconclusive(f"the new weights did not change the prompt's continuation (max |Δ| {moved:.2g}): stale KV "
-                     "would not show")  # fmt: skip
-    d, where = repeated.difference(fresh)
-    assert d <= tol, (
-        f"after a prompt-cache reset that reported success (HTTP {r.status_code} {r.text[:80]}), a prompt cached "
-        f"before it continues unlike the same prompt under an unused isolation key: {where} > {tol:g} (the "
-        f"deployment reported {repeated.cached} cached tokens)"
-    )
-    rl_observe(len(repeated.logprobs), f"tokens continuing a prompt cached before a reset scored as uncached after "
-                                       f"it (max |Δ| {d:.2g}; the new weights moved them {moved:.2g})")  # fmt: skip
+    for n, (replica, key) in enumerate(sorted(keys.items())):
+        repeated = continued(rl_deployment, ids, key)
+        fresh = continued(rl_deployment, ids, {**key, ISOLATION: rl_deployment.salted(f"ctl-cache-fresh-{n}")})
+        moved, _ = olds[replica].difference(fresh)
+        if moved <= tol:
+            inconclusive(f"the new weights did not change the prompt's continuation on {replica} (max |Δ| "
+                         f"{moved:.2g}): stale KV would not show")  # fmt: skip
+        d, where = repeated.difference(fresh)
+        assert d <= tol, (
+            f"{replica}: after a prompt-cache reset that reported success (HTTP {r.status_code} {r.text[:80]}), a "
+            f"prompt cached before it continues unlike the same prompt under an unused isolation key: {where} > "
+            f"{tol:g} (the deployment reported {repeated.cached} cached tokens)"
+        )
+    rl_observe(len(keys) * len(repeated.logprobs), f"tokens continuing a prompt cached before a reset scored as "
+               f"uncached after it, on {len(keys)} replica(s) (the last: max |Δ| {d:.2g}; the new weights moved them "
+               f"{moved:.2g})")  # fmt: skip

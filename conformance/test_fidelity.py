@@ -175,7 +175,7 @@ def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tup
 
 def cached_continuation(rl_deployment, name):
     """A prompt's continuation served from the prompt cache before the swap: (name, prompt, session, it)."""
-    prompt = rl_deployment.prompt(name, CACHED_PREFIX).ids
+    prompt = rl_deployment.token_ids(name, CACHED_PREFIX)
     session = rl_deployment.session(name)
     return name, prompt, session, cached_continued(rl_deployment, prompt, session, "the swap")
 
@@ -216,7 +216,7 @@ def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_o
 @clause("FID-DECODE-1")
 @scored
 def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
-    prompt = rl_deployment.prompt("fid-decode", 24).ids
+    prompt = rl_deployment.token_ids("fid-decode", 24)
     session = rl_deployment.session("fid-decode")  # one replica decodes and echoes
     # sampled, as a rollout is: tokens less likely than the greedy ones, whose logprobs are far
     # enough from 0 that a rounding of them (bf16's 2^-9) shows above the tolerance
@@ -240,7 +240,7 @@ def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
 @clause("FID-BATCH-1")
 @scored
 def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
-    prompt = rl_deployment.prompt("fid-batch", 48).ids
+    prompt = rl_deployment.token_ids("fid-batch", 48)
     session = rl_deployment.session("fid-batch")  # one replica: the load shares its batches
 
     def judged(name: str) -> list[float]:

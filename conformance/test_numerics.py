@@ -60,7 +60,7 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
             inconclusive("whether the model is MoE is told by its config.json: pass --rl-base-snapshot")
         not_applicable("the served model is dense (its config.json declares no experts)")
     per_prompt = -(-opts.tokens // PROMPTS)
-    prompts = [rl_deployment.prompt(f"num-{i}", 16).ids for i in range(PROMPTS)]
+    prompts = [rl_deployment.token_ids(f"num-{i}", 16) for i in range(PROMPTS)]
     versioned = rl_deployment.capabilities.has("policy_version")
     served = set() if versioned else set(rl_deployment.served_identities())  # the policy, where answers name none
     try:

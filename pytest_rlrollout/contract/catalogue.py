@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-from pytest_rlrollout.engines import ENGINES, Engine
+from pytest_rlrollout.engines import ENGINES, Engine, spec
 from pytest_rlrollout.shipped import shipped
 
 Level = Literal["MUST", "SHOULD", "MAY"]
@@ -40,7 +40,13 @@ class Clause:
         return tuple(e for e in ENGINES if e in self.bindings)
 
     def binds(self, engine: Engine) -> bool:
-        return engine in self.bindings
+        return self.binding(engine) is not None
+
+    def binding(self, engine: Engine) -> str | None:
+        """How `engine` expresses the clause: its own binding, else (a gateway over engines of
+        another kind) its engines' one; None when it has none."""
+        like = spec(engine).binds_like
+        return self.bindings.get(engine) or (self.bindings.get(like) if like is not None else None)
 
 
 class Catalogue:

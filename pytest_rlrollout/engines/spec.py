@@ -46,6 +46,9 @@ class EngineSpec:
     # capability -> the server flag (or environment variable) that turns it on
     flags: Mapping[str, str] = field(default_factory=dict)
     dialect: Dialect | None = None  # None: the reference deployment does not speak it
+    # a gateway over engines of another kind: a clause it has no binding of its own for is bound
+    # as on its engines, judged on each of them (None: an engine of its own)
+    binds_like: str | None = None
     names: Names | None = None  # what --rl-deployment names on it (None: nothing; the model at a URL)
     model_is_name: bool = False  # requests name the deployment: its name is the inference `model`
     inference_prefix: str = ""  # where /v1/completions lives under the base URL

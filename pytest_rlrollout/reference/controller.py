@@ -66,9 +66,8 @@ class Deployment:
         self.settings = settings
         bucket = settings.bucket
         bucket.mkdir(parents=True, exist_ok=True)
-        base = bucket / settings.base_identity
-        if not base.exists():
-            tiny_moe.make_base(base, layout=settings.layout)
+        # written once however many engines share the bucket (a fleet), reused as it is
+        base = tiny_moe.ensure_base(bucket / settings.base_identity, layout=settings.layout)
         self._workdir = Path(tempfile.mkdtemp(prefix="rlrollout-deployment-"))
         self.full_dirs: dict[str, Path] = {settings.base_identity: base}
         self.config = json.loads((base / "config.json").read_text())

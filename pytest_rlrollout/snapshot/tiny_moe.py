@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +173,28 @@ def weights(cfg: dict[str, Any], seed: int = SEED) -> dict[str, Tensor]:
     out["model.norm.weight"] = norm(h)
     out["lm_head.weight"] = normal(v, h, std=0.1)
     return out
+
+
+def ensure_base(dst: str | Path, *, layout: str = "tiny") -> Path:
+    """The reference base at `dst`, written once: where it is missing it is written beside `dst`
+    and renamed into place, so engines started together on one bucket (a fleet) write it once,
+    and none reads a half-written base or refuses the one another wrote. One already there is
+    used as it is."""
+    dst = Path(dst)
+    if dst.exists():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        make_base(partial, layout=layout)
+        try:
+            os.rename(partial, dst)  # atomic; refused when another engine's rename came first
+        except OSError:
+            if not (dst / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return dst
 
 
 def make_base(dst: str | Path, *, seed: int = SEED, layout: str = "tiny") -> Path:

@@ -195,8 +195,30 @@ class RLDeployment:
         them, else about `tokens` words of text."""
         from pytest_rlrollout.suite.prompts import make_prompt
 
-        return make_prompt(self.salted(name), tokens, ids=self.capabilities.has("token_id_prompts"),
+        ids = self.capabilities.has("token_id_prompts") and self.driver.prompts_in_ids
+        return make_prompt(self.salted(name), tokens, ids=ids,
                            vocab=(self.base_config or {}).get("vocab_size"))  # fmt: skip
+
+    def sessions_per_replica(self, name: str) -> dict[str, dict[str, str]]:
+        """Session headers of this run reaching each replica, by the replica's name (the session
+        key itself where answers name none): one-token probes until every replica the deployment
+        has answered, so that a clause about each replica is judged on each (a gateway's engines
+        included). One replica: one session."""
+        from pytest_rlrollout.remote.fingerprint import sessions_by_replica
+
+        replicas = max(self.capabilities.replicas, 1)
+        found, _, _ = sessions_by_replica(self.driver, replicas, lambda n: self.salted(f"{name}-{n}"))
+        return {replica: {"x-multi-turn-session-id": key} for replica, key in found.items()}
+
+    def token_ids(self, name: str, tokens: int) -> list[int]:
+        """The token ids of a prompt no other test and no earlier run sends, for the tests that
+        score a prompt's own tokens (they need `token_id_prompts`): the ids `prompt` sends where
+        the deployment's routed path takes ids."""
+        from pytest_rlrollout.suite.prompts import make_prompt
+
+        ids = make_prompt(self.salted(name), tokens, ids=True, vocab=(self.base_config or {}).get("vocab_size")).ids
+        assert ids is not None  # asked for ids
+        return ids
 
     @functools.cached_property
     def base_config(self) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 from tokenizers import Tokenizer
 
 from pytest_rlrollout.snapshot import build, tiny_moe
@@ -85,3 +86,23 @@ def test_the_qwen3_30b_a3b_layout_has_the_published_structure_at_cpu_widths(tmp_
     assert validate(base).ok("must")
     out = Model.load(base).step([Sequence_()], [[1, 2, 3, 4]])[0]
     assert out.routing.shape == (4, 48, 8) and np.isfinite(out.logits).all()
+
+
+def test_engines_sharing_a_bucket_write_the_base_once(tmp_path, monkeypatch):
+    """A fleet's engines start together on one bucket: the base is written beside its place and
+    renamed in, so the engine that loses the race uses the winner's base (no refusal, no half
+    base, no leftovers), and a base already there is used as it is."""
+    dst = tmp_path / "bucket" / tiny_moe.BASE_IDENTITY
+    real = tiny_moe.make_base
+
+    def another_engine_wins(partial, **kw):  # the other engine's rename lands while this one writes
+        real(dst, **kw)
+        return real(partial, **kw)
+
+    monkeypatch.setattr(tiny_moe, "make_base", another_engine_wins)
+    assert tiny_moe.ensure_base(dst) == dst
+    assert [p.name for p in dst.parent.iterdir()] == [dst.name]  # the loser's copy removed
+    expected = real(tmp_path / "expected")
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == {p.name: p.read_bytes() for p in expected.iterdir()}
+    monkeypatch.setattr(tiny_moe, "make_base", lambda *a, **k: pytest.fail("a base already there is rewritten"))
+    assert tiny_moe.ensure_base(dst) == dst

@@ -81,6 +81,10 @@ class Driver(ABC):
     # long it takes. Otherwise the swap happens when the deployment gets to it, and a stream is
     # kept in flight until the status shows it done (`suite.observe.across_swap`).
     holds_streams: ClassVar[bool] = False
+    # the deployment's routed path takes token-id prompts: the tests' prompts are token ids where
+    # the deployment takes them (False: a gateway whose OpenAI routes take text only, its token-id
+    # answers reached another way; the tests prompt in text)
+    prompts_in_ids: ClassVar[bool] = True
     # the reset_prompt_cache values a load binds (a signal with another is Unbound: not-applicable)
     reset_policies: ClassVar[tuple[str, ...]] = ("all", "new_session", "none")
 
@@ -205,8 +209,9 @@ class Driver(ABC):
             partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
             stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
             if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
-                behind = [x.get("current_snapshot_identity") for x in replicas if not serves(x, identity, lora)]
-                return Waited(WaitEnd.STALLED, elapsed, replicas, f"the rollout stopped: replicas still serve {behind}")
+                behind = ", ".join(f"{x.get('name', f'replica {i}')} still serves {x.get('current_snapshot_identity')!r}"
+                                   for i, x in enumerate(replicas) if not serves(x, identity, lora))  # fmt: skip
+                return Waited(WaitEnd.STALLED, elapsed, replicas, f"the rollout stopped: {behind}")
         return Waited(WaitEnd.TIMED_OUT, timeout, replicas, f"not served within {timeout} s")
 
     # ----------------------------------------------------------------------- changing what is served

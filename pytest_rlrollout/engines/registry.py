@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pytest_rlrollout.engines import coreweave, fireworks, openai, sglang, vllm
+from pytest_rlrollout.engines import coreweave, fireworks, openai, sglang, smg, vllm
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec
 
-SPECS: tuple[EngineSpec, ...] = (fireworks.ENGINE, vllm.ENGINE, sglang.ENGINE, coreweave.ENGINE, openai.ENGINE)
+SPECS: tuple[EngineSpec, ...] = (
+    fireworks.ENGINE,
+    vllm.ENGINE,
+    sglang.ENGINE,
+    coreweave.ENGINE,
+    smg.ENGINE,
+    openai.ENGINE,
+)
 # the names as a type; kept equal to SPECS (checked below, at import)
-Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "openai"]
+Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "openai"]
 ENGINES: tuple[Engine, ...] = tuple(s.name for s in SPECS)  # type: ignore[assignment]
 if get_args(Engine) != ENGINES:
     raise ImportError(f"engines.registry: Engine spells {get_args(Engine)}, the registered engines are {ENGINES}")

@@ -455,3 +455,33 @@ def test_validate_help_states_the_validators_own_bounds():
         "3 internal error",
     ):
         assert stated in text
+
+
+# --------------------------------------------------------------------------- serve --fleet
+
+
+def test_serve_fleet_starts_engines_behind_the_gateway_and_stops_them_all(serve):
+    """`serve --fleet 2`: two engines on one bucket behind a real smg, the suite's command for the
+    gateway; on SIGTERM the gateway (its router included) and the engines stop."""
+    child = serve("--engine", "vllm", "--fleet", "2")
+    gateway, engines = child.url, child.named("engines").split(", ")
+    [command] = [x for x in child.printed if x.startswith("conformance:")]
+    assert f"--rl-base-url={gateway} " in command and "--rl-engine=smg " in command
+    workers = httpx.get(gateway + "/v1/rl/workers", timeout=30).json()["workers"]
+    assert sorted(w["url"] for w in workers) == sorted(engines)
+    assert {w["health"] for w in workers} == {"ready"} and {w["engine"] for w in workers} == {"vllm"}
+    assert child.printed[-1].startswith("serving tiny-qwen3-moe-base on 2 engines behind smg")
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=60) == 0
+    for url in (gateway, *engines):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/v1/models", timeout=5)
+
+
+def test_serve_fleet_is_of_self_hosted_engines_and_a_fault_hits_an_engine_of_it(fake_deployment, capsys):
+    assert main(["serve", "--fleet", "2"]) == 2  # the Fireworks dialect is a hosted deployment
+    assert "--fleet N" in capsys.readouterr().err
+    assert main(["serve", "--engine", "vllm", "--fleet", "2", "--faulty-engine", "2", "--fault", "HL-GET-2"]) == 2
+    assert "--faulty-engine 2" in capsys.readouterr().err
+    assert main(["serve", "--engine", "vllm", "--faulty-engine", "0", "--fault", "HL-GET-2"]) == 2  # no fleet
+    assert fake_deployment == {}

@@ -19,6 +19,7 @@ from pytest_rlrollout.cli.stopping import WOKEN, StopSignals, StopTimedOut
 from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, spec, with_control_plane
 
 if TYPE_CHECKING:
+    from pytest_rlrollout.reference.fleet import Fleet
     from pytest_rlrollout.reference.server import Running
 
 BUILT_IN_KEY = "rl-reference-key"  # the reference deployment's public default key
@@ -51,6 +52,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "structure (48 layers, 128 experts, top-8, its 18,867 tensor names) at the reference's "
                          "widths (as `rlrollout make-base --layout`)")  # fmt: skip
     sv.add_argument("--replicas", type=int, help=f"default: 2 ({HOSTED}), 1 ({SELF_HOSTED})")
+    sv.add_argument("--fleet", type=int, metavar="N",
+                    help=f"{SELF_HOSTED}: N engines on one bucket behind SGLang's model gateway (smg --enable-rl, "
+                         "the fleet extra); --port is then the gateway's")  # fmt: skip
+    sv.add_argument(
+        "--faulty-engine",
+        type=int,
+        metavar="I",
+        help="with --fleet: the --fault switches hit engine I only (0-based; default: every engine)",
+    )
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", help=f"default: rl-reference-key ({HOSTED}), none asked for ({SELF_HOSTED})")
     sv.add_argument("--control-api-key", help=f"{with_control_plane().name}: a key of its own for the hot-load API "
@@ -101,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
                          f"{SELF_HOSTED.replace(', ', '|')}); the others return routing matrices when a request asks "
                          "for them")  # fmt: skip
 
+    if args.fleet is not None and (not self_hosted or args.fleet < 1):
+        raise UsageError(
+            f"--fleet N: N >= 1 engines of a self-hosted dialect (--engine {SELF_HOSTED.replace(', ', '|')})"
+        )
+    if args.faulty_engine is not None and not (args.fleet and 0 <= args.faulty_engine < args.fleet):
+        raise UsageError(f"--faulty-engine {args.faulty_engine}: an engine of --fleet (0..N-1)")
     if args.bucket_endpoint_url is not None and args.bucket_url is None:
         raise UsageError("--bucket-endpoint-url is the endpoint of --bucket-url's object store")
     if args.bucket_url is not None and self_hosted:
@@ -134,10 +150,14 @@ def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSigna
             # removed after the deployment stops (the stack unwinds last-in first-out); a
             # --bucket the user named is theirs and never removed
             cleanup.callback(_remove_tree, bucket)
-        dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
-        if args.bucket_url is not None:  # the store holds the base under its identity, as a hosted bucket does
-            _put_base(args, bucket / dep.settings.base_identity)
-        print("\n".join(_announcement(dep, bucket, options)), flush=True)
+        if args.fleet:
+            dep = cleanup.enter_context(_fleet(args, bucket, options))
+            print("\n".join(_fleet_announcement(dep, bucket, options)), flush=True)
+        else:
+            dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
+            if args.bucket_url is not None:  # the store holds the base under its identity, as a hosted bucket does
+                _put_base(args, bucket / dep.settings.base_identity)
+            print("\n".join(_announcement(dep, bucket, options)), flush=True)
         stopped_by = signals.wait()
     except BaseException:
         cleanup.close()
@@ -149,7 +169,7 @@ def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSigna
     return stopped_by
 
 
-def _stop(cleanup: contextlib.ExitStack, dep: Running, signals: StopSignals, bucket: Path | None,
+def _stop(cleanup: contextlib.ExitStack, dep: Running | Fleet, signals: StopSignals, bucket: Path | None,
           within: float) -> None:  # fmt: skip
     """Unwind `cleanup` in a thread of its own while this (the main) thread waits on `signals`:
     a second signal makes the deployment stop waiting for its streams, and a stop still under way
@@ -201,6 +221,35 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], self_hosted: boo
     if not self_hosted:
         options.setdefault("api_key", BUILT_IN_KEY)
     return options
+
+
+def _fleet(args: argparse.Namespace, bucket: Path, options: dict[str, Any]) -> contextlib.AbstractContextManager[Fleet]:
+    """The reference fleet the options describe: --fleet engines, the faults on one or all."""
+    from pytest_rlrollout.reference.fleet import reference_fleet
+
+    settings = dict(options)
+    engine, faults = settings.pop("engine"), settings.pop("faults")
+    hit = [args.faulty_engine] if args.faulty_engine is not None else range(args.fleet)
+    return reference_fleet(bucket, args.fleet, engine=engine, faults=dict.fromkeys(hit, faults), host=args.host,
+                           port=args.port, **settings)  # fmt: skip
+
+
+def _fleet_announcement(fleet: Fleet, bucket: Path, options: dict[str, Any]) -> list[str]:
+    """What `serve --fleet` prints: the gateway, its engines, the suite's command for the fleet."""
+    from pytest_rlrollout.engines import smg
+
+    first = fleet.engines[0]
+    base = bucket / first.settings.base_identity
+    named = [f"gateway:    {fleet.base_url}", f"engines:    {', '.join(fleet.urls)}", f"model:      {first.model}",
+             f"bucket:     {bucket}"]  # fmt: skip
+    command = (f"--rl-base-url={fleet.base_url} --rl-model={first.model} --rl-engine={smg.NAME} --rl-allow-hot-load"
+               f" --rl-bucket-url={bucket} --rl-base-snapshot={base}" + _paced(first, options["engine"])
+               + " -o rl_served_dtype=float32")  # fmt: skip
+    dialect = spec(options["engine"]).dialect
+    assert dialect is not None  # a fleet is of a self-hosted dialect
+    serving = dialect.serving.format(transition=options["transition"])
+    return [*named, f"conformance: rlrollout conformance {command}",
+            f"serving {first.settings.base_identity} on {len(fleet.engines)} engines behind {smg.NAME}, {serving}"]  # fmt: skip
 
 
 def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[str]:

@@ -53,6 +53,11 @@ class Fleet:
         """Where a run reaches the fleet: the gateway (else the first engine)."""
         return self.gateway.url if self.gateway is not None else self.engines[0].base_url
 
+    def hurry_stop(self) -> None:
+        """Every engine stops waiting for its requests in flight (`Running.hurry_stop`)."""
+        for e in self.engines:
+            e.hurry_stop()
+
 
 def gateway_program() -> str | None:
     """The gateway's program: beside this Python's (a virtual environment's bin), else on PATH."""
@@ -69,12 +74,14 @@ def reference_fleet(
     gateway: bool = True,
     faults: Mapping[int, frozenset[str]] | None = None,
     host: str = "127.0.0.1",
+    port: int = 0,
     log: Path | None = None,
     **settings: Any,
 ) -> Iterator[Fleet]:
     """`engines` reference engines speaking `engine` (a self-hosted dialect) on one bucket, and,
     with `gateway`, smg in front of them (a RuntimeError when it is not installed). `faults`:
-    the switches each engine (by index) has on; the others have none."""
+    the switches each engine (by index) has on; the others have none. `port`: the gateway's (0: a
+    free one)."""
     if not spec(engine).self_hosted or spec(engine).dialect is None:
         raise ValueError(f"a fleet is of self-hosted engines the reference speaks, not {engine!r}")
     if engines < 1:
@@ -89,13 +96,15 @@ def reference_fleet(
         ]  # fmt: skip
         front = None
         if gateway:
-            front = stack.enter_context(smg_gateway([r.base_url for r in running], backend=engine, host=host, log=log))
+            front = stack.enter_context(
+                smg_gateway([r.base_url for r in running], backend=engine, host=host, port=port, log=log)
+            )
         yield Fleet(running, front)
 
 
 @contextlib.contextmanager
 def smg_gateway(
-    urls: list[str], *, backend: str, host: str = "127.0.0.1", log: Path | None = None
+    urls: list[str], *, backend: str, host: str = "127.0.0.1", port: int = 0, log: Path | None = None
 ) -> Iterator[Gateway]:
     """smg with its RL control plane in front of `urls` (consistent hashing on the routing key),
     ready once it lists every engine as ready; stopped with its whole process group (its router
@@ -105,7 +114,7 @@ def smg_gateway(
         raise RuntimeError(
             f"{GATEWAY} is not installed: pip install 'pytest-rlrollout[fleet]' (SGLang's model gateway)"
         )
-    port, metrics = _free_port(host), _free_port(host)  # its metrics server binds 29000 unless told (two collide)
+    port, metrics = port or _free_port(host), _free_port(host)  # its metrics server binds 29000 unless told
     url = f"http://{host}:{port}"
     command = [program, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--backend", backend,
                "--enable-rl", "--policy", "consistent_hashing", "--prometheus-host", host,

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,21 +71,38 @@ TWO_CORES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log: Path, *, key: str = KEY) -> Iterator[Server]:
-    """vLLM serving `model_dir` with its RL routes on; stopped (its whole process group) at exit."""
-    port = free_port()
+def vllm_server(model_dir: Path, log: Path, *, key: str | None = KEY, prefix: Sequence[str] = ()) -> Iterator[Server]:
+    """vLLM serving `model_dir` with its RL routes on (asking for `key`; None: no key, as the
+    engines behind a gateway run); stopped (its whole process group) at exit. `prefix`: a command
+    it runs under (`unshare -m`: a mount namespace of its own)."""
+    with vllm_servers([(model_dir, log, prefix)], key=key) as [server]:
+        yield server
+
+
+@contextlib.contextmanager
+def vllm_servers(each: Sequence[tuple[Path, Path, Sequence[str]]], *, key: str | None = KEY) -> Iterator[list[Server]]:
+    """Several vLLM servers (model dir, log, command prefix), started together and waited for
+    together (a fleet's engines start in about the time of one); all stopped at exit."""
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **TWO_CORES}  # fmt: skip
-    command = [str(ensure_venv()), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
-               str(port), "--model", str(model_dir), "--api-key", key, *FLAGS]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", MODEL, key, log, process)
+    servers: list[Server] = []
     try:
-        wait_until(lambda: _ready(server), timeout=READY_WITHIN, interval=0.5, what=f"vLLM on port {port} ({log})")
-        yield server
+        for model_dir, log, prefix in each:
+            port = free_port()
+            command = [*prefix, str(ensure_venv()), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+                       "--port", str(port), "--model", str(model_dir), *(["--api-key", key] if key else []),
+                       *FLAGS]  # fmt: skip
+            with open(log, "wb") as out:
+                process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
+            servers.append(Server(f"http://127.0.0.1:{port}", MODEL, key or "", log, process))
+        for server in servers:
+            wait_until(lambda s=server: _ready(s), timeout=READY_WITHIN, interval=0.5, what=f"vLLM at {server.url} "
+                       f"({server.log})")  # fmt: skip
+        yield servers
     finally:
-        stop(server)
+        for server in servers:
+            stop(server)
 
 
 def _ready(server: Server) -> bool:

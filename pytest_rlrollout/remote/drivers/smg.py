@@ -111,6 +111,30 @@ class GatewayDriver(VLLMDriver):
     def _get(self, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
         return as_one_answer(self._fanout("GET", path, headers=headers))
 
+    def load(
+        self,
+        signal: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        midway: Callable[[], None] | None = None,
+    ) -> httpx.Response:
+        """vLLM's load, every step fanned out. Where the engines did not all succeed, the answer
+        says which did not, what the fleet serves after it (each engine's label, mixed when they
+        differ) and then gives the gateway's own per-engine answer."""
+        r = super().load(signal, headers=headers, midway=midway)
+        engines = per_engine(r)
+        if r.status_code == 200 or not engines:
+            return r
+        failed = {url: (status, body) for url, (status, body) in sorted(engines.items()) if status != 200}
+        served = {x.get("name"): x.get("current_snapshot_identity") for x in self.status().replicas}
+        mixed = "mixed snapshots" if len(set(served.values())) > 1 else "one snapshot"
+        said = (f"the load failed on {', '.join(f'{url} (HTTP {status})' for url, (status, _) in failed.items())}, "
+                f"{len(failed)} of {len(engines)} engines, and the fleet now serves {mixed}: "
+                + ", ".join(f"{name} {identity!r}" for name, identity in sorted(served.items()))
+                + "; " + "; ".join(f"{url} answered {str(body)[:200]}" for url, (_, body) in failed.items())
+                + f". The gateway's answer (HTTP {r.status_code}): {r.text[:2000]}")  # fmt: skip
+        return httpx.Response(r.status_code, text=said, request=r.request)
+
     # ------------------------------------------------------------------ inference, routed
 
     def complete(

@@ -202,6 +202,7 @@ class _Clock:
         return LimitExceeded(
             self.bound,
             f"{self.what}: {self.doing} after {self.end - self.start:.3g} s" + (f": {detail}" if detail else ""),
+            silent=self.doing == NO_ANSWER,
         )
 
 

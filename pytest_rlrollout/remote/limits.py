@@ -31,6 +31,7 @@ class LimitExceeded(AssertionError):
     """The deployment went past one of the suite's bounds. An AssertionError: what the
     deployment did is the finding, and the message says which bound and by how much."""
 
-    def __init__(self, bound: str, detail: str):
+    def __init__(self, bound: str, detail: str, *, silent: bool = False):
         self.bound = bound
+        self.silent = silent  # a time bound passed before any of the answer came: slow, or hung
         super().__init__(f"{detail} (the suite's bound: {bound})")

@@ -476,7 +476,8 @@ def expect_loaded(result: SwapResult, *, own: bool = False) -> None:
     (HL-GET-1) or, unless the test is about rollouts (`own`), a rollout that stopped part-way
     (HL-GET-2) leaves the test inconclusive instead of failing it."""
     r, w = result.response, result.waited
-    assert r.status_code == 200, f"the signal for {result.built.identity} got {r.status_code}: {r.text[:300]}"
+    # the whole answer (a gateway's names each engine's), as far as a report shows one
+    assert r.status_code == 200, f"the signal for {result.built.identity} got {r.status_code}: {r.text[:3000]}"
     assert w is not None
     if w.ok:
         return

@@ -209,6 +209,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     attach(report, item, exchanges, _assertion(call) if report.failed else "")
     if report.failed and call.excinfo is not None and not _deployments_fault(call.excinfo.value):
         report.user_properties.append((SUITE_ERROR, type(call.excinfo.value).__name__))
+    if report.failed and call.excinfo is not None and (slow := _cut_by_the_suite(call.excinfo.value)):
+        report.outcome = "skipped"  # slow is not wrong: a time bound of the suite's is never the deployment's fail
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {Outcome.INCONCLUSIVE}: {slow}")
     if report.passed and not observed(item).anything:
         report.outcome = "skipped"
         report.longrepr = (
@@ -232,6 +235,20 @@ def _deployments_fault(e: BaseException) -> bool:
     import httpx
 
     return isinstance(e, AssertionError | pytest.fail.Exception | httpx.HTTPError)
+
+
+def _cut_by_the_suite(e: BaseException) -> str | None:
+    """Why the test is inconclusive when one of the suite's own time bounds passed before any of
+    an answer came (Limits.exchange, the test's deadline); None otherwise. A stream cut while
+    sending is judged by the test (`observe.not_cut_by_the_suite`), and a bound on what an answer
+    holds (its bytes, its events) stays the deployment's fail."""
+    from pytest_rlrollout.remote.limits import LimitExceeded
+    from pytest_rlrollout.suite.observe import TIME_BOUNDS
+
+    if not isinstance(e, LimitExceeded) or not e.silent or not e.bound.startswith(TIME_BOUNDS):
+        return None
+    return (f"{e}: no answer within the suite's own bound, which no clause sets (slow is not wrong; raise "
+            "rl_exchange_timeout or rl_test_timeout)")  # fmt: skip
 
 
 def _assertion(call: pytest.CallInfo) -> str:

@@ -10,6 +10,8 @@ choose runs (default: all of them):
   deployment in that dialect (not a real engine; every column says so);
 - `vllm-0.32-cpu`: a real vLLM 0.32 CPU server (tests/engines/vllm_server.py: its flags and
   layout), judged by the whole suite, the tests that break it last;
+- `vllm-0.32-cpu-x2-behind-smg`: two of them on one bucket behind a real smg 1.13
+  (`--enable-rl`), judged through the gateway as the `smg` engine;
 - `openai-transformers-serve`: `transformers serve` of the reference base (a plain
   OpenAI-compatible server).
 
@@ -64,6 +66,20 @@ def real_vllm(report: Path, base: Path) -> None:
               "-o", f"rl_served_dtype={DTYPE}")  # fmt: skip
 
 
+def real_vllm_fleet(report: Path, base: Path) -> None:
+    """Two real vLLM servers (no key, as behind a gateway) on one bucket behind a real smg."""
+    from pytest_rlrollout.reference.fleet import smg_gateway
+    from tests.engines.vllm_server import DTYPE, STREAM_TOKENS, vllm_servers
+
+    bucket, logs = base.parent, report.parent
+    each = [(base, logs / f"vllm-{i}.log", ()) for i in range(2)]
+    with vllm_servers(each, key=None) as servers, smg_gateway([s.url for s in servers], backend="vllm",
+                                                               log=logs / "smg.log") as gateway:  # fmt: skip
+        suite(report, f"--rl-base-url={gateway.url}", "--rl-model=tiny", "--rl-engine=auto", "--rl-allow-hot-load",
+              f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}",
+              "-o", "rl_exchange_timeout=20", "-o", f"rl_served_dtype={DTYPE}")  # fmt: skip
+
+
 @contextlib.contextmanager
 def transformers_serve(base: Path, log: Path) -> Iterator[str]:
     command = shutil.which("transformers")
@@ -102,6 +118,7 @@ RUNS: dict[str, Callable[[Path, Path], None]] = {
     "sglang-reference": reference("sglang"),
     "vllm-reference": reference("vllm"),
     "vllm-0.32-cpu": real_vllm,
+    "vllm-0.32-cpu-x2-behind-smg": real_vllm_fleet,
     "openai-transformers-serve": openai_transformers,
 }
 

@@ -23,3 +23,15 @@ def test_what_stays_the_deployments():
     not_cut_by_the_suite(ConnectionResetError("reset by peer"), 10, 1000)
     not_cut_by_the_suite(LimitExceeded("Limits.events = 2,064 (or twice the tokens asked for)", "too many"), 2065, 1000)
     not_cut_by_the_suite(LimitExceeded("Limits.exchange = 20 s", "still sending"), 1200, 1000)  # more than asked
+
+
+def test_no_answer_within_the_suites_time_is_inconclusive_not_the_deployments_fail():
+    """A test whose exchange got no byte of an answer before the suite's own time bound is
+    inconclusive, naming the bound; a stream cut while sending, or a bound on what came, is not."""
+    from pytest_rlrollout.suite.plugin import _cut_by_the_suite
+
+    silent = LimitExceeded("Limits.exchange = 20 s", "POST /v1/completions: no answer came after 20 s", silent=True)
+    assert "slow is not wrong" in _cut_by_the_suite(silent) and "Limits.exchange = 20 s" in _cut_by_the_suite(silent)
+    assert _cut_by_the_suite(LimitExceeded("Limits.exchange = 20 s", "the stream was still sending")) is None
+    assert _cut_by_the_suite(LimitExceeded("Limits.body = 32 MiB", "a huge body", silent=True)) is None
+    assert _cut_by_the_suite(AssertionError("a real finding")) is None

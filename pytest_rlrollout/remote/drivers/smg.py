@@ -135,6 +135,17 @@ class GatewayDriver(VLLMDriver):
                 + f". The gateway's answer (HTTP {r.status_code}): {r.text[:2000]}")  # fmt: skip
         return httpx.Response(r.status_code, text=said, request=r.request)
 
+    def reload_refused(self, answer: httpx.Response, identity: str, headers: dict[str, str] | None) -> None:
+        """Some engines reloaded and some did not: each engine that did is labelled with what it
+        now serves (through its proxy route, still paused), so that no label names weights the
+        engine no longer has; the others keep theirs. The fleet serves mixed snapshots, and says so."""
+        workers = self._workers()
+        for url, (status, _) in per_engine(answer).items():
+            if status == 200 and url in workers:
+                self.client.request("POST", self.target.base_url.rstrip("/") + f"{WORKERS}/{workers[url]}/engine"
+                                    "/update_weight_version", json={"new_version": identity},
+                                    headers=self.client.auth_headers() | (headers or {}))  # fmt: skip
+
     # ------------------------------------------------------------------ inference, routed
 
     def complete(

@@ -184,6 +184,7 @@ class VLLMDriver(Driver):
             reload = {"method": "reload_weights", "kwargs": {"weights_path": f"{self.bucket}/{identity}"}}
             reloaded = self._post("/collective_rpc", reload, headers=headers, wait=self.load_wait)
             if reloaded.status_code != 200:
+                self.reload_refused(reloaded, str(identity), headers)
                 return reloaded
             if midway is not None:
                 midway()
@@ -208,6 +209,11 @@ class VLLMDriver(Driver):
             return reloaded
         finally:
             self._post("/resume", headers=headers)
+
+    def reload_refused(self, answer: httpx.Response, identity: str, headers: dict[str, str] | None) -> None:
+        """A reload was refused (`answer`), generation still paused: what the load leaves behind
+        besides (one server: nothing, its label still names the weights it kept)."""
+        return None
 
     # ----------------------------------------------------------------------- control
 

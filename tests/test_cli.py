@@ -478,10 +478,25 @@ def test_serve_fleet_starts_engines_behind_the_gateway_and_stops_them_all(serve)
             httpx.get(url + "/v1/models", timeout=5)
 
 
+def test_serve_fleet_with_no_gateway_prints_the_suites_command_for_its_engines(serve):
+    """`--no-gateway`: the engines alone, and the suite's command naming them all (rl_fleet_urls)."""
+    child = serve("--engine", "vllm", "--fleet", "2", "--no-gateway")
+    engines = child.named("engines").split(", ")
+    [command] = [x for x in child.printed if x.startswith("conformance:")]
+    assert f"--rl-base-url={engines[0]} " in command and "--rl-engine=fleet " in command
+    assert f"-o 'rl_fleet_urls={' '.join(engines)}'" in command
+    assert not any(x.startswith("gateway:") for x in child.printed)
+    assert child.printed[-1].startswith("serving tiny-qwen3-moe-base on 2 engines with no gateway")
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=60) == 0
+
+
 def test_serve_fleet_is_of_self_hosted_engines_and_a_fault_hits_an_engine_of_it(fake_deployment, capsys):
     assert main(["serve", "--fleet", "2"]) == 2  # the Fireworks dialect is a hosted deployment
     assert "--fleet N" in capsys.readouterr().err
     assert main(["serve", "--engine", "vllm", "--fleet", "2", "--faulty-engine", "2", "--fault", "HL-GET-2"]) == 2
     assert "--faulty-engine 2" in capsys.readouterr().err
     assert main(["serve", "--engine", "vllm", "--faulty-engine", "0", "--fault", "HL-GET-2"]) == 2  # no fleet
+    assert main(["serve", "--engine", "vllm", "--no-gateway"]) == 2
+    assert "--no-gateway" in capsys.readouterr().err
     assert fake_deployment == {}

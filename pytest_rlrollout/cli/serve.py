@@ -56,6 +56,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help=f"{SELF_HOSTED}: N engines on one bucket behind SGLang's model gateway (smg --enable-rl, "
                          "the fleet extra); --port is then the gateway's")  # fmt: skip
     sv.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="with --fleet: no gateway; the suite fans out to the engines itself (rl_fleet_urls)",
+    )
+    sv.add_argument(
         "--faulty-engine",
         type=int,
         metavar="I",
@@ -115,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--fleet N: N >= 1 engines of a self-hosted dialect (--engine {SELF_HOSTED.replace(', ', '|')})"
         )
+    if args.no_gateway and not args.fleet:
+        raise UsageError("--no-gateway is a --fleet's: its engines with no gateway in front")
     if args.faulty_engine is not None and not (args.fleet and 0 <= args.faulty_engine < args.fleet):
         raise UsageError(f"--faulty-engine {args.faulty_engine}: an engine of --fleet (0..N-1)")
     if args.bucket_endpoint_url is not None and args.bucket_url is None:
@@ -231,25 +238,29 @@ def _fleet(args: argparse.Namespace, bucket: Path, options: dict[str, Any]) -> c
     engine, faults = settings.pop("engine"), settings.pop("faults")
     hit = [args.faulty_engine] if args.faulty_engine is not None else range(args.fleet)
     return reference_fleet(bucket, args.fleet, engine=engine, faults=dict.fromkeys(hit, faults), host=args.host,
-                           port=args.port, **settings)  # fmt: skip
+                           port=args.port, gateway=not args.no_gateway, **settings)  # fmt: skip
 
 
 def _fleet_announcement(fleet: Fleet, bucket: Path, options: dict[str, Any]) -> list[str]:
     """What `serve --fleet` prints: the gateway, its engines, the suite's command for the fleet."""
+    from pytest_rlrollout.engines import fleet as listed
     from pytest_rlrollout.engines import smg
 
     first = fleet.engines[0]
     base = bucket / first.settings.base_identity
-    named = [f"gateway:    {fleet.base_url}", f"engines:    {', '.join(fleet.urls)}", f"model:      {first.model}",
-             f"bucket:     {bucket}"]  # fmt: skip
-    command = (f"--rl-base-url={fleet.base_url} --rl-model={first.model} --rl-engine={smg.NAME} --rl-allow-hot-load"
+    gateway = [f"gateway:    {fleet.base_url}"] if fleet.gateway is not None else []
+    named = [*gateway, f"engines:    {', '.join(fleet.urls)}", f"model:      {first.model}", f"bucket:     {bucket}"]
+    reached = (f"--rl-engine={smg.NAME}" if fleet.gateway is not None
+               else f"-o 'rl_fleet_urls={' '.join(fleet.urls)}' --rl-engine={listed.ENGINE.name}")  # fmt: skip
+    command = (f"--rl-base-url={fleet.base_url} --rl-model={first.model} {reached} --rl-allow-hot-load"
                f" --rl-bucket-url={bucket} --rl-base-snapshot={base}" + _paced(first, options["engine"])
                + " -o rl_served_dtype=float32")  # fmt: skip
     dialect = spec(options["engine"]).dialect
     assert dialect is not None  # a fleet is of a self-hosted dialect
     serving = dialect.serving.format(transition=options["transition"])
+    front = f"behind {smg.NAME}" if fleet.gateway is not None else "with no gateway"
     return [*named, f"conformance: rlrollout conformance {command}",
-            f"serving {first.settings.base_identity} on {len(fleet.engines)} engines behind {smg.NAME}, {serving}"]  # fmt: skip
+            f"serving {first.settings.base_identity} on {len(fleet.engines)} engines {front}, {serving}"]  # fmt: skip
 
 
 def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[str]:

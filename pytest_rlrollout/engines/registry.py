@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pytest_rlrollout.engines import coreweave, fireworks, openai, sglang, smg, vllm
+from pytest_rlrollout.engines import coreweave, fireworks, fleet, openai, sglang, smg, vllm
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec
 
 SPECS: tuple[EngineSpec, ...] = (
@@ -19,10 +19,11 @@ SPECS: tuple[EngineSpec, ...] = (
     sglang.ENGINE,
     coreweave.ENGINE,
     smg.ENGINE,
+    fleet.ENGINE,
     openai.ENGINE,
 )
 # the names as a type; kept equal to SPECS (checked below, at import)
-Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "openai"]
+Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "fleet", "openai"]
 ENGINES: tuple[Engine, ...] = tuple(s.name for s in SPECS)  # type: ignore[assignment]
 if get_args(Engine) != ENGINES:
     raise ImportError(f"engines.registry: Engine spells {get_args(Engine)}, the registered engines are {ENGINES}")

@@ -72,6 +72,9 @@ class Target:
     # a control plane of its own (CoreWeave's hot-load API), with a key of its own; empty: the base URL and key
     control_url: str = ""
     control_key: Secret | None = field(default=None, repr=False)
+    # the engines of a fleet with no gateway, which the suite fans out to itself (rl_fleet_urls);
+    # base_url is then the first of them
+    members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if spec(self.engine).names == "path" and not _is_deployment_name(self.deployment):

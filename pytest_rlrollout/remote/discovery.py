@@ -111,10 +111,9 @@ def preflight(client: DeploymentClient, requested: Engine | None) -> tuple[Engin
 
 def _recognised(client: DeploymentClient, seen: Answered) -> tuple[Engine, str]:
     """--rl-engine auto: each engine's driver in registry order says whether it recognises what
-    answers (an engine with a control plane of its own first, when one is named); the last
-    registered, a plain OpenAI-compatible server, recognises anything."""
-    named = bool(client.target.control_url)
-    for s in sorted(SPECS, key=lambda s: not (s.control_plane and named)):
+    answers (those the names given point to, a control plane or a fleet's engines, first); the
+    last registered, a plain OpenAI-compatible server, recognises anything."""
+    for s in sorted(SPECS, key=lambda s: not s.driver_class().claims(client.target)):
         if (why := s.driver_class().recognises(client, seen)) is not None:
             return s.name, f"auto: {why}"  # type: ignore[return-value]
     raise PreflightError("no engine recognised the deployment")  # the fallback recognises anything

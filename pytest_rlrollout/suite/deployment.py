@@ -386,7 +386,8 @@ def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | Non
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
-                    engine=engine, control_url=opts.control_url or "", control_key=opts.control_key)  # fmt: skip
+                    engine=engine, control_url=opts.control_url or "", control_key=opts.control_key,
+                    members=opts.fleet_urls)  # fmt: skip
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
         yield timed(driver_for(engine, client, bucket=served_path(opts.bucket_url)), opts)
 

@@ -136,6 +136,7 @@ class RLConfig:
     api_key: Secret | None = None
     # CoreWeave: the hot-load API's URL and key (the gateway's are base_url and api_key)
     control_url: str | None = None
+    fleet_urls: tuple[str, ...] = ()  # rl_fleet_urls: a fleet's engines with no gateway
     control_key: Secret | None = None
     engine: Engine | None = DEFAULT  # None: decided by the preflight (--rl-engine=auto)
     allow_hot_load: bool = False
@@ -361,6 +362,12 @@ SETTINGS = (
         metavar="URL",
     ),
     Setting(
+        "rl_fleet_urls",
+        "a fleet with no gateway: every engine's URL, space-separated (rl_base_url: the first); the suite fans "
+        "control calls out to them and routes sessions itself",
+        metavar="URLS",
+    ),
+    Setting(
         "rl_transition",
         "the deployment's transition type (local: start the reference deployment with it)",
         choices=("ASYNC", "SYNC"),
@@ -583,7 +590,7 @@ def read_options(config: pytest.Config) -> RLConfig:
     deployment = get("rl_deployment")
     if replay:
         return _replay_options(config, replay, common)
-    if deployment == "local" or not (deployment or get("rl_base_url")):
+    if deployment == "local" or not (deployment or get("rl_base_url") or get("rl_fleet_urls")):
         if get("rl_engine") not in (None, "auto", *DIALECTS):  # an engine the bundled deployment does not speak
             _usage(
                 f"--rl-engine={get('rl_engine')}: also pass --rl-base-url (the server) and --rl-model (what it serves)"
@@ -614,7 +621,9 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
-    stray = _given(config, "rl_inference_url", "rl_control_url", "rl_model", "rl_bucket_url", "rl_api_key")
+    stray = _given(
+        config, "rl_inference_url", "rl_control_url", "rl_fleet_urls", "rl_model", "rl_bucket_url", "rl_api_key"
+    )
     if stray:
         _usage(f"{', '.join(stray)} describe a live deployment; also pass --rl-deployment=accounts/<a>/deployments/<d>")
     faults = frozenset(setting(config, "rl_local_faults") or ())
@@ -686,10 +695,14 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
                 bucket.check()
         except (ValueError, BucketError) as e:
             _usage(f"--rl-bucket-url: {e}")
-    base_url = (get("rl_base_url") or DEFAULT_BASE_URL).rstrip("/")
+    fleet = tuple(u.rstrip("/") for u in (get("rl_fleet_urls") or "").split())
+    base_url = (get("rl_base_url") or (fleet[0] if fleet else DEFAULT_BASE_URL)).rstrip("/")
+    if fleet and base_url not in fleet:
+        _usage(f"rl_fleet_urls names the fleet's engines; --rl-base-url {base_url} is none of them (pass the first)")
     return RLConfig(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
                      inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url, budget=budget,
-                     store=store, engine=engine, timeouts=_timeouts(config, LIVE), **control, **common)  # fmt: skip
+                     store=store, engine=engine, timeouts=_timeouts(config, LIVE), fleet_urls=fleet, **control,
+                     **common)  # fmt: skip
 
 
 def _budget(get: Callable[[str], Any], *, allow: bool) -> Budget:

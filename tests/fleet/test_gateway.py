@@ -1,7 +1,8 @@
-"""A fleet judged through SGLang's model gateway: two reference vLLM-dialect engines on one bucket
-behind a real `smg launch --enable-rl` (the project's `fleet` extra), and the suite pointed at the
-gateway with `--rl-engine=auto`. It recognises the fleet, judges each engine by what that engine
-serves, and a fault on one engine only fails exactly its clause, naming that engine."""
+"""A fleet judged engine by engine: two reference vLLM-dialect engines on one bucket, either behind
+a real `smg launch --enable-rl` (the project's `fleet` extra) with the suite pointed at the
+gateway, or with no gateway and the suite given both URLs (rl_fleet_urls), fanning out itself.
+With `--rl-engine=auto` it recognises the fleet, judges each engine by what that engine serves,
+and a fault on one engine only fails exactly its clause, naming that engine."""
 
 import json
 
@@ -35,10 +36,14 @@ class OnlyClauses:
         items[:] = kept
 
 
+FRONTS = ["gateway", "urls"]  # how the suite reaches the fleet: smg in front, or every engine's URL
+
+
 def judged(pytester, fleet, bucket, *plugins) -> dict:
-    """The suite, in this process, against the fleet's gateway: the report."""
+    """The suite, in this process, against the fleet (its gateway, else its engines): the report."""
+    urls = [] if fleet.gateway is not None else ["-o", f"rl_fleet_urls={' '.join(fleet.urls)}"]
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE), f"--rl-base-url={fleet.base_url}", "--rl-model=tiny", "--rl-engine=auto",
+        str(CONFORMANCE), f"--rl-base-url={fleet.base_url}", *urls, "--rl-model=tiny", "--rl-engine=auto",
         "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
         "-o", f"rl_swap_seconds={SWAP_SECONDS}", "-o", "rl_served_dtype=float32", "-p", "no:randomly",
         "-p", "no:cacheprovider", "--tb=native", "--rl-report=r.json", plugins=list(plugins),
@@ -71,6 +76,7 @@ def test_a_fleet_behind_the_gateway_is_recognised_and_judged_on_every_engine(pyt
     vllm = {c.id for c in catalogue() if c.binds("vllm")}
     unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
     assert unjudged == dict.fromkeys((POLICY_VERSIONS | ROUTING | {"HL-AUTH-1"}) & vllm, "unsupported"), unjudged
+    assert got["SESS-1"] == "pass"  # smg binds it: the routing key sticks to one engine
     for cid in POLICY_VERSIONS & vllm:
         assert all("/inference/v1/generate" in t["reason"] or "spans: None" in t["reason"] for t in doc["clauses"][cid]["tests"]
                    if t["outcome"] == "unsupported"), doc["clauses"][cid]  # fmt: skip
@@ -86,11 +92,30 @@ ONE_ENGINE = [
 ]
 
 
+def test_a_list_of_engine_urls_is_recognised_and_judged_on_every_engine(pytester, bucket):
+    """No gateway: the suite fans every call out to the two engines itself and routes sessions by
+    their key. Every clause the vLLM binding judges passes, but those needing what the dialect
+    does not offer (routed experts; an API key nobody set); each engine's own routes are there,
+    so the policy-version clauses are judged too."""
+    with reference_fleet(bucket, 2, engine="vllm", gateway=False, **SERVED_PACE) as fleet:
+        doc = judged(pytester, fleet, bucket)
+    assert doc["engine"]["name"] == "fleet"
+    assert doc["engine"]["decided"].startswith("auto: rl_fleet_urls names 2 engines"), doc["engine"]
+    assert doc["engine"]["version"] == "2 engine(s): vllm 0.32.0"
+    got = outcomes(doc)
+    vllm = {c.id for c in catalogue() if c.binds("vllm")}
+    unjudged = {k: v for k, v in got.items() if k in vllm and v != "pass"}
+    assert unjudged == dict.fromkeys((ROUTING | {"HL-AUTH-1"}) & vllm, "unsupported"), unjudged
+    assert doc["clauses"]["HL-GET-2"]["evidence"].startswith("observed: 2 replicas ready"), doc["clauses"]["HL-GET-2"]
+
+
+@pytest.mark.parametrize("front", FRONTS)
 @pytest.mark.parametrize("switch", ONE_ENGINE)
-def test_a_fault_on_one_engine_fails_its_clause_naming_that_engine(pytester, bucket, switch):
-    """The gateway fans every call out and the other engine behaves: only what the faulty engine
+def test_a_fault_on_one_engine_fails_its_clause_naming_that_engine(pytester, bucket, switch, front):
+    """Every call reaches both engines and the other engine behaves: only what the faulty engine
     then serves shows the fault. Exactly its clause fails, and the failure names that engine."""
-    with reference_fleet(bucket, 2, engine="vllm", faults={1: frozenset({switch})}, **SERVED_PACE) as fleet:
+    with reference_fleet(bucket, 2, engine="vllm", faults={1: frozenset({switch})}, gateway=front == "gateway",
+                         **SERVED_PACE) as fleet:  # fmt: skip
         doc = judged(pytester, fleet, bucket, OnlyClauses({switch}))
         faulty, sound = fleet.urls[1], fleet.urls[0]
     got = outcomes(doc)

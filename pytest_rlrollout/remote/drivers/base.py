@@ -105,6 +105,12 @@ class Driver(ABC):
     # --------------------------------------------------------------------- the preflight's
 
     @classmethod
+    def claims(cls, target: Target) -> bool:
+        """Whether the names given point to this engine before anything is asked (a control plane
+        of its own, a fleet's engines): `--rl-engine auto` asks its driver first."""
+        return False
+
+    @classmethod
     def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
         """Why what answers is this engine (`--rl-engine auto`), or None. Reads only; `seen` holds
         what the preflight read first, and any read an engine caches there for another's check."""

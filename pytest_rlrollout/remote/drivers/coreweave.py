@@ -46,7 +46,7 @@ from pytest_rlrollout.remote.openai_wire import OpenAIReading, bound, legacy_bod
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.client import DeploymentClient, Target
 
 PREFIX = "/v1alpha1/inference"
 HOT_LOADS = PREFIX + "/hotLoads"
@@ -80,6 +80,10 @@ class CoreWeaveDriver(Driver):
     reading = OpenAIReading()  # its gateway answers as vLLM's /v1/completions does
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
     reset_policies = tuple(POLICIES)
+
+    @classmethod
+    def claims(cls, target: Target) -> bool:
+        return bool(target.control_url)
 
     @classmethod
     def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:

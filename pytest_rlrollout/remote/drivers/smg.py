@@ -243,6 +243,11 @@ class GatewayDriver(VLLMDriver):
             self._route_of[key] = served
         return self._route_of[key]
 
+    def engine_kinds(self) -> list[str]:
+        """Each engine's kind and version ("vllm 0.32.0"), as the gateway lists them."""
+        r = self.client.request("GET", self.target.base_url.rstrip("/") + WORKERS, headers=self.client.auth_headers())
+        return [f"{w.get('engine')} {w.get('engine_version')}" for w in listed_workers(r) or []]
+
     def _workers(self) -> dict[str, str]:
         """The engines the gateway lists: URL -> worker id (read once)."""
         if not self._listed:
@@ -302,14 +307,12 @@ class GatewayDriver(VLLMDriver):
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
         d = super().discover(transition=transition, decided=decided)
-        workers = listed_workers(self.client.request("GET", self.target.base_url.rstrip("/") + WORKERS,
-                                                     headers=self.client.auth_headers())) or []  # fmt: skip
-        d.replicas = len(workers)
-        versions = sorted({f"{w.get('engine')} {w.get('engine_version')}" for w in workers})
-        d.version = f"{len(workers)} engine(s): {', '.join(versions)}"
+        kinds = self.engine_kinds()
+        d.replicas = len(kinds)
+        d.version = f"{len(kinds)} engine(s): {', '.join(sorted(set(kinds)))}"
         if d.has("backend_host"):
             mark(d, "backend_host", True, f"{ROUTED_WORKER} names the engine that served")
-        if d.has("token_id_prompts"):
+        if d.has("token_id_prompts") and not self.prompts_in_ids:
             refused = super().complete({"prompt": PROBE_IDS, "max_tokens": 1})
             mark(d, "token_id_prompts", True, "non-streamed, on the routed engine's proxy route"
                  + ("" if refused.ok else f" (the gateway's /v1/completions: {said(refused)})"))  # fmt: skip

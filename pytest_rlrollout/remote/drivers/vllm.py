@@ -120,6 +120,19 @@ class VLLMDriver(Driver):
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
         on_status: Callable[[int], None] | None = None,
     ) -> Stream:
+        return self.complete_at(None, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+
+    def complete_at(
+        self,
+        base: str | None,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
+    ) -> Stream:
+        """`complete`, on the server at `base` (None: the target's)."""
         sent, headers, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
@@ -127,11 +140,13 @@ class VLLMDriver(Driver):
         tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if self.generate and tokens and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
+            url = (base or self.target.base_url).rstrip("/") + GENERATE
             return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                        url=self._url(GENERATE), reading=reading)  # fmt: skip
+                                        url=url, reading=reading)  # fmt: skip
         if not chat:
             sent = legacy_body(sent)
-        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
+        url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, url=url,
                                     reading=self.reading)  # fmt: skip
 
     # ----------------------------------------------------------------------- what is served

@@ -33,6 +33,11 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def token_prompt(prompt: Any) -> bool:
+    """Whether a completion's `prompt` is token ids (a list of ints; a bool is no token id)."""
+    return isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
 def first_choice(chunk: dict[str, Any]) -> dict[str, Any]:
     """The first choice of a chunk ({} when it has none: a usage-only chunk)."""
     return as_object(next(iter(as_list(chunk.get("choices"))), None))

@@ -20,7 +20,7 @@ import httpx
 
 from pytest_rlrollout.engines.fleet import ENGINE
 from pytest_rlrollout.remote.discovery import Answered
-from pytest_rlrollout.remote.drivers.smg import HOST, SESSION_HEADERS, GatewayDriver
+from pytest_rlrollout.remote.drivers.smg import HOST, GatewayDriver, session_key
 from pytest_rlrollout.remote.drivers.vllm import vllm_version
 from pytest_rlrollout.remote.stream import Stream, json_object
 
@@ -60,20 +60,15 @@ class FleetDriver(GatewayDriver):
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
         on_status: Callable[[int], None] | None = None,
     ) -> Stream:
-        key = next(((headers or {})[h] for h in SESSION_HEADERS if (headers or {}).get(h)), None)
+        key = session_key(headers)
         engine = self.members[0] if key is None else self.members[_bucket(key, len(self.members))]
         s = self.complete_at(engine, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
         s.headers[HOST] = engine
         return s
 
-    def reload_refused(self, answer: httpx.Response, identity: str, headers: dict[str, str] | None) -> None:
-        """Each engine that did reload is labelled with what it now serves (see `GatewayDriver`)."""
-        from pytest_rlrollout.remote.drivers.smg import per_engine
-
-        for url, (status, _) in per_engine(answer).items():
-            if status == 200:
-                self.client.request("POST", url + "/update_weight_version", json={"new_version": identity},
-                                    headers=self.client.auth_headers() | (headers or {}))  # fmt: skip
+    def engine_route(self, url: str, path: str) -> str | None:
+        """An engine answers its own routes at its own URL."""
+        return url + path if url in self.members else None
 
     def engine_kinds(self) -> list[str]:
         kinds = []

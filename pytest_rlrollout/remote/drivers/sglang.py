@@ -53,7 +53,14 @@ from pytest_rlrollout.remote.discovery import (
     said,
 )
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
-from pytest_rlrollout.remote.openai_wire import OpenAIReading, as_list, bound, labelled_status, lay_routing
+from pytest_rlrollout.remote.openai_wire import (
+    OpenAIReading,
+    as_list,
+    bound,
+    labelled_status,
+    lay_routing,
+    token_prompt,
+)
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -400,8 +407,7 @@ class SGLangDriver(Driver):
 def native_body(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
     """A contract completion body on SGLang's native /generate (see the module's doc)."""
     prompt = body.get("prompt")
-    ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    out: dict[str, Any] = {"input_ids" if ids else "text": prompt, "return_prompt_token_ids": True}
+    out: dict[str, Any] = {"input_ids" if token_prompt(prompt) else "text": prompt, "return_prompt_token_ids": True}
     params = {"max_new_tokens": body.get("max_tokens", COMPLETION_MAX_TOKENS)}
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
                          ("seed", "sampling_seed"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),

@@ -28,7 +28,7 @@ from pytest_rlrollout.engines.smg import ENGINE, MEMBERS, ROUTED_WORKER, ROUTING
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
 from pytest_rlrollout.remote.drivers.base import Status
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
-from pytest_rlrollout.remote.openai_wire import bound, legacy_body
+from pytest_rlrollout.remote.openai_wire import bound, legacy_body, token_prompt
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
@@ -39,6 +39,11 @@ WORKERS = "/v1/rl/workers"
 FANOUT = "/v1/rl/engine"
 HOST = "fireworks-backend-host"  # the contract's name of the replica that served an answer
 SESSION_HEADERS = ("x-multi-turn-session-id", "x-session-affinity")  # the contract's, in precedence order
+
+
+def session_key(headers: dict[str, str] | None) -> str | None:
+    """The session a request belongs to, by the contract's headers in their precedence order."""
+    return next(((headers or {})[h] for h in SESSION_HEADERS if (headers or {}).get(h)), None)
 
 
 def listed_workers(r: httpx.Response) -> list[dict[str, Any]] | None:
@@ -83,7 +88,7 @@ class GatewayDriver(VLLMDriver):
         super().__init__(client, bucket=bucket)
         self.selector = MEMBERS
         self._route_of: dict[str | None, str | None] = {}  # routing key -> the engine it reaches
-        self._listed: dict[str, str] = {}  # engine URL -> worker id
+        self._listed: list[dict[str, Any]] | None = None  # the engines the gateway lists (read once)
 
     # ------------------------------------------------------------------ control, fanned out
 
@@ -139,11 +144,9 @@ class GatewayDriver(VLLMDriver):
         """Some engines reloaded and some did not: each engine that did is labelled with what it
         now serves (through its proxy route, still paused), so that no label names weights the
         engine no longer has; the others keep theirs. The fleet serves mixed snapshots, and says so."""
-        workers = self._workers()
         for url, (status, _) in per_engine(answer).items():
-            if status == 200 and url in workers:
-                self.client.request("POST", self.target.base_url.rstrip("/") + f"{WORKERS}/{workers[url]}/engine"
-                                    "/update_weight_version", json={"new_version": identity},
+            if status == 200 and (route := self.engine_route(url, "/update_weight_version")) is not None:
+                self.client.request("POST", route, json={"new_version": identity},
                                     headers=self.client.auth_headers() | (headers or {}))  # fmt: skip
 
     # ------------------------------------------------------------------ inference, routed
@@ -158,12 +161,9 @@ class GatewayDriver(VLLMDriver):
         on_status: Callable[[int], None] | None = None,
     ) -> Stream:
         sent = dict(headers or {})
-        session = next((sent[h] for h in SESSION_HEADERS if sent.get(h)), None)
-        if session is not None:
+        if (session := session_key(sent)) is not None:
             sent[ROUTING_KEY] = session
-        prompt = body.get("prompt")
-        ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        if ids and not chat:
+        if token_prompt(body.get("prompt")) and not chat:
             return self._on_engine(body, sent, on_chunk, on_status)
         s = super().complete(body, chat=chat, headers=sent, on_chunk=on_chunk, on_status=on_status)
         served = s.headers.get(ROUTED_WORKER)
@@ -184,14 +184,13 @@ class GatewayDriver(VLLMDriver):
         the engine has: a stream comes back whole (its chunks seen then), so the tests whose
         streams must cross a swap prompt in text (`prompts_in_ids`)."""
         url = self._routed(headers.get(ROUTING_KEY))
-        worker = self._workers().get(url or "")
-        if worker is None:
+        route = self.engine_route(url or "", "/v1/completions")
+        if route is None:
             return Stream(0, {}, body=f"no engine listed at {url} (GET {WORKERS})", reading=self.reading)
         sent, _, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
-        route = f"{WORKERS}/{worker}/engine/v1/completions"
-        proxied = self.client.request("POST", self.target.base_url.rstrip("/") + route,
+        proxied = self.client.request("POST", route,
                                       json={"model": self.target.body_model, **legacy_body(sent)},
                                       headers=self.client.auth_headers())  # fmt: skip
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
@@ -245,16 +244,21 @@ class GatewayDriver(VLLMDriver):
 
     def engine_kinds(self) -> list[str]:
         """Each engine's kind and version ("vllm 0.32.0"), as the gateway lists them."""
-        r = self.client.request("GET", self.target.base_url.rstrip("/") + WORKERS, headers=self.client.auth_headers())
-        return [f"{w.get('engine')} {w.get('engine_version')}" for w in listed_workers(r) or []]
+        return [f"{w.get('engine')} {w.get('engine_version')}" for w in self._workers()]
 
-    def _workers(self) -> dict[str, str]:
-        """The engines the gateway lists: URL -> worker id (read once)."""
-        if not self._listed:
+    def engine_route(self, url: str, path: str) -> str | None:
+        """Where one engine (by URL) answers its own route `path`: the gateway's proxy route to it;
+        None when the gateway lists no engine there."""
+        worker = next((w.get("id") for w in self._workers() if w.get("url") == url), None)
+        return None if worker is None else f"{self.target.base_url.rstrip('/')}{WORKERS}/{worker}/engine{path}"
+
+    def _workers(self) -> list[dict[str, Any]]:
+        """The engines the gateway lists (read once)."""
+        if self._listed is None:
             r = self.client.request(
                 "GET", self.target.base_url.rstrip("/") + WORKERS, headers=self.client.auth_headers()
             )
-            self._listed = {str(w.get("url")): str(w.get("id")) for w in listed_workers(r) or []}
+            self._listed = listed_workers(r) or []
         return self._listed
 
     # ------------------------------------------------------------------ what is served

@@ -50,6 +50,7 @@ from pytest_rlrollout.remote.openai_wire import (
     labelled_status,
     legacy_body,
     routed_experts,
+    token_prompt,
 )
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
@@ -136,9 +137,7 @@ class VLLMDriver(Driver):
         sent, headers, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
-        prompt = body.get("prompt")
-        tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        if self.generate and tokens and not chat:
+        if self.generate and token_prompt(body.get("prompt")) and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
             url = (base or self.target.base_url).rstrip("/") + GENERATE
             return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,

@@ -35,6 +35,14 @@ JUDGED = {
 }
 TRANSITION = {"SWAP-ASYNC-1": "ASYNC", "SWAP-ASYNC-2": "ASYNC", "SWAP-ASYNC-3": "ASYNC", "SWAP-SYNC-1": "SYNC",
               "SWAP-SYNC-2": "SYNC"}  # fmt: skip
+# the clauses judged by the policy version each chunk names (the judge reads nothing else for them)
+VERSIONED = {"SWAP-NEW-1", "SWAP-ASYNC-2", "VER-STREAM-1", "VER-SPAN-1", "CACHE-MATRIX-ALL-SAME"}
+
+
+def needs(clause_id: str) -> list[str]:
+    return ([f"transition:{TRANSITION[clause_id]}"] if clause_id in TRANSITION else []) + (
+        ["policy_version"] if clause_id in VERSIONED else []
+    )
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +76,7 @@ def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "clause_id",
-    [pytest.param(c, marks=[clause(c), *([requires(f"transition:{TRANSITION[c]}")] if c in TRANSITION else [])],
-                  id=c) for c in JUDGED],
+    [pytest.param(c, marks=[clause(c), *([requires(*needs(c))] if needs(c) else [])], id=c) for c in JUDGED],
 )  # fmt: skip
 def test_soak(soak, clause_id, rl_observe):
     v = soak.verdicts.get(clause_id)

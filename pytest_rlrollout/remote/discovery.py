@@ -175,7 +175,7 @@ def inference_probes(driver: Driver, d: Discovery) -> Stream:
     mark(d, "text_prompts", text.ok and bool(text.chunks), said(text))
     channels = _cached_channels(text)
     mark(d, "cached_tokens", bool(channels), ", ".join(channels) or "no cached-token channel in the answer")
-    host = text.headers.get("fireworks-backend-host")
+    host = text.replica
     mark(d, "backend_host", host is not None, f"fireworks-backend-host: {host}" if host else "no such header")
     return text
 

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 SEQUENCES, TOKENS = 4, 32  # the canary set: 4 sequences of 32 tokens (124 scored logprobs)
 FIRST_ID, TOP_ID = 10, 500  # token ids drawn from [10, min(vocab, 500)): no special tokens
-HOST = "fireworks-backend-host"
 ISOLATION = "x-prompt-cache-isolation-key"
 MAX_SESSIONS_PER_REPLICA = 8  # session keys tried to reach each replica before giving up
 
@@ -143,7 +142,7 @@ def fingerprint(
         if any(t is not None for t in echoed) and echoed != ids:
             raise FingerprintError(f"canary {i}: the echoed tokens {echoed[:8]}… are not the prompt {ids[:8]}…")
         rows.append(tuple(row))
-        hosts.add(s.headers.get(HOST))
+        hosts.add(s.replica)
         sent += len(ids)
     host = hosts.pop() if len(hosts) == 1 else None
     return Fingerprint(tuple(rows), host, len(rows), sent)
@@ -188,7 +187,7 @@ def sessions_by_replica(
         s = driver.complete({"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0},
                             headers={"x-multi-turn-session-id": session})  # fmt: skip
         probes += 1
-        host = s.headers.get(HOST)
+        host = s.replica
         if host is None:
             return {f"session {key(i)}": key(i) for i in range(replicas)}, False, probes
         found.setdefault(host, session)

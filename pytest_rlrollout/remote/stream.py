@@ -111,6 +111,8 @@ class Reading:
 
 
 CONTRACT_READING = Reading()
+# the contract's name for the replica that served an answer (a fleet's drivers name the engine here)
+REPLICA_HEADER = "fireworks-backend-host"
 
 
 @dataclass
@@ -150,6 +152,11 @@ class Stream:
         """The last non-null value of a choice's field across the chunks (None when absent; an
         engine may say it beside the choices: see `Reading`)."""
         return self.reading.choice_field(self.chunks, name)
+
+    @property
+    def replica(self) -> str | None:
+        """The replica that served the answer, where the deployment names it."""
+        return self.headers.get(REPLICA_HEADER)
 
     @property
     def versions(self) -> list[str | None]:

@@ -89,6 +89,31 @@ class Timed:
 
 
 @dataclass
+class Served:
+    """What one replica served (by the replica the answers named): its turns, tokens, errors, and
+    how its streams felt. A fleet's engines are its replicas: these are the figures per engine."""
+
+    turns: int = 0
+    tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    ttft: Latencies = field(default_factory=Latencies)
+    gap: Latencies = field(default_factory=Latencies)
+
+    def merge(self, other: Served) -> Served:
+        return Served(self.turns + other.turns, self.tokens + other.tokens, self.errors + other.errors,
+                      self.ttft.merge(other.ttft), self.gap.merge(other.gap))  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {"turns": self.turns, "tokens": self.tokens, "errors": dict(sorted(self.errors.items())),
+                "ttft": self.ttft.to_json(), "gap": self.gap.to_json()}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Served:
+        return cls(int(doc["turns"]), int(doc["tokens"]), Counter(doc["errors"]), Latencies.from_json(doc["ttft"]),
+                   Latencies.from_json(doc["gap"]))  # fmt: skip
+
+
+@dataclass
 class Figures:
     """Sessions, turns, tokens and errors; time to first token, the gaps between chunks, the
     stall each stream saw across each swap it overlapped (its longest gap, by swap), and tokens
@@ -104,23 +129,35 @@ class Figures:
     per_second: Counter[int] = field(default_factory=Counter)  # tokens by whole second since the start
     ttft_at: dict[int, Latencies] = field(default_factory=dict)  # by BIN-second bin of the first chunk
     gap_at: dict[int, Latencies] = field(default_factory=dict)  # by BIN-second bin of the later chunk
+    replicas: dict[str, Served] = field(default_factory=dict)  # by the replica each answer named
 
     def record(self, t: Timed) -> None:
         turn = t.turn
         self.sessions.add(f"{turn.worker}/{turn.session}")
         self.turns += 1
+        served = None if turn.replica is None else self.replicas.setdefault(turn.replica, Served())
         kind = _error(turn)
+        if served is not None:
+            served.turns += 1
         if kind:
             self.errors[kind] += 1
+            if served is not None:
+                served.errors[kind] += 1
         if not t.chunk_at:
             return
-        self.tokens += sum(t.chunk_tokens)
-        self.ttft.add(t.chunk_at[0] - t.sent_at)
-        self.ttft_at.setdefault(math.floor(t.chunk_at[0] / BIN), Latencies()).add(t.chunk_at[0] - t.sent_at)
+        first = t.chunk_at[0] - t.sent_at
         gaps = [b - a for a, b in pairwise(t.chunk_at)]
+        self.tokens += sum(t.chunk_tokens)
+        self.ttft.add(first)
+        self.ttft_at.setdefault(math.floor(t.chunk_at[0] / BIN), Latencies()).add(first)
         for g, at in zip(gaps, t.chunk_at[1:], strict=True):
             self.gap.add(g)
             self.gap_at.setdefault(math.floor(at / BIN), Latencies()).add(g)
+        if served is not None:
+            served.tokens += sum(t.chunk_tokens)
+            served.ttft.add(first)
+            for g in gaps:
+                served.gap.add(g)
         for epoch in turn.overlapped():
             self.stall.setdefault(epoch, Latencies()).add(max(gaps, default=0.0))
         for at, n in zip(t.chunk_at, t.chunk_tokens, strict=True):
@@ -130,7 +167,9 @@ class Figures:
         return Figures(self.sessions | other.sessions, self.turns + other.turns, self.tokens + other.tokens,
                        self.errors + other.errors, self.ttft.merge(other.ttft), self.gap.merge(other.gap),
                        _merged(self.stall, other.stall), self.per_second + other.per_second,
-                       _merged(self.ttft_at, other.ttft_at), _merged(self.gap_at, other.gap_at))  # fmt: skip
+                       _merged(self.ttft_at, other.ttft_at), _merged(self.gap_at, other.gap_at),
+                       {r: self.replicas.get(r, Served()).merge(other.replicas.get(r, Served()))
+                        for r in sorted(self.replicas.keys() | other.replicas.keys())})  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"sessions": sorted(self.sessions), "turns": self.turns, "tokens": self.tokens,
@@ -138,7 +177,8 @@ class Figures:
                 "stall": {str(e): v.to_json() for e, v in sorted(self.stall.items())},
                 "per_second": {str(s): n for s, n in sorted(self.per_second.items())},
                 "ttft_at": {str(b): v.to_json() for b, v in sorted(self.ttft_at.items())},
-                "gap_at": {str(b): v.to_json() for b, v in sorted(self.gap_at.items())}}  # fmt: skip
+                "gap_at": {str(b): v.to_json() for b, v in sorted(self.gap_at.items())},
+                "replicas": {r: v.to_json() for r, v in sorted(self.replicas.items())}}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Figures:
@@ -147,7 +187,8 @@ class Figures:
                    {int(e): Latencies.from_json(v) for e, v in doc["stall"].items()},
                    Counter({int(s): int(n) for s, n in doc["per_second"].items()}),
                    {int(b): Latencies.from_json(v) for b, v in doc["ttft_at"].items()},
-                   {int(b): Latencies.from_json(v) for b, v in doc["gap_at"].items()})  # fmt: skip
+                   {int(b): Latencies.from_json(v) for b, v in doc["gap_at"].items()},
+                   {str(r): Served.from_json(v) for r, v in doc["replicas"].items()})  # fmt: skip
 
 
 def _merged(a: dict[int, Latencies], b: dict[int, Latencies]) -> dict[int, Latencies]:

@@ -82,6 +82,7 @@ class Turn:
     # where the engine says versions as spans over the output (vLLM, SGLang): what keeps them from
     # covering it exactly once (VER-SPAN-1; () when they do); None where it sends none
     span_problems: tuple[str, ...] | None = None
+    replica: str | None = None  # the replica that served it, where the deployment names it (a fleet: the engine)
 
     @classmethod
     def seen(cls, stream: Stream, *, worker: str, session: str, index: int, sent: Heard, ended: Heard,
@@ -96,7 +97,7 @@ class Turn:
         problems = None if spans is None else tuple(uncovered(spans, len(stream.entries)))
         return cls(worker, session, index, sent, ended, stream.status, tuple(stream.versions), stream.finish_reason,
                    stream.done, len(stream.entries), counted if type(counted) is int else None, exchange,
-                   stream.cached, settled, problems)  # fmt: skip
+                   stream.cached, settled, problems, stream.replica)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -204,18 +205,19 @@ class Judge:
         if s.status != 200:
             self._rule("INF-SSE-1", s, True, f"answered {s.status or 'nothing (the connection dropped)'}")
             return
-        if not self.versions:
-            self._rule("INF-SSE-1", s, not _whole(s), _how(s))
-            return
-        unknown = sorted({"no snapshot" if i is None else i for i in s.identities if i not in self._epoch})
-        named = f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})"
-        if s.span_problems is None:
-            self._rule("VER-STREAM-1", s, bool(unknown), named)
-        else:  # versions said as spans: VER-SPAN-1 asks for both their cover and their names
-            why = "; ".join([*s.span_problems, *([named.replace("chunks", "spans over chunks")] if unknown else [])])
-            self._rule("VER-SPAN-1", s, bool(unknown or s.span_problems), why)
-        epochs = [self._epoch[i] for i in s.identities if i in self._epoch]  # type: ignore[index]
+        if self.versions:
+            unknown = sorted({"no snapshot" if i is None else i for i in s.identities if i not in self._epoch})
+            named = f"chunks name {', '.join(unknown)}: no snapshot the trainer loaded ({', '.join(self.loaded)})"
+            if s.span_problems is None:
+                self._rule("VER-STREAM-1", s, bool(unknown), named)
+            else:  # versions said as spans: VER-SPAN-1 asks for both their cover and their names
+                why = "; ".join(
+                    [*s.span_problems, *([named.replace("chunks", "spans over chunks")] if unknown else [])]
+                )
+                self._rule("VER-SPAN-1", s, bool(unknown or s.span_problems), why)
+        epochs = [self._epoch[i] for i in s.identities if i in self._epoch] if self.versions else []  # type: ignore[index]
         moves = [(a, b) for a, b in pairwise(epochs) if a != b]
+        # where no version is said, what the worker heard still tells a stream that crossed a swap
         crossed = bool(s.overlapped()) or bool(moves)
         if crossed and asynchronous and _ended(s) and not _countable(s):
             self.verdicts.setdefault("SWAP-ASYNC-1", Verdict("SWAP-ASYNC-1")).uncounted += 1

@@ -243,7 +243,7 @@ class Rollout(User):
         ROLLOUTS.users += 1
         self.number, self.rollouts = ROLLOUTS.users, 0
         target = Target(p.deployment, p.base_url, p.model, os.environ.get(KEY_ENV, ""), inference_url=p.inference_url,
-                        engine=p.engine)  # type: ignore[arg-type]  # fmt: skip
+                        engine=p.engine, members=p.members)  # type: ignore[arg-type]  # fmt: skip
         self.client = DeploymentClient(target, timeout=p.timeout)
         self.driver = driver_for(p.engine, self.client, bucket=p.bucket)  # type: ignore[arg-type]
         if p.discovery is not None:

@@ -32,6 +32,7 @@ class Plan:
     deployment: str | None = None
     inference_url: str = ""
     bucket: str | None = None  # where the engine reads snapshots from (vLLM's driver needs it)
+    members: tuple[str, ...] = ()  # a fleet's engines, where the suite reaches each itself (`Target.members`)
     vocab: int = 512  # token ids are drawn below it
     turns: int = 4  # per rollout
     max_tokens: int = 32  # per turn
@@ -63,7 +64,7 @@ class Plan:
         unknown = sorted(set(doc) - known)
         if unknown:
             raise ValueError(f"unknown plan fields {unknown} (a worker of another version?)")
-        return cls(**{**doc, "think": tuple(doc.get("think", (0.0, 0.05)))})
+        return cls(**{**doc, "think": tuple(doc.get("think", (0.0, 0.05))), "members": tuple(doc.get("members", ()))})
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(self.to_json(), indent=1) + "\n")

@@ -94,6 +94,7 @@ class Result:
     swaps: list[Swap]
     seconds: float
     exit_codes: list[int | None]
+    tolerance: float = 0.0  # the fingerprint distance a swap must move every replica's past (FID-SWAP-1)
 
     def summed(self) -> Figures:
         """The workers' figures added up: equal to `figures` when no turn was lost on the way."""
@@ -104,7 +105,8 @@ class Result:
                 "verdicts": {c: {"judged": v.judged, "violations": v.violations, "examples": v.examples,
                                  "uncounted": v.uncounted, "outcome": v.outcome.value} for c, v in sorted(self.verdicts.items())},
                 "figures": self.figures.to_json(), "workers": {w: f.to_json() for w, f in sorted(self.workers.items())},
-                "swaps": [asdict(s) for s in self.swaps], "exit_codes": self.exit_codes}  # fmt: skip
+                "swaps": [asdict(s) for s in self.swaps], "exit_codes": self.exit_codes,
+                "tolerance": self.tolerance}  # fmt: skip
 
 
 class Soak:
@@ -136,7 +138,7 @@ class Soak:
         s, t = self.settings, self.dep.target
         vocab = int((self.dep.base_config or {}).get("vocab_size", 512))
         return Plan(t.engine, t.base_url, t.model, t.deployment, t.inference_url,
-                    getattr(self.dep.driver, "bucket", None), vocab=vocab, turns=s.turns, max_tokens=s.max_tokens,
+                    getattr(self.dep.driver, "bucket", None), t.members, vocab=vocab, turns=s.turns, max_tokens=s.max_tokens,
                     think=s.think, routing=self.dep.capabilities.has("routing_matrix"), seed=s.seed, grace=s.grace,
                     timeout=self.dep.timeouts.request, t0=self.t0, discovery=self.dep.capabilities.as_dict())  # fmt: skip
 
@@ -179,7 +181,7 @@ class Soak:
             raise self.failure
         self.say(self.progress())
         return Result(self.transition, s, self.judge.verdicts, self.figures, self.workers, self.swaps, self.clock(),
-                      loc.exit_codes)  # fmt: skip
+                      loc.exit_codes, self.dep.options.numerics.fingerprint_tolerance)  # fmt: skip
 
     def _until(self, loc: Locust, kind: str, timeout: float = 0.0) -> dict[str, Any]:
         """Take the hub's events until one of `kind`: within `timeout` or a request's timeout and a

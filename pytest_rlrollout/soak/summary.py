@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from pytest_rlrollout.soak.figures import BIN, Latencies
-from pytest_rlrollout.suite.report.model import Scalar, SoakSummary, SoakSwap
+from pytest_rlrollout.soak.figures import BIN, Latencies, Served
+from pytest_rlrollout.suite.report.model import Scalar, SoakReplica, SoakSummary, SoakSwap
 
 if TYPE_CHECKING:
     from pytest_rlrollout.soak.run import Result, Swap
@@ -45,7 +45,21 @@ def summary(result: Result) -> SoakSummary:
         **{f"{name}_{q}": tuple((b * BIN, lat.quantile(p) or 0.0) for b, lat in sorted(by.items()))
            for name, by in (("ttft", f.ttft_at), ("gap", f.gap_at)) for q, p in (("p50", 0.5), ("p99", 0.99))},
     }  # fmt: skip
-    return SoakSummary(tuple(rows), swaps, series)
+    return SoakSummary(tuple(rows), swaps, series, replicas=replicas(result))
+
+
+def replicas(result: Result) -> tuple[SoakReplica, ...]:
+    """Each replica the answers named, with what it served and how its fingerprint moved (a
+    replica that served no turn but was fingerprinted is there too)."""
+    names = sorted(result.figures.replicas.keys() | {r for w in result.swaps for r in w.moved})
+    out = []
+    for name in names:
+        served = result.figures.replicas.get(name, Served())
+        moves = [w.moved[name] for w in result.swaps if name in w.moved]
+        out.append(SoakReplica(name, served.turns, served.tokens, sum(served.errors.values()),
+                               served.ttft.quantile(0.5), served.ttft.quantile(0.99), served.gap.quantile(0.99),
+                               len(moves), sum(d > result.tolerance for d in moves), min(moves, default=None)))  # fmt: skip
+    return tuple(out)
 
 
 def _swap(w: Swap, stall: Latencies | None) -> SoakSwap:

@@ -13,11 +13,12 @@ from pytest_rlrollout.soak.judge import Heard, Turn
 from pytest_rlrollout.soak.summary import rates
 
 
-def timed(worker, session, sent_at, chunk_at, *, identities=None, status=200, ended=(0, 0), whole=True) -> Timed:
+def timed(worker, session, sent_at, chunk_at, *, identities=None, status=200, ended=(0, 0), whole=True,
+          replica=None) -> Timed:  # fmt: skip
     identities = identities or ("base",) * len(chunk_at)
     turn = Turn(worker, session, 0, Heard(0, 0), Heard(*ended), status, tuple(identities),
                 finish_reason="stop" if whole else None, done=whole, tokens=len(chunk_at),
-                usage_tokens=len(chunk_at))  # fmt: skip
+                usage_tokens=len(chunk_at), replica=replica)  # fmt: skip
     return Timed(turn, sent_at, tuple(chunk_at), (1,) * len(chunk_at))
 
 
@@ -71,7 +72,7 @@ def test_workers_figures_merged_equal_one_worker_recording_them_all():
         for _ in range(rng.randrange(0, 8)):
             chunks.append(chunks[-1] + rng.expovariate(40))
         turns.append(timed(f"w{i % 3}", f"s{i % 17}", start, chunks, ended=(rng.randrange(0, 3),) * 2,
-                           status=rng.choice([200, 200, 200, 503, 0, 425])))  # fmt: skip
+                           status=rng.choice([200, 200, 200, 503, 0, 425]), replica=f"engine-{i % 2}"))  # fmt: skip
     alone, parts = Figures(), [Figures(), Figures(), Figures()]
     for t in turns:
         alone.record(t)
@@ -82,6 +83,22 @@ def test_workers_figures_merged_equal_one_worker_recording_them_all():
     assert together.turns == sum(p.turns for p in parts) == 200
     assert len(alone.ttft_at) > 5 and sum(v.count for v in alone.gap_at.values()) == alone.gap.count
     assert all(Timed.from_json(json.loads(json.dumps(t.to_json()))) == t for t in turns)  # as the hub passes them on
+
+
+def test_each_replica_gets_the_figures_of_the_turns_it_served():
+    """A fleet's figures per engine: each turn counts for the replica its answer named; a turn
+    no replica answered counts for none."""
+    f = Figures()
+    f.record(timed("w1", "s1", 0.0, [0.1, 0.3], replica="http://a"))
+    f.record(timed("w1", "s2", 0.0, [0.2], replica="http://b", whole=False))
+    f.record(timed("w1", "s3", 1.0, [1.4, 1.5, 1.6], replica="http://b"))
+    f.record(timed("w1", "s4", 2.0, [], status=0))
+    a, b = f.replicas["http://a"], f.replicas["http://b"]
+    assert sorted(f.replicas) == ["http://a", "http://b"]
+    assert (a.turns, a.tokens, b.turns, b.tokens) == (1, 2, 2, 4)
+    assert (a.errors, b.errors, f.errors) == ({}, {"ended early": 1}, {"ended early": 1, "dropped": 1})
+    assert (a.ttft.count, b.ttft.count, a.gap.count, b.gap.count) == (1, 2, 1, 2)
+    assert b.ttft.max == pytest.approx(0.4)
 
 
 def test_a_timed_turn_must_time_every_chunk_in_order():

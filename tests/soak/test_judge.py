@@ -250,10 +250,14 @@ def test_a_turn_that_cannot_be_dated_leaves_the_next_one_unjudged_for_the_cache(
 
 
 def test_a_deployment_without_policy_versions_is_judged_on_how_its_streams_end_only():
+    """No version to read: a stream crossed a swap by what its worker heard (SWAP-ASYNC-1), any
+    other is judged by how it ended (INF-SSE-1); nothing that needs a version is judged."""
     judge = Judge("ASYNC", ["base", "step-1"], versions=False)
     judge.judge(stream(None, None, sent=(0, 0), ended=(1, 1)))
+    judge.judge(stream(None, None, sent=(0, 0), ended=(1, 1), whole=False))
     judge.judge(stream(None, None, whole=False))
-    assert outcomes(judge) == {"INF-SSE-1": "fail"} and judge.verdicts["INF-SSE-1"].judged == 2
+    assert outcomes(judge) == {"SWAP-ASYNC-1": "fail", "INF-SSE-1": "fail"}
+    assert (judge.verdicts["SWAP-ASYNC-1"].judged, judge.verdicts["INF-SSE-1"].judged) == (2, 1)
 
 
 def test_a_turn_record_travels_as_json_and_a_stranger_is_refused():

@@ -12,6 +12,8 @@ def test_a_plan_travels_as_json_without_the_key(tmp_path):
     path = plan.write(tmp_path / "plan.json")
     assert Plan.from_json(json.loads(path.read_text())) == plan
     assert "key" not in path.read_text()
+    fleet = Plan("fleet", "http://127.0.0.1:1", "tiny", members=("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    assert Plan.from_json(json.loads(fleet.write(tmp_path / "fleet.json").read_text())) == fleet  # every engine's URL
 
 
 @pytest.mark.parametrize(

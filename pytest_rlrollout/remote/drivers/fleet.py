@@ -20,9 +20,9 @@ import httpx
 
 from pytest_rlrollout.engines.fleet import ENGINE
 from pytest_rlrollout.remote.discovery import Answered
-from pytest_rlrollout.remote.drivers.smg import HOST, GatewayDriver, session_key
+from pytest_rlrollout.remote.drivers.smg import GatewayDriver, session_key
 from pytest_rlrollout.remote.drivers.vllm import vllm_version
-from pytest_rlrollout.remote.stream import Stream, json_object
+from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, json_object
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient, Target
@@ -63,7 +63,7 @@ class FleetDriver(GatewayDriver):
         key = session_key(headers)
         engine = self.members[0] if key is None else self.members[_bucket(key, len(self.members))]
         s = self.complete_at(engine, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
-        s.headers[HOST] = engine
+        s.headers[REPLICA_HEADER] = engine
         return s
 
     def engine_route(self, url: str, path: str) -> str | None:

@@ -30,14 +30,13 @@ from pytest_rlrollout.remote.drivers.base import Status
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
 from pytest_rlrollout.remote.openai_wire import bound, legacy_body, token_prompt
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
-from pytest_rlrollout.remote.stream import Stream, as_object, json_object
+from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, as_object, json_object
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient
 
 WORKERS = "/v1/rl/workers"
 FANOUT = "/v1/rl/engine"
-HOST = "fireworks-backend-host"  # the contract's name of the replica that served an answer
 SESSION_HEADERS = ("x-multi-turn-session-id", "x-session-affinity")  # the contract's, in precedence order
 
 
@@ -168,7 +167,7 @@ class GatewayDriver(VLLMDriver):
         s = super().complete(body, chat=chat, headers=sent, on_chunk=on_chunk, on_status=on_status)
         served = s.headers.get(ROUTED_WORKER)
         if served is not None:
-            s.headers[HOST] = served
+            s.headers[REPLICA_HEADER] = served
         return s
 
     def _on_engine(
@@ -196,7 +195,7 @@ class GatewayDriver(VLLMDriver):
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
         status = doc.get("status") if isinstance(doc.get("status"), int) else proxied.status_code
         answer = doc.get("body")
-        out = Stream(status, {HOST: url or ""}, body=proxied.text, reading=self.reading)
+        out = Stream(status, {REPLICA_HEADER: url or ""}, body=proxied.text, reading=self.reading)
         if on_status is not None:
             on_status(status)
         if status != 200:

@@ -14,12 +14,14 @@ from pytest_rlrollout.suite.report.text import (
     NUMERICS_INTRO,
     OUTCOMES,
     SOAK_INTRO,
+    SOAK_REPLICA_HEADS,
     SOAK_SWAP_HEADS,
     UPLOAD_HEADS,
     measures_note,
     numerics_grid,
     one_line,
     plan_figure,
+    soak_replica_cells,
     soak_swap_cells,
     upload_cells,
 )
@@ -97,9 +99,11 @@ def _soak(report: Report) -> list[str]:
         return []
     lines = ["", "## Soak", "", SOAK_INTRO, "", "| figure | value |", "|---|---|"]
     lines += [f"| {cell(name)} | {cell(str(value))} |" for name, value in soak.rows]
-    if soak.swaps:
-        lines += ["", "| " + " | ".join(SOAK_SWAP_HEADS) + " |", "|---" * len(SOAK_SWAP_HEADS) + "|"]
-        lines += ["| " + " | ".join(map(cell, soak_swap_cells(s))) + " |" for s in soak.swaps]
+    for heads, rows in ((SOAK_REPLICA_HEADS, map(soak_replica_cells, soak.replicas)),
+                        (SOAK_SWAP_HEADS, map(soak_swap_cells, soak.swaps))):  # fmt: skip
+        if cells := list(rows):
+            lines += ["", "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+            lines += ["| " + " | ".join(map(cell, row)) + " |" for row in cells]
     if soak.pictures:
         lines.append("")
         for file in soak.pictures:

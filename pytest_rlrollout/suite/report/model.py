@@ -470,6 +470,26 @@ class SoakSwap:
 
 
 @dataclass(frozen=True)
+class SoakReplica:
+    """What one replica (a fleet: one engine) served through a soak, as the answers named it, and
+    how its fingerprint moved across the swaps (FID-SWAP-1 judges each move)."""
+
+    name: str
+    turns: int
+    tokens: int
+    errors: int = 0
+    ttft_p50: float | None = None  # seconds
+    ttft_p99: float | None = None
+    gap_p99: float | None = None
+    fingerprinted: int = 0  # swaps after which its fingerprint was read
+    moved: int = 0  # ... and moved past the tolerance
+    least_moved: float | None = None  # max |Δlogprob| on the swap it moved least
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class SoakSummary:
     """A soak's figures as the report shows them (`soak.summary` makes one): rows of figures,
     each swap, series over time for the pictures, and the pictures written beside the report."""
@@ -480,11 +500,13 @@ class SoakSummary:
     series: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     pictures: tuple[str, ...] = ()  # files beside the report: <stem>.soak-<name>.png
     no_pictures: str | None = None
+    replicas: tuple[SoakReplica, ...] = ()  # per replica the answers named (a fleet: per engine)
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": [list(r) for r in self.rows], "swaps": [s.to_json() for s in self.swaps],
                 "series": {k: [list(p) for p in v] for k, v in self.series.items()},
-                "pictures": list(self.pictures), "no_pictures": self.no_pictures}  # fmt: skip
+                "pictures": list(self.pictures), "no_pictures": self.no_pictures,
+                "replicas": [r.to_json() for r in self.replicas]}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: Any) -> SoakSummary:
@@ -497,6 +519,7 @@ class SoakSummary:
                  for k, v in _object(doc.get("series") or {}, "soak: series").items()},
                 tuple(_strings(doc.get("pictures") or [], "soak: pictures")),
                 doc.get("no_pictures"),
+                tuple(SoakReplica(**_object(r, "soak: replica")) for r in doc.get("replicas") or []),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"soak: {e}") from None

@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from pytest_rlrollout.contract import SEVERITY, Outcome
-from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, SoakSwap, Upload
+from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, SoakReplica, SoakSwap, Upload
 
 # Outcomes as the tables list them: the plain pass first, the most telling last.
 OUTCOMES: tuple[Outcome, ...] = tuple(reversed(SEVERITY))
@@ -100,10 +100,21 @@ SOAK_SWAP_HEADS = ("swap", "snapshot", "kind", "reset", "signalled (s)", "served
                    "stall p50 (ms)", "stall p99 (ms)", "stall max (ms)", "fingerprint moved")  # fmt: skip
 
 
-def soak_swap_cells(s: SoakSwap) -> tuple[str, ...]:
-    def ms(x: float | None) -> str:
-        return "" if x is None else number(x * 1000, ".4g")
+SOAK_REPLICA_HEADS = ("replica", "turns", "tokens", "errors", "first token p50 (ms)", "first token p99 (ms)",
+                      "gap p99 (ms)", "fingerprint moved", "least move")  # fmt: skip
 
+
+def ms(x: float | None) -> str:
+    return "" if x is None else number(x * 1000, ".4g")
+
+
+def soak_replica_cells(r: SoakReplica) -> tuple[str, ...]:
+    moved = f"{r.moved} of {r.fingerprinted} swaps" if r.fingerprinted else ""
+    return (r.name, str(r.turns), str(r.tokens), str(r.errors), ms(r.ttft_p50), ms(r.ttft_p99), ms(r.gap_p99),
+            moved, "" if r.least_moved is None else number(r.least_moved))  # fmt: skip
+
+
+def soak_swap_cells(s: SoakSwap) -> tuple[str, ...]:
     served = (s.error or "never") if s.served_at is None else number(s.served_at, ".4g")
     return (str(s.epoch), s.identity, s.kind, s.reset, number(s.signalled_at, ".4g"), served, str(s.streams),
             ms(s.stall_p50), ms(s.stall_p99), ms(s.stall_max), "" if s.moved is None else number(s.moved))  # fmt: skip

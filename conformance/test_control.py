@@ -13,6 +13,7 @@ import statistics
 import threading
 import time
 
+from pytest_rlrollout.remote.drivers.base import Unbound
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
@@ -73,31 +74,59 @@ def froze(f: InFlight, paused: float, resumed: float) -> float:
     return f.arrivals[during[-1]] if during else paused
 
 
+class Arrival:
+    """A request sent while generation is paused, from a thread of its own: answered only after the
+    resume if the engine holds it."""
+
+    def __init__(self, rl_deployment, name: str):
+        self.dep, self.name, self.stream, self.answered = rl_deployment, name, None, None
+        body = {"prompt": rl_deployment.prompt(name, 8).body, "max_tokens": 2, "stream": True}
+        self.thread = threading.Thread(target=self._send, args=(body,), daemon=True)
+        self.thread.start()
+
+    def _send(self, body: dict) -> None:
+        self.stream = self.dep.complete(body)
+        self.answered = self.dep.mark(f"{self.name}-answered")
+
+    def judged(self, mode: str, resumed: float) -> None:
+        """Held, not refused, and answered after `resumed`; the refusal shown, with the engine's version."""
+        self.thread.join(self.dep.timeouts.exchange)
+        s, where = self.stream, f"a request sent while paused in {mode} mode"
+        assert s is not None, f"{where} was never answered"
+        refusal = next((c["error"] for c in s.chunks if isinstance(c.get("error"), dict)), None)
+        version = self.dep.capabilities.version
+        engine = f" (the deployment is {self.dep.capabilities.engine}: {version})" if version else ""
+        assert s.status == 200 and refusal is None, (
+            f"{where} was refused, not held: HTTP {s.status}, "
+            + (f"an error event in the stream {refusal}" if refusal is not None else repr(s.body[:300]))
+            + engine
+        )
+        assert self.answered >= resumed, f"{where} was answered before the resume"
+        assert s.done and s.finish_reason in WHITELIST, f"{where} did not complete after the resume: {s!r}"
+
+
 @swaps
 @clause("CTL-PAUSE-1")
 @requires("pause")
 @loads()
 def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, rl_observe):
+    """A stream in flight generates nothing while paused (keep mode) and completes after; a request
+    arriving meanwhile is held and answered after the resume, in every mode (the rule knows no
+    mode: an engine that refuses arrivals in abort or wait mode, as vLLM 0.33 does, breaks it)."""
     marks: dict[str, float] = {}
     held: dict[str, object] = {}
-
-    def arrive() -> None:  # a request sent while generation is paused
-        body = {"prompt": rl_deployment.prompt("ctl-pause-1-held", 8).body, "max_tokens": 2, "stream": True}
-        held["stream"] = rl_deployment.complete(body)
-        held["answered"] = rl_deployment.mark("held-answered")
 
     def act(f: InFlight) -> None:
         r = rl_deployment.pause("keep")
         marks["paused"] = rl_deployment.mark("paused")
         ok(r, "POST pause (keep)")
-        late = threading.Thread(target=arrive, daemon=True)
+        late = Arrival(rl_deployment, "ctl-pause-1-held")
         try:
-            late.start()
+            held["arrival"] = late
             held["paused_reads"] = hold(rl_deployment)
         finally:
             marks["resume"] = rl_deployment.mark("resume")
             ok(rl_deployment.resume(), "POST resume")
-            late.join(rl_deployment.timeouts.exchange)
 
     f, _ = with_stream(rl_deployment, long_stream(rl_deployment, "ctl-pause-1"), act)
     quiet = marks["resume"] - froze(f, marks["paused"], marks["resume"])
@@ -106,13 +135,25 @@ def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, 
         f"the stream kept sending through a pause held {held_for:.2f} s: its last chunk before the resume came "
         f"{quiet:.3f} s before it ({len(f.between(marks['paused'], marks['resume']))} chunks during the pause)"
     )
-    s = held.get("stream")
-    assert s is not None, "the request sent while paused was never answered"
-    assert s.status == 200, f"a request sent while paused got HTTP {s.status}: {s.body[:200]!r} (held, not refused)"
-    assert held["answered"] >= marks["resume"], "the request sent while paused was answered before the resume"
+    held["arrival"].judged("keep", marks["resume"])
     assert f.completed, f"the paused stream did not complete after the resume ({f.error!r})"
+    modes = ["keep"]
+    for mode in ("abort", "wait"):  # nothing in flight: what these modes do to an arrival alone
+        try:
+            ok(rl_deployment.pause(mode), f"POST pause ({mode})")
+        except Unbound:  # a mode the engine does not have (SGLang: no wait mode)
+            continue
+        try:
+            late = Arrival(rl_deployment, f"ctl-pause-1-held-{mode}")
+            hold(rl_deployment)
+        finally:
+            resumed = rl_deployment.mark(f"resume-{mode}")
+            ok(rl_deployment.resume(), "POST resume")
+        late.judged(mode, resumed)
+        modes.append(mode)
     rl_observe(1, f"stream paused {marks['resume'] - marks['paused']:.2f} s with no chunk generated, completed after")
-    rl_observe(1, "request sent while paused, held and answered 200 after the resume")
+    rl_observe(len(modes), f"requests sent while paused ({', '.join(modes)}), each held and answered 200 after "
+               "the resume")  # fmt: skip
 
 
 @swaps

@@ -500,3 +500,12 @@ def test_serve_fleet_is_of_self_hosted_engines_and_a_fault_hits_an_engine_of_it(
     assert main(["serve", "--engine", "vllm", "--no-gateway"]) == 2
     assert "--no-gateway" in capsys.readouterr().err
     assert fake_deployment == {}
+
+
+def test_serve_vllm_release_is_the_vllm_dialects_and_reaches_its_settings(fake_deployment, capsys):
+    """`--vllm-release 0.33.0`: the vLLM dialect speaks that release; any other engine refuses it."""
+    with pytest.raises(_Started):
+        main(["serve", "--engine", "vllm", "--vllm-release", "0.33.0"])
+    assert fake_deployment["vllm_release"] == "0.33.0"
+    assert main(["serve", "--engine", "sglang", "--vllm-release", "0.33.0"]) == 2
+    assert "--vllm-release is the vLLM dialect's (--engine vllm)" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
 from pytest_rlrollout.cli.stopping import WOKEN, StopSignals, StopTimedOut
-from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, spec, with_control_plane
+from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, spec, vllm, with_control_plane
 
 if TYPE_CHECKING:
     from pytest_rlrollout.reference.fleet import Fleet
@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="I",
         help="with --fleet: the --fault switches hit engine I only (0-based; default: every engine)",
     )
+    sv.add_argument("--vllm-release", choices=vllm.RELEASES, default=vllm.DIALECT_VERSION,
+                    help=f"--engine {vllm.NAME}: the release it speaks (0.33.0 refuses requests arriving while paused "
+                    "in abort or wait mode, and returns policy-version spans on its OpenAI routes)")  # fmt: skip
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", help=f"default: rl-reference-key ({HOSTED}), none asked for ({SELF_HOSTED})")
     sv.add_argument("--control-api-key", help=f"{with_control_plane().name}: a key of its own for the hot-load API "
@@ -116,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
                          f"{SELF_HOSTED.replace(', ', '|')}); the others return routing matrices when a request asks "
                          "for them")  # fmt: skip
 
+    if args.vllm_release != vllm.DIALECT_VERSION and args.engine != vllm.NAME:
+        raise UsageError(f"--vllm-release is the {vllm.ENGINE.title} dialect's (--engine {vllm.NAME})")
     if args.fleet is not None and (not self_hosted or args.fleet < 1):
         raise UsageError(
             f"--fleet N: N >= 1 engines of a self-hosted dialect (--engine {SELF_HOSTED.replace(', ', '|')})"
@@ -219,6 +224,7 @@ def _settings(args: argparse.Namespace, faults: frozenset[str], self_hosted: boo
         faults=faults,
         stagger=args.stagger,
         routed_experts=args.enable_return_routed_experts,
+        vllm_release=args.vllm_release,
         layout=args.layout,
         **{k: SERVED_PACE[k] if getattr(args, k) is None else getattr(args, k) for k in SERVED_PACE},
     )

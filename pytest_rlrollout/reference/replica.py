@@ -36,6 +36,10 @@ class Unavailable(Exception):
     """503 (only with the SWAP-SYNC-2 and CTL-PAUSE-1:refuse fault switches)."""
 
 
+class Paused(Unavailable):
+    """Generation is paused and the request is refused, retryable: vLLM 0.33 in abort or wait mode."""
+
+
 PAUSE_MODES = ("abort", "wait", "keep")  # what a pause does to the requests in flight
 # vLLM dialect's SWAP-ASYNC-1 and SWAP-KV-1 faults: a request whose KV a swap or a reset took ends
 # after this many more tokens, once decoding goes on (a pause may hold it meanwhile)
@@ -166,6 +170,8 @@ class Replica:
     def submit(self, job: Job) -> None:
         with self._cond:
             f = self.settings.fault
+            if self.settings.refuses_while_paused(self.paused):
+                raise Paused(f"{self.name}: generation is paused ({self.paused} mode)")
             if self.paused and f("CTL-PAUSE-1:refuse"):
                 raise Unavailable(f"{self.name}: generation is paused")
             if self.paused and self._swapped_in_pause and f("SWAP-ASYNC-3"):

@@ -66,6 +66,9 @@ class Settings:
     # vLLM's --enable-return-routed-experts: completions end with the experts every position was
     # routed to (`routed_experts`); off by default, as on the CPU build (it needs the GPU runner)
     routed_experts: bool = False
+    # the vLLM release the vLLM dialect speaks (vllm.RELEASES): 0.33.0 refuses arrivals while paused
+    # in abort or wait mode and returns policy-version spans on its OpenAI routes
+    vllm_release: str = VLLM_VERSION
     # An object store the deployment downloads each snapshot from when it is first named (as a
     # hosted deployment reads its bucket); `bucket` is then its local copy. None: `bucket` is all.
     mirror: str | None = None  # an fsspec URL: s3://..., gs://...
@@ -82,6 +85,19 @@ class Settings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", check_faults(self.faults))
+        if self.vllm_release not in vllm.RELEASES:
+            raise ValueError(f"vllm_release {self.vllm_release!r}: one of {', '.join(vllm.RELEASES)}")
+
+    def refuses_while_paused(self, mode: str | None) -> bool:
+        """Whether a request arriving while generation is paused in `mode` is refused (vLLM 0.33's
+        abort and wait modes), not held."""
+        return (self.engine == vllm.NAME and mode in ("abort", "wait")
+                and vllm.at_least(self.vllm_release, vllm.REFUSES_WHILE_PAUSED))  # fmt: skip
+
+    @property
+    def spans_on_openai_routes(self) -> bool:
+        """Whether /v1/completions and /v1/chat/completions take `return_weight_versions` (vLLM 0.33)."""
+        return self.engine == vllm.NAME and vllm.at_least(self.vllm_release, vllm.SPANS_ON_OPENAI_ROUTES)
 
     def fault(self, clause: str) -> bool:
         return clause in self.faults

@@ -210,6 +210,10 @@ class VllmRun(Run):
                 span["end"] += shift
         return out
 
+    def _openai_spans(self) -> list[dict[str, Any]] | None:
+        """The spans vLLM 0.33's OpenAI routes return, when the request asked for them."""
+        return self.spans() if self.req.return_weight_versions else None
+
     def routed_experts(self, streamed: bool) -> str | None:
         """`routed_rows` as vLLM encodes them: base64 of a `.npy` array."""
         rows = self.routed_rows(streamed)
@@ -400,6 +404,8 @@ class VllmRun(Run):
                   "logprobs": self.legacy_logprobs(scored, offset) if req.logprobs is not None else None,
                   "finish_reason": d.finish, "stop_reason": d.stop_reason, "prompt_token_ids": prompt_ids,
                   "token_ids": ids if req.return_token_ids else None}  # fmt: skip
+        if self.dep.settings.spans_on_openai_routes:  # 0.33 sets the field on every chunk, null but the last
+            choice["weight_versions"] = self._openai_spans() if d.finish is not None else None
         chunk = self._head() | {"choices": [choice]}
         if d.finish is not None and not req.include_usage:
             chunk["system_fingerprint"] = self.vt.fingerprint
@@ -426,6 +432,8 @@ class VllmRun(Run):
         if d.finish is not None:
             choice["stop_reason"] = d.stop_reason
         choice["token_ids"] = ids if self.req.return_token_ids else None
+        if d.finish is not None and self.dep.settings.spans_on_openai_routes and self.req.return_weight_versions:
+            choice["weight_versions"] = self._openai_spans()  # on the last chunk only (0.33)
         chunk = self._head() | {"choices": [choice]}
         if d.finish is not None and not self.req.include_usage:
             chunk["system_fingerprint"] = self.vt.fingerprint
@@ -514,6 +522,8 @@ class VllmRun(Run):
                   "prompt_logprobs": self.prompt_logprobs(),
                   "prompt_token_ids": req.prompt if req.return_token_ids else None,
                   "routed_experts": self.routed_experts(False)}  # fmt: skip
+        if self.dep.settings.spans_on_openai_routes:
+            choice["weight_versions"] = self._openai_spans()
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
                 "usage": self.usage(False), "kv_transfer_params": None, "ec_transfer_params": None,
@@ -527,6 +537,8 @@ class VllmRun(Run):
                   "finish_reason": finish, "stop_reason": self.stop_reason,
                   "token_ids": self.output_ids() if req.return_token_ids else None,
                   "routed_experts": self.routed_experts(False)}  # fmt: skip
+        if self.dep.settings.spans_on_openai_routes:
+            choice["weight_versions"] = self._openai_spans()
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
                 "usage": self.usage(False), "prompt_logprobs": None,

@@ -75,10 +75,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_rlrollout.engines.vllm import NAME as OWNED_BY  # the card names the engine
+from pytest_rlrollout.engines.vllm import PAUSED_MESSAGE
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.inference_request import BadRequest, decode_json
-from pytest_rlrollout.reference.replica import PAUSE_MODES, TooEarly, Unavailable
-from pytest_rlrollout.reference.settings import VLLM_VERSION
+from pytest_rlrollout.reference.replica import PAUSE_MODES, Paused, TooEarly, Unavailable
 from pytest_rlrollout.reference.text import Text
 from pytest_rlrollout.reference.vllm_answers import ConnectionDropped, VllmRun
 from pytest_rlrollout.reference.vllm_requests import VllmError, VllmReader, VllmRequest, invalid, not_json
@@ -87,6 +87,18 @@ from pytest_rlrollout.reference.wire import Guarded, off_loop, read_body
 
 FLUSH_STEPS = 200  # event-loop turns a pause waits for what was generated before it to be written
 TRUE, FALSE = ("1", "true", "yes", "on", "t", "y"), ("0", "false", "no", "off", "f", "n")
+
+
+async def _refused_stream(e: VllmError, route: str) -> Any:
+    """vLLM 0.33's stream for a request the engine refused: one error event, then [DONE]. Its
+    chat route says the error's type as InternalServerError, in compact JSON; the others say it
+    as it is, with json.dumps' spaces."""
+    if route == "chat":
+        doc = VllmError(e.message, e.status, "InternalServerError").body()
+        yield f"data: {json.dumps(doc, separators=(',', ':'))}\n\n".encode()
+    else:
+        yield f"data: {json.dumps(e.body())}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 class VllmJson(JSONResponse):
@@ -131,7 +143,7 @@ class VllmRoutes:
         self.dep, self.s = dep, dep.settings
         base = dep.full_dirs[self.s.base_identity]
         text = Text(base, dep.config)
-        self.vt = VllmText(text, base, dep.config)
+        self.vt = VllmText(text, base, dep.config, self.s.vllm_release)
         self.reader = VllmReader(text, dep.config["vocab_size"], self.s.max_context, self.s.model)
         self.started = int(time.time())
         self.live: set[VllmRun] = set()  # requests whose answers are being written
@@ -157,7 +169,7 @@ class VllmRoutes:
         return Response(b"", 200)
 
     async def version(self, request: Request) -> Response:
-        return VllmJson({"version": VLLM_VERSION})
+        return VllmJson({"version": self.s.vllm_release})
 
     async def models(self, request: Request) -> Response:
         permission = {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
@@ -199,6 +211,12 @@ class VllmRoutes:
                 return refused_body(e)
             except VllmError as e:
                 return answer(e)
+            except Paused:  # vLLM 0.33, paused in abort or wait mode: refused, retryable
+                refusal = VllmError(PAUSED_MESSAGE, 503, "ServiceUnavailableError")
+                if not req.stream:
+                    return answer(refusal)
+                # a stream's headers are out before the engine refuses it: an error event in a 200
+                return StreamingResponse(_refused_stream(refusal, req.route), media_type="text/event-stream")
             except Unavailable as e:
                 return answer(VllmError(str(e), 503, "ServiceUnavailableError"))
             except TooEarly as e:

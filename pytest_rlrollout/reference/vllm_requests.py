@@ -185,6 +185,9 @@ class VllmRequest:
     echo: bool
     ignore_eos: bool
     return_token_ids: bool
+    # the policy-version spans on the OpenAI routes' final chunk (a field vLLM 0.33 reads; 0.32
+    # accepts it, as every unknown field, and ignores it)
+    return_weight_versions: bool
     stop: list[str]
     stop_token_ids: list[int]  # tokens that end the request besides the end of sequence (kept in the output)
     cache_salt: str | None
@@ -309,6 +312,7 @@ class VllmReader:
             echo=echo,
             ignore_eos=b.bool("ignore_eos"),
             return_token_ids=top.bool("return_token_ids"),
+            return_weight_versions=route != "generate" and top.bool("return_weight_versions"),
             stop=stop,
             stop_token_ids=[t for t in b.ids("stop_token_ids") if 0 <= t < self.vocab],
             cache_salt=salt,

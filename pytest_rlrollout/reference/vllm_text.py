@@ -19,7 +19,7 @@ REPLACEMENT = "\ufffd"
 
 
 class VllmText:
-    def __init__(self, text: Text, snapshot: Path, config: dict[str, Any]):
+    def __init__(self, text: Text, snapshot: Path, config: dict[str, Any], release: str = VLLM_VERSION):
         self.text = text
         eos = _ids(config.get("eos_token_id"))
         generation = snapshot / "generation_config.json"
@@ -29,7 +29,7 @@ class VllmText:
         added = text.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, t in added.items() if t.special) | self.stop_ids
         # vLLM's fingerprint names its version and the served model's configuration
-        self.fingerprint = f"vllm-{VLLM_VERSION}-{zlib.crc32(json.dumps(config, sort_keys=True).encode()):08x}"
+        self.fingerprint = f"vllm-{release}-{zlib.crc32(json.dumps(config, sort_keys=True).encode()):08x}"
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.text.decode(list(ids))

@@ -42,6 +42,9 @@ class Discovery:
     # start-up load: no later load path can show it again): {"identity", "logprobs"}, or None
     start: dict[str, Any] | None = None
     version: str | None = None  # the engine's version, where it says (vLLM: GET /version)
+    # routes of the engine's own found answering, which a driver sends to when they do (vLLM's
+    # /inference/v1/generate): an xdist or Locust worker's driver adopts them without probing
+    routes: list[str] = field(default_factory=list)
 
     def has(self, name: str) -> bool:
         if name not in CAPABILITIES:
@@ -59,7 +62,7 @@ class Discovery:
     def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "decided": self.decided, "capabilities": self.capabilities,
                 "seen": self.seen, "replicas": self.replicas, "transition": self.transition,
-                "start": self.start, "version": self.version}  # fmt: skip
+                "start": self.start, "version": self.version, "routes": self.routes}  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Discovery:

@@ -357,8 +357,9 @@ def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment
     engine = opts.engine or DEFAULT  # the dialect the bundled deployment speaks (--rl-engine)
     # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
     # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
+    release = {"vllm_release": opts.local_vllm_release} if opts.local_vllm_release else {}
     with reference_deployment(bucket, engine=engine, faults=opts.local_faults, transition=opts.transition,
-                              api_key=LOCAL_KEY) as dep:  # fmt: skip
+                              api_key=LOCAL_KEY, **release) as dep:  # fmt: skip
         # a self-hosted server is addressed by its URL alone; a hosted deployment by its name
         # (accounts/<a>/deployments/<d>) or its UUID (its hot-loads name it)
         name = {"path": dep.name, "uuid": dep.settings.deployment_id, None: None}[spec(engine).names]

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_rlrollout.engines import DEFAULT, DIALECTS, ENGINES, Engine, presumed, spec, with_control_plane
+from pytest_rlrollout.engines import DEFAULT, DIALECTS, ENGINES, Engine, presumed, spec, vllm, with_control_plane
 from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
 from pytest_rlrollout.numerics.tolerances import TOLERANCES
 from pytest_rlrollout.remote.bucket import Store
@@ -152,6 +152,7 @@ class RLConfig:
     replay: Path | None = None
     replay_meta: dict[str, Any] | None = None  # the recording's _session.json meta
     local_faults: frozenset[str] = frozenset()
+    local_vllm_release: str | None = None  # the vLLM release the bundled reference speaks (vllm dialect)
     timeouts: Timeouts = LOCAL
     soak: dict[str, Any] | None = None  # rl_soak: the soak's settings given (`soak.run.Settings` fields)
     numerics: Numerics = Numerics()
@@ -394,6 +395,13 @@ SETTINGS = (
         list,
         metavar="CLAUSE-ID ...",
     ),
+    Setting(
+        "rl_local_vllm_release",
+        f"the vLLM release the bundled reference deployment speaks with --rl-engine={vllm.NAME} "
+        f"({vllm.DIALECT_VERSION}: measured on vLLM's CPU build; 0.33.0: read from its wheel)",
+        choices=vllm.RELEASES,
+        metavar="RELEASE",
+    ),
     # waits
     Setting("rl_swap_timeout", "how long a swap may take (default: 3 local, 900 live)", float, check="positive"),
     Setting(
@@ -601,7 +609,8 @@ def read_options(config: pytest.Config) -> RLConfig:
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLConfig:
     # the deployment's further description (rl_inference_url, rl_control_url) is ini keys: left alone
-    given = _given(config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_engine")
+    given = _given(config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_local_vllm_release",
+                   "rl_engine")  # fmt: skip
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -637,10 +646,14 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
     common["transition"] = common["transition"] or "ASYNC"
     given = setting(config, "rl_engine")
     engine = given if given in DIALECTS else DEFAULT  # the bundled deployment's dialect (auto: its default)
+    release = setting(config, "rl_local_vllm_release")
+    if release is not None and engine != vllm.NAME:
+        _usage(f"rl_local_vllm_release is the {vllm.ENGINE.title} dialect's: also pass --rl-engine={vllm.NAME}")
     budget = _budget(functools.partial(setting, config), allow=True)
     common["numerics"] = _numerics(config, common["base_snapshot"], served="float32")  # the reference's numpy engine
     return RLConfig(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
-                     allow_hot_load=True, budget=budget, engine=engine, timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
+                    local_vllm_release=release, allow_hot_load=True, budget=budget, engine=engine,
+                    timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
 
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLConfig:
@@ -665,11 +678,10 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     control: dict[str, Any] = {}
     if controlled:  # its control plane and gateway are two hosts with keys of their own
         control = _control_plane(config, deployment)
-    if get("rl_local_faults"):
-        _usage(
-            f"rl_local_faults break the bundled reference deployment; they cannot apply to "
-            f"{deployment or get('rl_base_url')}"
-        )
+    for local in ("rl_local_faults", "rl_local_vllm_release"):
+        if get(local):
+            _usage(f"{local} configures the bundled reference deployment; it cannot apply to "
+                   f"{deployment or get('rl_base_url')}")  # fmt: skip
     model = get("rl_model")
     if not model:
         _usage(f"{'--rl-deployment' if deployment else '--rl-base-url'}: also pass --rl-model (the model it serves)")
@@ -926,7 +938,8 @@ def _discovery_ok(d: Any) -> bool:
 
     return (
         isinstance(d, dict)
-        and d.keys() - {"start", "version"} == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
+        and d.keys() - {"start", "version", "routes"}
+        == {"engine", "decided", "capabilities", "seen", "replicas", "transition"}
         and d["engine"] in ENGINES
         and isinstance(d["decided"], str)
         and isinstance(d["capabilities"], dict)
@@ -937,6 +950,16 @@ def _discovery_ok(d: Any) -> bool:
         and d["transition"] in (None, "ASYNC", "SYNC")
         and _start_ok(d.get("start"))
         and (d.get("version") is None or (isinstance(d["version"], str) and 0 < len(d["version"]) <= 40))
+        and _routes_ok(d.get("routes", []))
+    )
+
+
+def _routes_ok(routes: Any) -> bool:
+    """Recorded engine routes: a few paths."""
+    return (
+        isinstance(routes, list)
+        and len(routes) <= 8
+        and all(isinstance(r, str) and r.startswith("/") and len(r) <= 100 for r in routes)
     )
 
 

@@ -8,6 +8,8 @@ choose runs (default: all of them):
 
 - `coreweave-reference`, `fireworks-reference`, `sglang-reference`, `vllm-reference`: the bundled reference
   deployment in that dialect (not a real engine; every column says so);
+- `vllm-0.33-reference`: the bundled reference speaking vLLM 0.33 (read from its wheel; no CPU
+  build of 0.33 exists): `-o rl_local_vllm_release=0.33.0`;
 - `vllm-0.32-cpu`: a real vLLM 0.32 CPU server (tests/engines/vllm_server.py: its flags and
   layout), judged by the whole suite, the tests that break it last;
 - `vllm-0.32-cpu-x2-behind-smg`: two of them on one bucket behind a real smg 1.13
@@ -51,8 +53,8 @@ def suite(report: Path, *args: str) -> None:
         raise SystemExit(f"the run wrote no report ({report})")
 
 
-def reference(engine: str) -> Callable[[Path, Path], None]:
-    return lambda report, base: suite(report, f"--rl-engine={engine}")
+def reference(engine: str, *settings: str) -> Callable[[Path, Path], None]:
+    return lambda report, base: suite(report, f"--rl-engine={engine}", *settings)
 
 
 def real_vllm(report: Path, base: Path) -> None:
@@ -117,6 +119,7 @@ RUNS: dict[str, Callable[[Path, Path], None]] = {
     "fireworks-reference": reference("fireworks"),
     "sglang-reference": reference("sglang"),
     "vllm-reference": reference("vllm"),
+    "vllm-0.33-reference": reference("vllm", "-o", "rl_local_vllm_release=0.33.0"),
     "vllm-0.32-cpu": real_vllm,
     "vllm-0.32-cpu-x2-behind-smg": real_vllm_fleet,
     "openai-transformers-serve": openai_transformers,

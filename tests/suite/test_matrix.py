@@ -12,6 +12,7 @@ import pytest
 
 from pytest_rlrollout.cli import main
 from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.engines import vllm
 from pytest_rlrollout.suite.matrix import MatrixError, html, load, markdown
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -47,7 +48,7 @@ def test_a_column_says_engine_version_flags_date_and_how_it_was_run(tmp_path):
     assert (col.engine, col.version, col.date) == ("vllm", "0.32.0", "2026-11-24")
     assert col.how.startswith("a real deployment (auto: GET /version answers vLLM 0.32.0")
     # the flags of the capabilities whose binding needs one, once each (dev mode serves two here)
-    assert col.flags == ("--enable-scale-out (spans on /inference/v1/generate): on",
+    assert col.flags == (f"{vllm.ENGINE.flags['policy_version']}: on",
                          "--enable-return-routed-experts (vLLM's GPU model runner): off",
                          "VLLM_SERVER_DEV_MODE=1: on")  # fmt: skip
     [ref] = load([write(tmp_path, "sglang-reference", report("fireworks", mode="local"))])

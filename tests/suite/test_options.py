@@ -49,6 +49,18 @@ CASES = {
         "cannot apply to accounts/a/deployments/d",
     ),
     "unknown local fault": (["-o", "rl_local_faults=HL-NOPE-1"], "unknown fault switch"),
+    "vLLM release on another dialect": (
+        ["-o", "rl_local_vllm_release=0.33.0"],
+        "rl_local_vllm_release is the vLLM dialect's: also pass --rl-engine=vllm",
+    ),
+    "vLLM release on a live deployment": (
+        [*LIVE, "-o", "rl_local_vllm_release=0.33.0"],
+        "rl_local_vllm_release configures the bundled reference deployment; it cannot apply to",
+    ),
+    "vLLM release the reference does not speak": (
+        ["--rl-engine=vllm", "-o", "rl_local_vllm_release=0.31.0"],
+        "rl_local_vllm_release",
+    ),
     "live options without a deployment": (["--rl-model=m"], "also pass --rl-deployment"),
     "snapshot that is not a directory": (["--rl-snapshot=nowhere"], "--rl-snapshot nowhere: not a directory"),
     "signal that is not JSON": (["--rl-snapshot=base", "-o", "rl_signal=signal.json"], "cannot read a JSON body"),

@@ -27,8 +27,8 @@ import httpx
 from pytest_rlrollout.engines.smg import ENGINE, MEMBERS, ROUTED_WORKER, ROUTING_KEY
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
 from pytest_rlrollout.remote.drivers.base import Status
-from pytest_rlrollout.remote.drivers.vllm import VLLMDriver
-from pytest_rlrollout.remote.openai_wire import bound, legacy_body, token_prompt
+from pytest_rlrollout.remote.drivers.vllm import VLLMDriver, openai_body
+from pytest_rlrollout.remote.openai_wire import bound, token_prompt
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, as_object, json_object
 
@@ -190,7 +190,7 @@ class GatewayDriver(VLLMDriver):
         if salt is not None:
             sent["cache_salt"] = salt
         proxied = self.client.request("POST", route,
-                                      json={"model": self.target.body_model, **legacy_body(sent)},
+                                      json={"model": self.target.body_model, **openai_body(sent)},
                                       headers=self.client.auth_headers())  # fmt: skip
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
         status = doc.get("status") if isinstance(doc.get("status"), int) else proxied.status_code

@@ -12,7 +12,13 @@
 - Policy versions: `weight_versions` spans `[{version, start, end}]` on the final chunk of
   `/inference/v1/generate` (`--enable-scale-out`), which also takes token-id prompts, `cache_salt`,
   `prompt_logprobs` and logprobs with token ids: completions with token-id prompts go there when
-  the route answers; text prompts and chat go to `/v1/completions` and `/v1/chat/completions`.
+  the route answers; text prompts and chat go to `/v1/completions` and `/v1/chat/completions`,
+  which are asked for the same spans (`return_weight_versions`: vLLM 0.33 returns them on each
+  choice's last chunk; 0.32 accepts the field and ignores it). Whichever route returns them, the
+  reading lays them over the chunks.
+- Requests arriving while paused: 0.32 holds them in every mode; 0.33 refuses them in abort and
+  wait mode (503 ServiceUnavailableError, an error event in a stream's 200) and holds them in keep
+  mode, the mode of this binding's load. CTL-PAUSE-1 asks every mode, naming the release.
 - Isolation: `x-prompt-cache-isolation-key` / `prompt_cache_isolation_key` become `cache_salt`.
 - Pause: `POST /pause?mode=abort|wait|keep&clear_cache=`, `POST /resume`, `GET /is_paused`.
 - Routing (R3): with `--enable-return-routed-experts` the choice that ends a completion carries
@@ -35,6 +41,7 @@ import httpx
 from pytest_rlrollout.engines.vllm import ENGINE
 from pytest_rlrollout.remote.discovery import (
     PROBE_IDS,
+    PROBE_TEXT,
     Answered,
     Discovery,
     auth_probe,
@@ -89,7 +96,7 @@ class VLLMDriver(Driver):
 
     def adopt(self, found: Discovery) -> None:
         """Take what the controller's probes found (an xdist worker does not probe again)."""
-        self.generate = found.has("policy_version")
+        self.generate = GENERATE in found.routes
 
     def _url(self, path: str) -> str:
         return self.target.base_url.rstrip("/") + path
@@ -142,11 +149,9 @@ class VLLMDriver(Driver):
             url = (base or self.target.base_url).rstrip("/") + GENERATE
             return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
                                         url=url, reading=reading)  # fmt: skip
-        if not chat:
-            sent = legacy_body(sent)
         url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
-        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, url=url,
-                                    reading=self.reading)  # fmt: skip
+        return self.client.complete(openai_body(sent, chat=chat), chat=chat, headers=headers, on_chunk=on_chunk,
+                                    on_status=on_status, url=url, reading=self.reading)  # fmt: skip
 
     # ----------------------------------------------------------------------- what is served
 
@@ -303,14 +308,19 @@ class VLLMDriver(Driver):
         probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True}
         generated = self.client.complete(_generate_body(probe), url=self._url(GENERATE), reading=self.reading)
         self.generate = generated.ok and bool(generated.spans)
-        mark(d, "policy_version", self.generate, f"POST {GENERATE}: {said(generated)}"
-             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"))  # fmt: skip
+        d.routes = [GENERATE] if self.generate else []
+        routes = self.complete({"prompt": PROBE_TEXT, "max_tokens": 2, "stream": True})  # an OpenAI route's spans
+        mark(d, "policy_version", self.generate or bool(routes.spans),
+             f"POST {GENERATE}: {said(generated)}"
+             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions")
+             + "; POST /v1/completions with return_weight_versions: "
+             + (f"spans {routes.spans}" if routes.spans else "none (vLLM 0.33 returns them)"))  # fmt: skip
         rows = routed_experts(generated.choice_field("routed_experts"))
         mark(d, "routing_matrix", rows is not None, f"POST {GENERATE}: "
              + (f"routed_experts {list(rows.shape)}" if rows is not None else "no routed_experts"))  # fmt: skip
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
-        mark(d, "nonstream_version", self.generate and bool(ids.versions) and None not in ids.versions,
+        mark(d, "nonstream_version", d.has("policy_version") and bool(ids.versions) and None not in ids.versions,
              f"a non-streamed answer's spans: {ids.spans}")  # fmt: skip
         logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
         lps = logprobs.entries
@@ -321,6 +331,12 @@ class VLLMDriver(Driver):
         back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
         mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list), "choices[].token_ids")
         return d
+
+
+def openai_body(body: dict[str, Any], *, chat: bool = False) -> dict[str, Any]:
+    """A contract body on vLLM's OpenAI routes: legacy completions' fields (not chat), and the
+    policy-version spans asked for (vLLM 0.33 returns them; 0.32 accepts the field, ignores it)."""
+    return {**(body if chat else legacy_body(body)), "return_weight_versions": True}
 
 
 def _generate_body(body: dict[str, Any]) -> dict[str, Any]:

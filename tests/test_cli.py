@@ -478,12 +478,14 @@ def test_serve_fleet_starts_engines_behind_the_gateway_and_stops_them_all(serve)
             httpx.get(url + "/v1/models", timeout=5)
 
 
-def test_serve_fleet_with_no_gateway_prints_the_suites_command_for_its_engines(serve):
-    """`--no-gateway`: the engines alone, and the suite's command naming them all (rl_fleet_urls)."""
-    child = serve("--engine", "vllm", "--fleet", "2", "--no-gateway")
+@pytest.mark.parametrize(("engine", "fleet"), [("vllm", "fleet"), ("sglang", "sglang-fleet")])
+def test_serve_fleet_with_no_gateway_prints_the_suites_command_for_its_engines(serve, engine, fleet):
+    """`--no-gateway`: the engines alone, and the suite's command naming them all (rl_fleet_urls)
+    and the fleet engine that drives engines of that dialect."""
+    child = serve("--engine", engine, "--fleet", "2", "--no-gateway")
     engines = child.named("engines").split(", ")
     [command] = [x for x in child.printed if x.startswith("conformance:")]
-    assert f"--rl-base-url={engines[0]} " in command and "--rl-engine=fleet " in command
+    assert f"--rl-base-url={engines[0]} " in command and f"--rl-engine={fleet} " in command
     assert f"-o 'rl_fleet_urls={' '.join(engines)}'" in command
     assert not any(x.startswith("gateway:") for x in child.printed)
     assert child.printed[-1].startswith("serving tiny-qwen3-moe-base on 2 engines with no gateway")
@@ -499,6 +501,8 @@ def test_serve_fleet_is_of_self_hosted_engines_and_a_fault_hits_an_engine_of_it(
     assert main(["serve", "--engine", "vllm", "--faulty-engine", "0", "--fault", "HL-GET-2"]) == 2  # no fleet
     assert main(["serve", "--engine", "vllm", "--no-gateway"]) == 2
     assert "--no-gateway" in capsys.readouterr().err
+    assert main(["serve", "--engine", "sglang", "--fleet", "2"]) == 2  # smg's binding drives vLLM engines
+    assert "the suite's smg binding drives vllm engines, not sglang; add --no-gateway" in capsys.readouterr().err
     assert fake_deployment == {}
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
 from pytest_rlrollout.cli.stopping import WOKEN, StopSignals, StopTimedOut
-from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, spec, vllm, with_control_plane
+from pytest_rlrollout.engines import DEFAULT, DIALECTS, SPECS, smg, spec, vllm, with_control_plane
 
 if TYPE_CHECKING:
     from pytest_rlrollout.reference.fleet import Fleet
@@ -125,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--fleet N: N >= 1 engines of a self-hosted dialect (--engine {SELF_HOSTED.replace(', ', '|')})"
         )
+    if args.fleet and not args.no_gateway and spec(smg.NAME).binds_like != args.engine:
+        raise UsageError(f"--fleet behind {smg.NAME}: the suite's {smg.NAME} binding drives "
+                         f"{spec(smg.NAME).binds_like} engines, not {args.engine}; add --no-gateway")  # fmt: skip
     if args.no_gateway and not args.fleet:
         raise UsageError("--no-gateway is a --fleet's: its engines with no gateway in front")
     if args.faulty_engine is not None and not (args.fleet and 0 <= args.faulty_engine < args.fleet):
@@ -249,15 +252,14 @@ def _fleet(args: argparse.Namespace, bucket: Path, options: dict[str, Any]) -> c
 
 def _fleet_announcement(fleet: Fleet, bucket: Path, options: dict[str, Any]) -> list[str]:
     """What `serve --fleet` prints: the gateway, its engines, the suite's command for the fleet."""
-    from pytest_rlrollout.engines import fleet as listed
-    from pytest_rlrollout.engines import smg
+    from pytest_rlrollout.engines import listed_fleet
 
     first = fleet.engines[0]
     base = bucket / first.settings.base_identity
     gateway = [f"gateway:    {fleet.base_url}"] if fleet.gateway is not None else []
     named = [*gateway, f"engines:    {', '.join(fleet.urls)}", f"model:      {first.model}", f"bucket:     {bucket}"]
     reached = (f"--rl-engine={smg.NAME}" if fleet.gateway is not None
-               else f"-o 'rl_fleet_urls={' '.join(fleet.urls)}' --rl-engine={listed.ENGINE.name}")  # fmt: skip
+               else f"-o 'rl_fleet_urls={' '.join(fleet.urls)}' --rl-engine={listed_fleet(options['engine']).name}")  # fmt: skip
     command = (f"--rl-base-url={fleet.base_url} --rl-model={first.model} {reached} --rl-allow-hot-load"
                f" --rl-bucket-url={bucket} --rl-base-snapshot={base}" + _paced(first, options["engine"])
                + " -o rl_served_dtype=float32")  # fmt: skip

@@ -10,6 +10,7 @@ from pytest_rlrollout.engines.registry import (
     SPECS,
     Engine,
     dialect,
+    listed_fleet,
     presumed,
     spec,
     with_control_plane,
@@ -17,4 +18,4 @@ from pytest_rlrollout.engines.registry import (
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec, load
 
 __all__ = ["DEFAULT", "DIALECTS", "ENGINES", "FALLBACK", "NUMERICS", "SPECS", "Dialect", "Engine", "EngineSpec",
-           "dialect", "load", "presumed", "spec", "with_control_plane"]  # fmt: skip
+           "dialect", "listed_fleet", "load", "presumed", "spec", "with_control_plane"]  # fmt: skip

@@ -15,6 +15,7 @@ ENGINE = EngineSpec(
     driver="pytest_rlrollout.remote.drivers.fleet:FleetDriver",
     flags=vllm.ENGINE.flags,
     binds_like=vllm.NAME,
+    lists_engines=True,
     affinity=True,  # the suite routes a session to one engine by its key
     self_hosted=True,
     async_only="each engine's swap pauses generation and the requests in flight continue (ASYNC)",

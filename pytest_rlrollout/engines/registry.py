@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pytest_rlrollout.engines import coreweave, fireworks, fleet, openai, sglang, smg, vllm
+from pytest_rlrollout.engines import coreweave, fireworks, fleet, openai, sglang, sglang_fleet, smg, vllm
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec
 
 SPECS: tuple[EngineSpec, ...] = (
@@ -20,10 +20,11 @@ SPECS: tuple[EngineSpec, ...] = (
     coreweave.ENGINE,
     smg.ENGINE,
     fleet.ENGINE,
+    sglang_fleet.ENGINE,
     openai.ENGINE,
 )
 # the names as a type; kept equal to SPECS (checked below, at import)
-Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "fleet", "openai"]
+Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "fleet", "sglang-fleet", "openai"]
 ENGINES: tuple[Engine, ...] = tuple(s.name for s in SPECS)  # type: ignore[assignment]
 if get_args(Engine) != ENGINES:
     raise ImportError(f"engines.registry: Engine spells {get_args(Engine)}, the registered engines are {ENGINES}")
@@ -63,6 +64,14 @@ def presumed(*, deployment: str | None, control_url: str = "", uuid: bool = Fals
             if s.names == "path":
                 return s.name  # type: ignore[return-value]
     return FALLBACK
+
+
+def listed_fleet(engine: str) -> EngineSpec:
+    """The engine that drives a fleet of `engine`s given by their URLs; a ValueError if none does."""
+    found = next((s for s in SPECS if s.lists_engines and s.binds_like == engine), None)
+    if found is None:
+        raise ValueError(f"no fleet of {engine} engines given by their URLs has a binding")
+    return found
 
 
 def with_control_plane() -> EngineSpec:

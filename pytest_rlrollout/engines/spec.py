@@ -49,6 +49,8 @@ class EngineSpec:
     # a gateway over engines of another kind: a clause it has no binding of its own for is bound
     # as on its engines, judged on each of them (None: an engine of its own)
     binds_like: str | None = None
+    # a fleet the suite is given by its engines' URLs (rl_fleet_urls), each of them a `binds_like`
+    lists_engines: bool = False
     names: Names | None = None  # what --rl-deployment names on it (None: nothing; the model at a URL)
     model_is_name: bool = False  # requests name the deployment: its name is the inference `model`
     inference_prefix: str = ""  # where /v1/completions lives under the base URL

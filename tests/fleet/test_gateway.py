@@ -114,7 +114,13 @@ def test_a_list_of_engine_urls_is_recognised_and_judged_on_every_engine(pytester
 def test_a_fault_on_one_engine_fails_its_clause_naming_that_engine(pytester, bucket, switch, front):
     """Every call reaches both engines and the other engine behaves: only what the faulty engine
     then serves shows the fault. Exactly its clause fails, and the failure names that engine."""
-    with reference_fleet(bucket, 2, engine="vllm", faults={1: frozenset({switch})}, gateway=front == "gateway",
+    one_engine_fails(pytester, bucket, "vllm", switch, gateway=front == "gateway")
+
+
+def one_engine_fails(pytester, bucket, engine: str, switch: str, *, gateway: bool) -> None:
+    """Two engines of `engine`'s dialect, the second with the fault `switch`: exactly its clause
+    fails, and each failure's sentence names the faulty engine, never the sound one."""
+    with reference_fleet(bucket, 2, engine=engine, faults={1: frozenset({switch})}, gateway=gateway,
                          **SERVED_PACE) as fleet:  # fmt: skip
         doc = judged(pytester, fleet, bucket, OnlyClauses({switch}))
         faulty, sound = fleet.urls[1], fleet.urls[0]

@@ -259,18 +259,33 @@ class SGLangDriver(Driver):
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
         on_status: Callable[[int], None] | None = None,
     ) -> Stream:
+        return self.complete_at(None, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+
+    def complete_at(
+        self,
+        base: str | None,
+        body: dict[str, Any],
+        *,
+        chat: bool = False,
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
+    ) -> Stream:
+        """`complete`, on the server at `base` (None: the target's)."""
+        root = (base or self.target.base_url).rstrip("/")
         sent, headers, salt = bound(body, headers)
         if chat:
             if salt is not None:
                 sent["cache_salt"] = salt
             return self.client.complete(sent, chat=True, headers=headers, on_chunk=on_chunk, on_status=on_status,
+                                        url=None if base is None else root + "/v1/chat/completions",
                                         reading=self.reading)  # fmt: skip
         native = native_body(body, salt)
         width = self.row_width() if body.get("include_routing_matrix") else None
         reading = SGLangReading(echo=bool(body.get("echo") and body.get("stream")), width=width,
                                 keep=moe_columns(self.served_config, width))  # fmt: skip
         return self.client.complete(native, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                    url=self._url(GENERATE), reading=reading)  # fmt: skip
+                                    url=root + GENERATE, reading=reading)  # fmt: skip
 
     # ----------------------------------------------------------------------- what is served
 

@@ -78,24 +78,16 @@ def as_one_answer(r: httpx.Response) -> httpx.Response:
     return r
 
 
-class GatewayDriver(VLLMDriver):
-    engine = ENGINE.name
+class FannedOut:
+    """A binding's control calls fanned out to a fleet's engines (`_fanout`: through a gateway, or
+    by the suite itself) and read as one engine's answer when they all gave the same one; what is
+    served read per engine, one replica each. Mixed in before the engine's own driver."""
 
-    prompts_in_ids = False  # the gateway's OpenAI routes take text prompts only (smg 1.13)
-
-    def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
-        super().__init__(client, bucket=bucket)
-        self.selector = MEMBERS
-        self._route_of: dict[str | None, str | None] = {}  # routing key -> the engine it reaches
-        self._listed: list[dict[str, Any]] | None = None  # the engines the gateway lists (read once)
-
-    # ------------------------------------------------------------------ control, fanned out
+    status_route = "/weight_info"  # where an engine of the binding says its label (weight_version)
+    fanned_by = "The gateway's answer"  # what the fan-out's own answer is, in a failed load's account
 
     def _fanout(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
-        params = {"selector": self.selector, **kw.pop("params", {})}
-        sent = self.client.auth_headers() | (headers or {})
-        url = self.target.base_url.rstrip("/") + FANOUT + path
-        return self.client.request(method, url, headers=sent, params=params, **kw)
+        raise NotImplementedError
 
     def _post(
         self,
@@ -122,9 +114,9 @@ class GatewayDriver(VLLMDriver):
         headers: dict[str, str] | None = None,
         midway: Callable[[], None] | None = None,
     ) -> httpx.Response:
-        """vLLM's load, every step fanned out. Where the engines did not all succeed, the answer
+        """The binding's load, every step fanned out. Where the engines did not all succeed, the answer
         says which did not, what the fleet serves after it (each engine's label, mixed when they
-        differ) and then gives the gateway's own per-engine answer."""
+        differ) and then gives the fan-out's own per-engine answer."""
         r = super().load(signal, headers=headers, midway=midway)
         engines = per_engine(r)
         if r.status_code == 200 or not engines:
@@ -136,8 +128,59 @@ class GatewayDriver(VLLMDriver):
                 f"{len(failed)} of {len(engines)} engines, and the fleet now serves {mixed}: "
                 + ", ".join(f"{name} {identity!r}" for name, identity in sorted(served.items()))
                 + "; " + "; ".join(f"{url} answered {str(body)[:200]}" for url, (_, body) in failed.items())
-                + f". The gateway's answer (HTTP {r.status_code}): {r.text[:2000]}")  # fmt: skip
+                + f". {self.fanned_by} (HTTP {r.status_code}): {r.text[:2000]}")  # fmt: skip
         return httpx.Response(r.status_code, text=said, request=r.request)
+
+    def engine_kinds(self) -> list[str]:
+        """Each engine's kind and version ("vllm 0.32.0")."""
+        raise NotImplementedError
+
+    def counted(self, d: Discovery) -> Discovery:
+        """What the probes found, the fleet's engines its replicas and their kinds its version."""
+        kinds = self.engine_kinds()
+        d.replicas = len(kinds)
+        d.version = f"{len(kinds)} engine(s): {', '.join(sorted(set(kinds)))}"
+        return d
+
+    def status(self, *, headers: dict[str, str] | None = None) -> Status:
+        """Each engine's own label (its binding's status route, fanned out): one replica per engine."""
+        route = self.status_route
+        r = self._fanout("GET", route, headers=headers)
+        engines = per_engine(r)
+        if not engines:
+            return Status(
+                r, [], [f"GET {route} (fanned out): HTTP {r.status_code}, no engine answered: {r.text[:200]!r}"]
+            )
+        replicas, problems = [], []
+        for name, (status, body) in sorted(engines.items()):
+            label = as_object(body).get("weight_version") if status == 200 else None
+            if not isinstance(label, str):
+                problems.append(f"{name}: GET {route} answered {status} {str(body)[:120]}")
+            state = {"stage": "ready" if isinstance(label, str) else "error", "target_snapshot_identity": label or ""}
+            replicas.append({"name": name, "readiness": isinstance(label, str),
+                             "current_snapshot_identity": label if isinstance(label, str) else None,
+                             "loading_state": state})  # fmt: skip
+        return Status(r, replicas, problems)
+
+
+class GatewayDriver(FannedOut, VLLMDriver):
+    engine = ENGINE.name
+
+    prompts_in_ids = False  # the gateway's OpenAI routes take text prompts only (smg 1.13)
+
+    def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
+        super().__init__(client, bucket=bucket)
+        self.selector = MEMBERS
+        self._route_of: dict[str | None, str | None] = {}  # routing key -> the engine it reaches
+        self._listed: list[dict[str, Any]] | None = None  # the engines the gateway lists (read once)
+
+    # ------------------------------------------------------------------ control, fanned out
+
+    def _fanout(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+        params = {"selector": self.selector, **kw.pop("params", {})}
+        sent = self.client.auth_headers() | (headers or {})
+        url = self.target.base_url.rstrip("/") + FANOUT + path
+        return self.client.request(method, url, headers=sent, params=params, **kw)
 
     def reload_refused(self, answer: httpx.Response, identity: str, headers: dict[str, str] | None) -> None:
         """Some engines reloaded and some did not: each engine that did is labelled with what it
@@ -262,25 +305,6 @@ class GatewayDriver(VLLMDriver):
 
     # ------------------------------------------------------------------ what is served
 
-    def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        """Each engine's own label (`GET /weight_info`, fanned out): one replica per engine."""
-        r = self._fanout("GET", "/weight_info", headers=headers)
-        engines = per_engine(r)
-        if not engines:
-            return Status(
-                r, [], [f"GET {FANOUT}/weight_info: HTTP {r.status_code}, no engine answered: {r.text[:200]!r}"]
-            )
-        replicas, problems = [], []
-        for name, (status, body) in sorted(engines.items()):
-            label = as_object(body).get("weight_version") if status == 200 else None
-            if not isinstance(label, str):
-                problems.append(f"{name}: GET /weight_info answered {status} {str(body)[:120]}")
-            state = {"stage": "ready" if isinstance(label, str) else "error", "target_snapshot_identity": label or ""}
-            replicas.append({"name": name, "readiness": isinstance(label, str),
-                             "current_snapshot_identity": label if isinstance(label, str) else None,
-                             "loading_state": state})  # fmt: skip
-        return Status(r, replicas, problems)
-
     def started_from(self) -> str | None:
         """The directory every engine was started from (each one's `GET /v1/models` root), when
         they agree."""
@@ -309,10 +333,7 @@ class GatewayDriver(VLLMDriver):
         return f"GET {WORKERS} lists {len(workers)} engine(s) ({', '.join(kinds)}) behind SGLang's model gateway"
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
-        d = super().discover(transition=transition, decided=decided)
-        kinds = self.engine_kinds()
-        d.replicas = len(kinds)
-        d.version = f"{len(kinds)} engine(s): {', '.join(sorted(set(kinds)))}"
+        d = self.counted(super().discover(transition=transition, decided=decided))
         if d.has("backend_host"):
             mark(d, "backend_host", True, f"{ROUTED_WORKER} names the engine that served")
         if d.has("token_id_prompts") and not self.prompts_in_ids:

@@ -52,10 +52,12 @@ def judged_report(s, what: str, prompt, rl_observe, prompt_tokens: int | None = 
 @requires("cached_tokens")
 @pytest.mark.parametrize("how", ["non-streamed", "streamed"])
 def test_cached_tokens_reported_consistently(rl_deployment, rl_observe, how):
-    """Cached tokens reported alike on every channel and within the prompt's count. A stream's
-    usage is an option (`stream_options.include_usage`): a stream that carries none when asked,
-    and no other channel either, does not offer the count (`unsupported`); a stream that carries
-    usage without the count fails."""
+    """Cached tokens are reported on every completion; where several channels carry them they agree; 0 <= cached <=
+    prompt_tokens, and prompt_tokens includes the cached tokens."""
+    # Cached tokens reported alike on every channel and within the prompt's count. A stream's
+    # usage is an option (`stream_options.include_usage`): a stream that carries none when asked,
+    # and no other channel either, does not offer the count (`unsupported`); a stream that carries
+    # usage without the count fails.
     prompt = rl_deployment.prompt(f"cache-rpt-{how}", LONG)
     h = rl_deployment.session(f"cache-rpt-{how}")
     perf = {"perf_metrics_in_response": True} if rl_deployment.capabilities.has("perf_metrics") else {}
@@ -88,6 +90,8 @@ def unplaced(rl_deployment, answer) -> bool:
 @clause("CACHE-HIT-1")
 @requires("cached_tokens")
 def test_same_session_reuses_a_long_prefix(rl_deployment, rl_observe):
+    """Without a swap, a second request of the same session repeating a prefix longer than the cache block gets cached
+    tokens > 0."""
     prompt = rl_deployment.prompt("cache-hit", LONG).body
     h = rl_deployment.session("cache-hit")
     first = ask(rl_deployment, prompt, h)
@@ -117,6 +121,8 @@ def test_same_session_reuses_a_long_prefix(rl_deployment, rl_observe):
 @clause("CACHE-ISO-1")
 @requires("cached_tokens")
 def test_isolation_keys_never_share(rl_deployment, rl_observe):
+    """Requests with different x-prompt-cache-isolation-key (or body prompt_cache_isolation_key) never share cache
+    entries."""
     prompt = rl_deployment.prompt("cache-iso", LONG).body
     key = rl_deployment.salted
     h = rl_deployment.session("cache-iso")
@@ -134,6 +140,8 @@ def test_isolation_keys_never_share(rl_deployment, rl_observe):
 @clause("CACHE-EQ-1")
 @requires("cached_tokens", "logprobs")
 def test_cache_hits_do_not_change_results(rl_deployment, rl_observe):
+    """A cache hit does not change results: greedy tokens equal the uncached run, logprobs within tolerance (default
+    1e-4 absolute)."""
     prompt = rl_deployment.prompt("cache-eq", LONG).body
     h = rl_deployment.session("cache-eq")
     cold = ask(rl_deployment, prompt, h, max_tokens=8, logprobs=True, temperature=0)
@@ -266,6 +274,7 @@ part("no-session", sessionless_hit, sessionless_again)
 @loads_from(lambda ctx: [shared() if "new_session" in ctx.reset_policies else shared("unsignalled")])
 @shares(lambda _: share_for("new_session"), "no-session")
 def test_no_session_is_a_new_session(rl_deployment, rl_shared, rl_observe):
+    """With 'new_session', a request without x-multi-turn-session-id counts as a new session and recomputes."""
     after = rl_shared(share_for("new_session"), "no-session")
     assert cached(after) == 0, f"a request without a session reused {cached(after)} tokens cached before the swap"
     rl_observe(1, "request without a session recomputing after a 'new_session' swap")

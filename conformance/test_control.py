@@ -110,9 +110,11 @@ class Arrival:
 @requires("pause")
 @loads()
 def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, rl_observe):
-    """A stream in flight generates nothing while paused (keep mode) and completes after; a request
-    arriving meanwhile is held and answered after the resume, in every mode (the rule knows no
-    mode: an engine that refuses arrivals in abort or wait mode, as vLLM 0.33 does, breaks it)."""
+    """While generation is paused no token is generated; requests that arrive are held, not refused, and complete after
+    resume."""
+    # A stream in flight generates nothing while paused (keep mode) and completes after; a request
+    # arriving meanwhile is held and answered after the resume, in every mode (the rule knows no
+    # mode: an engine that refuses arrivals in abort or wait mode, as vLLM 0.33 does, breaks it).
     marks: dict[str, float] = {}
     held: dict[str, object] = {}
 
@@ -161,6 +163,8 @@ def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, 
 @requires("pause", "logprobs")  # the partial output is counted by its logprobs entries
 @loads()
 def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, rl_observe):
+    """Abort mode: every in-flight request ends promptly with its partial output, a terminal finish reason ('abort') and
+    a well-formed end of stream; never a dropped connection or a 5xx."""
     marks: dict[str, float] = {}
 
     def act(f: InFlight) -> None:
@@ -195,6 +199,8 @@ def test_abort_ends_in_flight_requests_with_their_partial_output(rl_deployment, 
 @requires("pause", "policy_version", "logprobs")
 @loads()
 def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, rl_observe):
+    """Keep (in-place) mode: in-flight requests keep the tokens they generated and continue after resume; the tokens
+    before and after are attributed to their versions (VER-SPAN-1)."""
     old = rl_deployment.serving()
     label = rl_deployment.salted("ctl-pause-3")
     marks: dict[str, float] = {}
@@ -243,6 +249,7 @@ def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, r
 @requires("pause")
 @loads()
 def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observe):
+    """Wait (drain) mode: the pause returns only after the in-flight requests finished with their normal finish reason."""
     marks: dict[str, float] = {}
 
     def act(f: InFlight) -> None:
@@ -268,6 +275,7 @@ def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observ
 @requires("pause")
 @loads()
 def test_pause_and_resume_are_idempotent_and_unknown_modes_refused(rl_deployment, rl_observe):
+    """Pause and resume are idempotent; an unknown mode gets a 4xx and changes no state."""
     # an engine with no route that says whether it is paused (SGLang) is asked by a request: one
     # answered after the resumes and after the refusal shows generation runs (a paused engine holds it)
     says = rl_deployment.paused() is not None
@@ -311,6 +319,9 @@ def scored(rl_deployment, ids: list[int], isolation: str) -> list[float]:
 @requires("logprobs", "echo", "token_id_prompts")
 @loads(served(change="visible"))
 def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, rl_observe):
+    """A policy label is published only after the weights it names serve: a token attributed to label N is sampled from
+    N's weights (checked by fingerprint under the label). Setting a label never ends in-flight requests unless the
+    caller asked for that."""
     from pytest_rlrollout.numerics.scorer import local_scorer
 
     # the deployment's numbers against the local scorer's: NUM's tolerance (a bf16 engine needs more)
@@ -342,6 +353,9 @@ def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, 
 @requires("policy_version")
 @loads()
 def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_observe):
+    """A policy label is published only after the weights it names serve: a token attributed to label N is sampled from
+    N's weights (checked by fingerprint under the label). Setting a label never ends in-flight requests unless the
+    caller asked for that."""
     old = rl_deployment.serving()
     label = rl_deployment.salted("ctl-label-inflight")
 
@@ -366,8 +380,11 @@ def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_obser
 @requires("cache_reset", "logprobs", "token_id_prompts", "cached_tokens")
 @loads(served(change="visible-kv"))
 def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_swap, rl_observe):
-    """Judged on every replica (a fleet's engines each reset their own cache): a prompt cached on
-    each before the swap, under a session that reaches it."""
+    """A prompt-cache reset that reports success leaves nothing computed before it to be reused: a prefix cached before
+    it scores, after it, like the same prefix under an unused isolation key (by numbers, whatever the counters say).
+    A reset that could not happen says so; it never reports success."""
+    # Judged on every replica (a fleet's engines each reset their own cache): a prompt cached on
+    # each before the swap, under a session that reaches it.
     tol = rl_deployment.options.numerics.fingerprint_tolerance
     ids = rl_deployment.token_ids("ctl-cache", CACHED_PREFIX)
     places = rl_deployment.sessions_per_replica("ctl-cache")

@@ -93,6 +93,9 @@ PATHS = (COPY, share_for("all"), share_for("none"))
 @loads(*(shared() for _ in PATHS))
 @shares(lambda _: list(PATHS), "fingerprints")
 def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_shared, fid, rl_observe):
+    """The same weights give the same fingerprint whatever the load path (a full snapshot; the same target reached
+    through a chain of ARC2 diffs; the same weights under another identity; after a ledger reset) and on every
+    replica."""
     copied = rl_shared.parts(COPY, ["fingerprints", LEDGER])
     after_reset = " after a ledger reset" if copied[LEDGER] is not None and 200 <= copied[LEDGER] < 300 else ""
     paths: dict[str, Sweep] = {f"a full snapshot of the base{after_reset}": copied["fingerprints"][2]}
@@ -148,6 +151,7 @@ part("fingerprints", fingerprinted, lambda _, was, swapped: (completed(swapped),
 @loads(shared())
 @shares(lambda _: share_for(None), "fingerprints")
 def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_shared, fid, rl_observe):
+    """After a swap is reported done, every replica's fingerprint is the new snapshot's, not the previous one's."""
     result, before, after = rl_shared(share_for(None), "fingerprints")
     tol = fid.tolerance
     unchanged = {r: before.prints[r].distance(after.prints[r]) for r in before.prints if r in after.prints}
@@ -197,6 +201,8 @@ part("kv-continuation", cached_continuation, continued_again)
 @loads(shared())
 @shares(lambda _: share_for("all"), "kv-continuation")
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_observe):
+    """After a swap with reset_prompt_cache 'all', a request repeating a pre-swap prefix scores like the same request
+    under an unused isolation key (stale KV is caught by its numbers, whatever the counters say)."""
     result, old, repeated, fresh = rl_shared(share_for("all"), "kv-continuation")
     moved, _ = old.difference(fresh)
     if moved <= fid.tolerance:
@@ -216,6 +222,7 @@ def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_o
 @clause("FID-DECODE-1")
 @scored
 def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
+    """Logprobs reported while generating equal the prefill (echo) logprobs of the same tokens within the tolerance."""
     prompt = rl_deployment.token_ids("fid-decode", 24)
     session = rl_deployment.session("fid-decode")  # one replica decodes and echoes
     # sampled, as a rollout is: tokens less likely than the greedy ones, whose logprobs are far
@@ -240,6 +247,8 @@ def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
 @clause("FID-BATCH-1")
 @scored
 def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
+    """A request's logprobs alone and under concurrent load agree within the tolerance; the report gives the max
+    |delta|."""
     prompt = rl_deployment.token_ids("fid-batch", 48)
     session = rl_deployment.session("fid-batch")  # one replica: the load shares its batches
 

@@ -93,6 +93,8 @@ def served_identities(rl_deployment) -> list:
 
 @clause("HL-GET-1")
 def test_status_lists_replicas(rl_deployment, rl_observe):
+    """Status is a JSON object with a replicas list; each replica has readiness (bool) and current_snapshot_identity
+    (string or null)."""
     status = rl_deployment.status()
     if status.unread:
         inconclusive(status.unread)
@@ -103,6 +105,8 @@ def test_status_lists_replicas(rl_deployment, rl_observe):
 
 @clause("HL-GET-1a")
 def test_status_has_loading_state(rl_deployment, rl_observe):
+    """Each replica has a loading_state object with stage and a non-null target_snapshot_identity (the official SDK
+    cannot handle null)."""
     replicas = status_body(rl_deployment).get("replicas")
     if not isinstance(replicas, list) or not replicas:
         inconclusive("no replicas list to look into (see HL-GET-1)")
@@ -123,6 +127,8 @@ def test_status_has_loading_state(rl_deployment, rl_observe):
 @pytest.mark.rl_requires("auth")
 @loads(refused())
 def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap, rl_observe):
+    """A missing or wrong API key gets 401 or 403; a missing or wrong fireworks-deployment or fireworks-model header
+    gets a 4xx; never a 5xx and never a state change."""
     built = rl_swap.build("auth")
     before = served_identities(rl_deployment)
     bad = {
@@ -151,6 +157,7 @@ part("signal-answer", lambda _, name: name, lambda _, __, swapped: swapped.respo
 @loads(shared())
 @shares(lambda _: COPY, "signal-answer")
 def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_shared, rl_observe):
+    """A valid full snapshot signal {'identity': ...} gets HTTP 200 with a JSON object body."""
     r = rl_shared(COPY, "signal-answer")
     assert r.status_code == 200, f"{r.status_code} {r.text[:300]}"
     try:
@@ -164,6 +171,7 @@ def test_full_snapshot_signal_gets_200_json(rl_deployment, rl_shared, rl_observe
 @clause("HL-POST-2")
 @loads(refused())
 def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
+    """An unknown body field gets 400."""
     built = rl_swap.build("post-2")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
     assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
@@ -173,6 +181,8 @@ def test_unknown_field_gets_400(rl_deployment, rl_swap, rl_observe):
 @clause("HL-POST-2a")
 @loads(refused())
 def test_unknown_field_message_wording(rl_deployment, rl_swap, rl_observe):
+    """The 400 for an unknown field says 'Extra inputs are not permitted' and names the field (the official SDK's
+    fallback matches this wording)."""
     built = rl_swap.build("post-2a")
     r = rl_deployment.hot_load({**built.signal, "unexpected_field": True})
     if r.status_code != 400:
@@ -188,6 +198,7 @@ RESETS = ("all", "new_session", "none")
 @loads(refused(), shared(), shared(), shared())
 @shares(lambda _: [share_for(policy) for policy in RESETS], "signal-answer")
 def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_shared, rl_observe):
+    """reset_prompt_cache accepts 'all' (the default), 'new_session' and 'none'; any other string gets 400."""
     built = rl_swap.build("post-3")
     r = rl_deployment.hot_load({**built.signal, "reset_prompt_cache": "sometimes"})
     assert r.status_code == 400, f"reset_prompt_cache='sometimes' got {r.status_code}"
@@ -208,6 +219,7 @@ def signal_accepted(rl_swap, label: str, reset_prompt_cache) -> None:
 @clause("HL-POST-3a")
 @loads(served(), served())
 def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
+    """reset_prompt_cache also accepts booleans, as the official SDK sends true."""
     for value in (True, False):
         signal_accepted(rl_swap, "post-3a", value)
     rl_observe(2, "boolean reset_prompt_cache values accepted")
@@ -217,6 +229,7 @@ def test_reset_prompt_cache_booleans(rl_deployment, rl_swap, rl_observe):
 @clause("HL-POST-4")
 @loads()
 def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
+    """An identity violating SNAP-ID-1 gets a 4xx."""
     identities = ("a/b", "..", ".", "", "back\\slash", "nul\x00byte", "ctl\x01char")
     for identity in identities:
         r = rl_deployment.hot_load({"identity": identity})
@@ -227,6 +240,8 @@ def test_identity_not_one_segment_gets_4xx(rl_deployment, rl_observe):
 @clause("SNAP-ID-1")
 @loads(unsignalled(), Load("nested", end="refused"))
 def test_nested_identity_is_never_served(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """A snapshot identity is a single non-empty path segment: no '/', no '\\\\', no NUL or control character, and
+    neither '.' nor '..'."""
     built = rl_swap.build("nested")
     outer = f"{built.identity}-dir"
     nested = f"{outer}/inner"
@@ -260,6 +275,7 @@ def violating(ctx):
 def test_violating_snapshot_is_never_served(
     rl_deployment, rl_snapshot_factory, rl_swap, rl_base_cases, violated, tmp_path, rl_observe
 ):
+    """A snapshot violating a SNAP MUST clause is never served: the previous snapshot keeps serving on every replica."""
     case = broken.broken_case(violated, rl_base_cases, tmp_path)
     signal = dict(case.signal or {})
     if broken.diffs_the_base(case, rl_base_cases):
@@ -287,6 +303,8 @@ def test_violating_snapshot_is_never_served(
 @clause("HL-POST-5a")
 @loads(refused(config="scaled"))
 def test_violations_are_refused_at_post_time(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """Such a snapshot is rejected at POST time with a 4xx whose message names the failed rule (failing later with
+    loading_state.stage 'error' is allowed)."""
     key = numeric_key(rl_snapshot_factory)
     built = rl_snapshot_factory.step(
         rl_deployment.serving(), "post-5a", config_edit=rl_snapshot_factory.config_edit("scaled")
@@ -307,6 +325,8 @@ part("replicas-after", lambda _, name: name, lambda dep, _, swapped: (swapped, d
 @loads(shared())
 @shares(lambda _: share_for(None), "replicas-after")
 def test_every_replica_reaches_the_new_identity(rl_deployment, rl_shared, rl_observe):
+    """After a valid signal every replica reaches readiness true with current_snapshot_identity equal to the identity
+    (LoRA: the identity in loaded_adapters with status 'loaded' on every replica)."""
     result, replicas = rl_shared(share_for(None), "replicas-after")
     expect_loaded(result, own=True)
     for r in replicas:
@@ -318,6 +338,8 @@ def test_every_replica_reaches_the_new_identity(rl_deployment, rl_shared, rl_obs
 @pytest.mark.rl_requires("lora")
 @loads(served("lora"), served())
 def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """After a valid signal every replica reaches readiness true with current_snapshot_identity equal to the identity
+    (LoRA: the identity in loaded_adapters with status 'loaded' on every replica)."""
     built = rl_snapshot_factory.lora()
     result = rl_swap.signal(built)
     expect_loaded(result, own=True)
@@ -329,6 +351,7 @@ def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_fac
 @clause("HL-CONFIG-1")
 @loads(refused(config="scaled"), refused(config="extra"))
 def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_snapshot_factory, rl_observe):
+    """A config mismatch (SNAP-CONFIG-2) leaves the snapshot unloaded, with the documented message wording."""
     key = numeric_key(rl_snapshot_factory)
     edits = {
         f"Config value mismatch for {key}": rl_snapshot_factory.config_edit("scaled"),
@@ -348,6 +371,8 @@ def test_config_mismatch_is_refused_with_documented_wording(rl_deployment, rl_sn
 @clause("HL-CONFIG-2")
 @loads(served(change="none", config="extra-scaled"))
 def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """validation.extra_fields_ignore lets a snapshot load whose only extra or different top-level config keys are the
+    listed ones."""
     # one snapshot differing in both ways (an option the base lacks, a value it sets otherwise),
     # both fields named: the base's weights, so that what follows can diff against the base
     key, edit = numeric_key(rl_snapshot_factory), rl_snapshot_factory.config_edit("extra-scaled")
@@ -360,6 +385,7 @@ def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_s
 @pytest.mark.rl_requires("ledger")
 @loads(served("known"), Load("reset"), refused("sentinel"), served("copy"))
 def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """DELETE .../ledger returns 2xx; afterwards SNAP-INC-7 holds and a full snapshot loads."""
     serving = rl_deployment.serving()
     if not rl_snapshot_factory.knows(serving):
         rl_swap("before-reset")
@@ -379,6 +405,7 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
 @pytest.mark.rl_requires("hint")
 @loads(unsignalled())
 def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_observe):
+    """The hint endpoint accepts {'identity', 'file'}; hints alone never change current_snapshot_identity."""
     built = rl_swap.build("hint")
     before = served_identities(rl_deployment)
     r = rl_deployment.hint(built.identity, "config.json")
@@ -398,6 +425,8 @@ def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_obser
 @clause("HL-GET-3")
 @loads(Load("step", end="failed"))
 def test_failed_load_reports_error(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
+    """A failed load reports loading_state.stage 'error' with target_snapshot_identity naming the failed identity, while
+    current_snapshot_identity stays the previous one."""
     built = rl_swap.build("get-3")
     before = served_identities(rl_deployment)
     timeline = rl_observe.swap("a load whose shard was removed after the signal")

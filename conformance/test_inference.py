@@ -24,6 +24,8 @@ def ask(rl_deployment, name, **body):
 
 @clause("INF-SSE-1")
 def test_streams_are_well_formed_sse(rl_deployment, rl_observe):
+    """Streams are SSE: each event ends with a blank line; a successful stream ends with data: [DONE] after a chunk with
+    a whitelisted finish_reason; no 'usage': null follows a real usage."""
     s = ask(rl_deployment, "inf-sse", stream=True, stream_options={"include_usage": True}).expect_ok("the stream")
     assert not s.unterminated, "the stream's last event was not ended by a blank line"
     assert s.done, f"the stream did not end with data: [DONE]; its last event: {(s.events or [''])[-1][:200]!r}"
@@ -59,9 +61,10 @@ def judged_usage(how: str, s, prompt, counted: bool) -> int:
 @clause("INF-USAGE-1")
 @pytest.mark.parametrize("how", ["non-streamed", "streamed"])
 def test_usage_matches_the_tokens(rl_deployment, rl_observe, how):
-    """Usage adds up and counts the tokens returned. A stream's usage is an option
-    (`stream_options.include_usage`): a server that streams none when asked does not offer it,
-    and that is `unsupported`, never the clause's fail; its non-streamed answers are judged."""
+    """usage.prompt_tokens, completion_tokens and total_tokens are consistent with the tokens returned."""
+    # Usage adds up and counts the tokens returned. A stream's usage is an option
+    # (`stream_options.include_usage`): a server that streams none when asked does not offer it,
+    # and that is `unsupported`, never the clause's fail; its non-streamed answers are judged.
     prompt = rl_deployment.prompt("inf-usage")
     counted = rl_deployment.capabilities.has("logprobs")  # then every returned token has an entry
     extra = {"logprobs": True} if counted else {}
@@ -84,6 +87,8 @@ def test_usage_matches_the_tokens(rl_deployment, rl_observe, how):
 @clause("INF-LOGPROBS-1")
 @requires("logprobs")
 def test_logprobs_entries(rl_deployment, rl_observe):
+    """logprobs: true gives choices[].logprobs.content[] entries with token (str), logprob (number <= 0) and token_id
+    (int)."""
     s = ask(rl_deployment, "inf-logprobs", stream=True, logprobs=True).expect_ok()
     entries = s.entries
     assert entries, "logprobs: true, and no choice carries logprobs.content entries"
@@ -100,6 +105,7 @@ def test_logprobs_entries(rl_deployment, rl_observe):
 @clause("INF-LOGPROBS-1a")
 @requires("logprobs")
 def test_logprobs_carry_sampling_logprob(rl_deployment, rl_observe):
+    """Each logprobs entry also carries sampling_logprob."""
     entries = ask(rl_deployment, "inf-logprobs-1a", stream=True, logprobs=True).expect_ok().entries
     assert entries, "logprobs: true, and no choice carries logprobs.content entries (see INF-LOGPROBS-1)"
     missing = [i for i, e in enumerate(entries) if "sampling_logprob" not in e]
@@ -110,6 +116,8 @@ def test_logprobs_carry_sampling_logprob(rl_deployment, rl_observe):
 @clause("INF-RAW-1")
 @requires("raw_output")
 def test_raw_output(rl_deployment, rl_observe):
+    """raw_output: true gives raw_output.prompt_token_ids, completion_token_ids and completion; with echo,
+    completion_token_ids starts with the prompt ids."""
     prompt = rl_deployment.prompt("inf-raw")
     for echo in (False, True):
         s = ask(rl_deployment, "inf-raw", stream=True, raw_output=True, echo=echo).expect_ok()
@@ -129,6 +137,7 @@ def test_raw_output(rl_deployment, rl_observe):
 @clause("INF-TOKENIDS-1")
 @requires("token_ids")
 def test_return_token_ids(rl_deployment, rl_observe):
+    """return_token_ids: true gives prompt_token_ids and token_ids."""
     prompt = rl_deployment.prompt("inf-tokenids")
     counted = rl_deployment.capabilities.has("logprobs")
     s = ask(rl_deployment, "inf-tokenids", return_token_ids=True, **({"logprobs": True} if counted else {}))
@@ -154,6 +163,8 @@ PERF_KEYS = {"prompt-tokens", "cached-prompt-tokens", "server-time-to-first-toke
 @clause("INF-PERF-1")
 @requires("perf_metrics")
 def test_perf_metrics(rl_deployment, rl_observe):
+    """perf_metrics_in_response: true puts perf_metrics (prompt-tokens, cached-prompt-tokens,
+    server-time-to-first-token) on the final streamed chunk or the response body."""
     for how, s in (("streamed", ask(rl_deployment, "inf-perf", stream=True, perf_metrics_in_response=True)),
                    ("non-streamed", ask(rl_deployment, "inf-perf", perf_metrics_in_response=True))):  # fmt: skip
         s.expect_ok(f"the {how} completion")
@@ -185,6 +196,8 @@ MALFORMED = {
 @clause("INF-ERR-1")
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_requests_get_4xx_json(rl_deployment, rl_observe, case):
+    """Malformed requests get a 4xx with a JSON error body ({'error': {'message', ...}} or 422 {'detail': [...]}); never
+    a 5xx, never a dropped connection."""
     make, by_name = MALFORMED[case]
     if by_name and not rl_deployment.target.by_name:
         not_applicable(f"only a deployment addressed by name (--rl-deployment) must refuse {case}")

@@ -90,6 +90,8 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
 @clause("NUM-LOGPROB-1")
 @pytest.mark.rl_requires("logprobs", "token_id_prompts")
 def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scorers, rl_observe):
+    """For tokens the deployment generated, a local forward pass of the same snapshot gives logprobs within a
+    configurable tolerance; the report gives mean and max |delta| and a k3 KL estimate."""
     figures, _ = figures_of(rl_deployment, _rl_snapshots, _scorers, routing=False)
     tol = rl_deployment.options.numerics.logprob_tolerance
     rl_observe.figures = figures.as_dict()
@@ -105,6 +107,8 @@ def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scor
 @clause("NUM-ROUTE-1")
 @pytest.mark.rl_requires("logprobs", "token_id_prompts", "routing_matrix")
 def test_routing_matches_the_local_router(rl_deployment, _rl_snapshots, _scorers, rl_observe):
+    """Routing the deployment returned agrees with the local router's top-k; the report gives the per-(layer, token)
+    agreement rate and the fraction of tokens with any disagreement."""
     figures, alignment = figures_of(rl_deployment, _rl_snapshots, _scorers, routing=True)
     least = rl_deployment.options.numerics.min_route_agreement
     if figures.route_agreement is None:

@@ -91,6 +91,8 @@ def every_entry_routed(entries, what: str) -> None:
 @clause("R3-SHAPE-1")
 @requires
 def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
+    """With include_routing_matrix and logprobs, every logprobs.content[j] carries routing_matrix: base64 of exactly L*k
+    uint8 bytes, row-major [L, k]."""
     layers, k, _ = moe.needed()
     prompt = rl_deployment.prompt("r3-shape")
     entries = []
@@ -109,6 +111,7 @@ def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
 @clause("R3-RANGE-1")
 @requires
 def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
+    """Every expert index is below E and the k indices of a row are distinct."""
     layers, k, experts = moe.needed()
     matrices = []
     for e in present(routed(rl_deployment, rl_deployment.prompt("r3-range"), stream=True).entries):
@@ -127,6 +130,7 @@ def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
 @clause("R3-CHAT-1")
 @requires
 def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
+    """Chat completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-chat"), chat=True).entries
     every_entry_routed(entries, "a chat completion")
     rl_observe(len(entries), "chat entries with routing_matrix")
@@ -135,6 +139,7 @@ def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
 @clause("R3-COMP-1")
 @requires
 def test_completions_carry_routing(rl_deployment, moe, rl_observe):
+    """Completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-comp")).entries
     every_entry_routed(entries, "a completion")
     rl_observe(len(entries), "completion entries with routing_matrix")
@@ -143,6 +148,7 @@ def test_completions_carry_routing(rl_deployment, moe, rl_observe):
 @clause("R3-STREAM-1")
 @requires
 def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
+    """Streaming carries routing on every streamed token's logprobs.content entry."""
     s = routed(rl_deployment, rl_deployment.prompt("r3-stream"), stream=True, max_tokens=6)
     entries = s.entries
     every_entry_routed(entries, "a stream")
@@ -154,6 +160,7 @@ def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
 @clause("R3-ECHO-1")
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
+    """echo: true also returns routing for the prompt tokens: one entry per prompt token plus one per completion token."""
     prompt = rl_deployment.prompt("r3-echo")
     stream = routed(rl_deployment, prompt, stream=True, echo=True, stream_options={"include_usage": True})
     entries = stream.entries
@@ -170,6 +177,7 @@ def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
 @clause("R3-ECHOLAST-1")
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_observe):
+    """echo_last: N returns prompt routing for the last N prompt tokens only."""
     prompt = rl_deployment.prompt("r3-echolast")
     stream = routed(rl_deployment, prompt, stream=True, echo_last=5, stream_options={"include_usage": True})
     entries = stream.entries
@@ -183,6 +191,7 @@ def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_obser
 @clause("R3-DET-1")
 @requires
 def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
+    """The same greedy request twice on one snapshot gives identical routing."""
     prompt = rl_deployment.prompt("r3-det")
     first, second = (routed(rl_deployment, prompt, stream=True).entries for _ in range(2))
     if not present(first) or not present(second):
@@ -198,6 +207,7 @@ def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
 @clause("R3-CACHE-1")
 @pytest.mark.rl_requires("logprobs", "echo", "cached_tokens")
 def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
+    """Routing returned for prefix tokens served from the prompt cache equals routing computed without the cache."""
     layers, k, _ = moe.needed()
     prompt = rl_deployment.prompt("r3-cache", CACHED_PREFIX)
     headers = rl_deployment.session("r3-cache")
@@ -226,6 +236,7 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
 @pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
 @loads_from(lambda ctx: [served(change="routers")] if ctx.has("routing_matrix") else [])  # else: the `moe` fixture
 def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
+    """After a swap to different router weights, routing reflects the new weights."""
     layers, k, _ = moe.needed()
     by_layer = rl_swap.factory.routers_by_layer
     if not by_layer:

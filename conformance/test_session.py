@@ -33,6 +33,7 @@ def hosts(rl_deployment, rl_observe):
 @clause("SESS-1")
 @pytest.mark.rl_requires("backend_host")
 def test_same_session_same_replica(rl_deployment, hosts):
+    """Requests with the same x-multi-turn-session-id land on the same replica."""
     for s in range(SESSIONS):
         seen = hosts([rl_deployment.session(f"sess-1-{s}")] * REQUESTS)
         assert len(seen) == 1, f"session {s}: {REQUESTS} requests reached replicas {sorted(seen)}"
@@ -41,6 +42,7 @@ def test_same_session_same_replica(rl_deployment, hosts):
 @clause("SESS-2")
 @pytest.mark.rl_requires("backend_host")
 def test_session_id_beats_affinity(rl_deployment, hosts):
+    """When both headers are present, x-multi-turn-session-id decides the replica, not x-session-affinity."""
     for s in range(SESSIONS):
         sets = [rl_deployment.session(f"sess-2-{s}", **{"x-session-affinity": rl_deployment.salted(f"other-{i}")})
                 for i in range(REQUESTS)]  # fmt: skip
@@ -51,6 +53,7 @@ def test_session_id_beats_affinity(rl_deployment, hosts):
 @clause("SESS-3")
 @pytest.mark.rl_requires("backend_host")
 def test_affinity_alone_is_sticky(rl_deployment, hosts):
+    """x-session-affinity alone gives the same stickiness."""
     for s in range(SESSIONS):
         seen = hosts([{"x-session-affinity": rl_deployment.salted(f"sess-3-{s}")}] * REQUESTS)
         assert len(seen) == 1, f"affinity {s}: {REQUESTS} requests reached replicas {sorted(seen)}"

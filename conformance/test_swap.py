@@ -60,6 +60,9 @@ def judge_completion(c, rl_observe, asked: int) -> None:
 @loads(shared())
 @shares(lambda _: share_for(None), CROSSING)
 def test_async_stream_survives_the_swap(rl_deployment, rl_shared, rl_observe):
+    """ASYNC: a stream in flight across the swap completes with 200, a whitelisted finish_reason (stop, length,
+    tool_calls) and [DONE]; it is not restarted: the streamed token count equals usage.completion_tokens and the text
+    is one continuous sequence."""
     c = signalled(rl_shared(share_for(None), CROSSING))
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")
@@ -81,6 +84,8 @@ part("crossing-greedy", greedy_before, lambda _, before, __: before)
 @loads(shared())
 @shares(lambda _: share_for(None), CROSSING, "crossing-greedy")
 def test_async_policy_version_changes_once(rl_deployment, rl_shared, rl_observe):
+    """ASYNC: the streamed policy version changes at most once, from old to new; every chunk after the swap carries the
+    new identity."""
     # Spans (said once, at the end) date tokens by their index, and an engine that sends chunks
     # late delivers tokens it generated before the swap after it: arrival dates nothing there.
     # The tokens' own numbers do: the swap doubles the final norm (every logit doubles, greedy
@@ -141,6 +146,7 @@ def judge_by_numbers(c, old, tolerance, rl_observe) -> None:
 # the swap is, before the requests SWAP-NEW-1 sends after it, which must be the first)
 @shares(lambda _: share_for("none"), PROBES)
 def test_async_requests_during_the_swap_are_queued(rl_deployment, rl_shared, rl_observe):
+    """ASYNC: requests arriving during the swap are queued, not rejected (200), unless their drain timeout is exceeded."""
     probing = rl_shared(share_for("none"), PROBES)
     if probing is None or (probing.result is not None and probing.result.response.status_code != 200):
         inconclusive("the swap could not be signalled (see HL-POST-1)")
@@ -159,6 +165,8 @@ DRAIN = 0.01  # seconds: the drain timeout the probes carry
 @requires("transition:ASYNC")
 @loads(served())
 def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
+    """ASYNC: a request carrying x-fireworks-hot-load-drain-timeout: S that waits longer than S seconds gets 425
+    (default 90 s)."""
     run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True,
                              headers={"x-fireworks-hot-load-drain-timeout": str(DRAIN)})  # fmt: skip
     assert all(p.status in (200, 425) for p in run.probes), [p.status for p in run.probes]
@@ -182,6 +190,7 @@ def test_async_drain_timeout_gets_425(rl_deployment, rl_swap, rl_observe):
 @requires("transition:SYNC", "logprobs", "policy_version")
 @loads(served())
 def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_observe):
+    """SYNC: a stream in flight when the swap is signalled finishes entirely on the old identity."""
     c = crossing(rl_deployment, rl_swap, rl_observe, "swap-sync-1")
     if not c.in_flight_at_signal:
         inconclusive("the stream had ended before the signal was answered")
@@ -197,6 +206,8 @@ def test_sync_stream_finishes_on_the_old_snapshot(rl_deployment, rl_swap, rl_obs
 @requires("transition:SYNC")
 @loads(served())
 def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_swap, rl_observe):
+    """SYNC: requests arriving during the swap get 425 Too Early; the same request retried with the same session key
+    after the swap succeeds on the new identity."""
     run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True)
     built, judged = run.built, [p for p in run.probes if p.all_in_swap]
     if not judged:
@@ -231,6 +242,7 @@ part("new-requests", lambda _, name: name, new_requests, first=True)
 @loads(shared())
 @shares(lambda _: share_for(None), "new-requests")
 def test_new_requests_carry_the_new_identity(rl_deployment, rl_shared, rl_observe):
+    """Once status reports the new identity on a replica, new requests served there carry it."""
     new, versions = rl_shared(share_for(None), "new-requests")
     if not versions or None in versions:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")
@@ -244,6 +256,7 @@ def test_new_requests_carry_the_new_identity(rl_deployment, rl_shared, rl_observ
 @loads_from(lambda ctx: [shared() if ctx.params["policy"] in ctx.reset_policies else shared("unsignalled")])
 @shares(lambda params: share_for(params["policy"]), CROSSING)
 def test_cache_reset_never_disturbs_an_in_flight_stream(rl_deployment, rl_shared, rl_observe, policy):
+    """reset_prompt_cache never disturbs an in-flight stream, under every policy value."""
     c = signalled(rl_shared(share_for(policy), CROSSING))
     if not c.crossed:
         inconclusive("the stream ended before the swap reached its replica")

@@ -40,6 +40,8 @@ def request(rl_deployment, name, chat, **body):
 @requires("policy_version")
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 def test_streamed_chunks_carry_the_served_identity(rl_deployment, rl_observe, chat):
+    """On a hot-load deployment every streamed chunk's model is '<model>@<snapshot_identity>' on /v1/completions and
+    /v1/chat/completions, naming a snapshot the serving replica had loaded at that moment."""
     s = request(rl_deployment, f"ver-stream-{chat}", chat).expect_ok()
     assert s.chunks, "the stream carried no chunk"
     seen = set(suffixes(s.chunks))
@@ -56,6 +58,8 @@ part("loaded-before", lambda dep, _: loaded(dep), lambda _, before, __: before)
 @loads(shared())
 @shares(lambda _: share_for(None), CROSSING, "loaded-before")
 def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_shared, rl_observe):
+    """On a hot-load deployment every streamed chunk's model is '<model>@<snapshot_identity>' on /v1/completions and
+    /v1/chat/completions, naming a snapshot the serving replica had loaded at that moment."""
     seen = rl_shared.parts(share_for(None), ["loaded-before", CROSSING])
     before, c = seen["loaded-before"], seen[CROSSING]
     if not c.chunks:
@@ -83,6 +87,7 @@ def test_versions_across_a_swap_name_the_snapshot_loaded_then(rl_deployment, rl_
 @clause("VER-NONSTREAM-1")
 @requires("nonstream_version")
 def test_non_streaming_responses_carry_the_version(rl_deployment, rl_observe):
+    """Non-streaming responses carry the same '@<identity>' suffix."""
     r = request(rl_deployment, "ver-nonstream", False, stream=False).expect_ok()
     version = r.versions[-1] if r.versions else None
     assert version is not None, f"the response names no policy version (its model is {r.final.get('model')!r})"
@@ -95,6 +100,7 @@ def test_non_streaming_responses_carry_the_version(rl_deployment, rl_observe):
 @requires("nonstream_version")
 @loads(served())
 def test_non_streaming_version_follows_a_swap(rl_deployment, rl_swap, rl_observe):
+    """Non-streaming responses carry the same '@<identity>' suffix."""
     new = rl_swap("nonstream").built.identity
     r = request(rl_deployment, "ver-nonstream-swap", False, stream=False).expect_ok()
     version = r.versions[-1] if r.versions else None
@@ -113,6 +119,9 @@ def output_tokens(s) -> int:
 @clause("VER-SPAN-1")
 @requires("policy_version", "logprobs")
 def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
+    """Where policy versions come as spans, they cover the output tokens exactly once: ordered, contiguous, half-open
+    [start, end) from 0 to the number of output tokens; no output tokens, no spans; each span names a snapshot loaded
+    while those tokens were generated."""
     s = rl_deployment.complete({"prompt": rl_deployment.prompt("ver-span", 8).body, "max_tokens": 12, "stream": True,
                                 "ignore_eos": True, "temperature": 0, "logprobs": True}).expect_ok()  # fmt: skip
     spans = s.spans
@@ -130,6 +139,9 @@ def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
 @loads(shared())
 @shares(lambda _: share_for(None), CROSSING)
 def test_spans_across_a_swap_name_old_then_new(rl_deployment, rl_shared, rl_observe):
+    """Where policy versions come as spans, they cover the output tokens exactly once: ordered, contiguous, half-open
+    [start, end) from 0 to the number of output tokens; no output tokens, no spans; each span names a snapshot loaded
+    while those tokens were generated."""
     c = rl_shared(share_for(None), CROSSING)
     if c.stream is None or not c.stream.ok:
         inconclusive(f"the stream did not complete ({c.error!r}; see SWAP-ASYNC-1)")

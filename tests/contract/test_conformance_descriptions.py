@@ -1,0 +1,32 @@
+"""Each conformance test reads as the contract: its docstring is its clause's rule, word for word
+(as Gateway API's conformance tests carry their Description). A test whose rule changed in the
+catalogue, or a new test without its rule, fails here, naming it."""
+
+import ast
+
+from pytest_rlrollout.contract import catalogue
+from pytest_rlrollout.suite.options import CONFORMANCE
+
+
+def clause_tests():
+    """(module, test, clause ID, docstring) of every test marked with one clause."""
+    for path in sorted(CONFORMANCE.glob("test_*.py")):
+        for f in ast.parse(path.read_text()).body:
+            if not (isinstance(f, ast.FunctionDef) and f.name.startswith("test_")):
+                continue
+            ids = [a.value for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "clause"
+                   for a in d.args if isinstance(a, ast.Constant)]  # fmt: skip
+            if len(ids) == 1:
+                yield path.name, f.name, ids[0], ast.get_docstring(f)
+
+
+def words(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def test_every_conformance_test_says_its_clauses_rule():
+    rules = {c.id: c.rule for c in catalogue()}
+    found = list(clause_tests())
+    wrong = [f"{module}::{test} ({cid}): {words(doc)[:80]!r}" for module, test, cid, doc in found
+             if words(doc) != words(rules[cid])]  # fmt: skip
+    assert len(found) >= 100 and not wrong, "docstrings that are not their clause's rule:\n" + "\n".join(wrong)

@@ -9,7 +9,6 @@ test that leaves generation paused or a label changed puts it back before it end
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
@@ -30,13 +29,13 @@ from pytest_rlrollout.suite.observe import (
     cached_and_a_visible_change,
     cached_continued,
     continued,
+    in_transit,
     with_stream,
 )
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 HOLD_READS = 4  # paused() reads while a pause is held (a fixed count: a replay asks as often)
-IN_TRANSIT = 0.05  # seconds: a chunk this soon after the pause answered may have been on its way
 
 
 def long_stream(rl_deployment, name: str, **more) -> dict:
@@ -55,12 +54,6 @@ def hold(rl_deployment) -> list[bool | None]:
         time.sleep(rl_deployment.timeouts.hold / HOLD_READS)  # the window itself, not a wait for a condition
         seen.append(rl_deployment.paused())
     return seen
-
-
-def in_transit(f: InFlight) -> float:
-    """How long after the pause answered a chunk may still have been generated before it."""
-    gaps = [b - a for a, b in zip(f.arrivals, f.arrivals[1:], strict=False)]
-    return max(IN_TRANSIT, 3 * statistics.median(gaps)) if gaps else IN_TRANSIT
 
 
 def froze(f: InFlight, paused: float, resumed: float) -> float:
@@ -264,7 +257,7 @@ def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observ
     assert f.completed, f"a stream drained by a pause in wait mode did not complete ({f.error!r})"
     assert f.stream.finish_reason in WHITELIST, f"a drained stream ended with {f.stream.finish_reason!r}"
     last = f.arrivals[-1] if f.arrivals else f.done_at
-    assert last <= marks["paused"] + in_transit(f), (  # the last chunk may still be on its way
+    assert last <= marks["paused"] + in_transit(f.arrivals), (  # the last chunk may still be on its way
         f"the pause (wait) answered {last - marks['paused']:.3f} s before the in-flight stream's last chunk"
     )
     rl_observe(1, f"pause (wait) answered after the in-flight stream ended {f.stream.finish_reason!r}")

@@ -9,8 +9,9 @@ import functools
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_rlrollout.remote.client import WaitEnd, loading_state
@@ -33,6 +34,14 @@ WHITELIST = ("stop", "length", "tool_calls")
 # generated before (it was on its way): at least this many seconds, or a few chunk intervals.
 IN_TRANSIT = 0.05
 IN_TRANSIT_CHUNKS = 3
+
+
+def in_transit(arrivals: Sequence[float]) -> float:
+    """How long after an event (a pause answered, a swap served) a chunk of a stream whose chunks
+    came at `arrivals` may still have been generated before it: a few of its median gaps, at least
+    IN_TRANSIT seconds (chunks arrive behind the engine)."""
+    gaps = [b - a for a, b in pairwise(arrivals)]
+    return max(IN_TRANSIT, IN_TRANSIT_CHUNKS * statistics.median(gaps)) if gaps else IN_TRANSIT
 
 
 def in_swap(replica: dict[str, Any], identity: str) -> bool:
@@ -106,8 +115,7 @@ class Crossing:
     @property
     def in_transit(self) -> float:
         """How long after `t_served` a chunk may still have been generated before it."""
-        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
-        return max(IN_TRANSIT, IN_TRANSIT_CHUNKS * statistics.median(gaps)) if gaps else IN_TRANSIT
+        return in_transit(self.arrivals)
 
     def after_served(self) -> list[int]:
         """Indices of the chunks generated after every replica served the new snapshot."""

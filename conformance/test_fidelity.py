@@ -26,14 +26,14 @@ from pytest_rlrollout.remote.fingerprint import (
     sweep,
 )
 from pytest_rlrollout.runs.plan import shared
-from pytest_rlrollout.suite.marks import clause, loads
+from pytest_rlrollout.suite.marks import clause, loads, requires
 from pytest_rlrollout.suite.observe import cached_continued, continued
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 from pytest_rlrollout.suite.shared import COPY, LEDGER, part, share_for, shares
 from pytest_rlrollout.suite.swaps import completed
 
-scored = pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+scored = requires("logprobs", "echo", "token_id_prompts")
 LOAD_STREAMS = 3  # FID-BATCH-1: requests decoding beside the one judged
 
 
@@ -197,7 +197,7 @@ part("kv-continuation", cached_continuation, continued_again)
 
 
 @clause("FID-CACHE-1")
-@pytest.mark.rl_requires("logprobs", "token_id_prompts", "cached_tokens")
+@requires("logprobs", "token_id_prompts", "cached_tokens")
 @loads(shared())
 @shares(lambda _: share_for("all"), "kv-continuation")
 def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_observe):

@@ -15,7 +15,7 @@ from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.runs.plan import Load, refused, served, shared, unsignalled
 from pytest_rlrollout.runs.snapshots import PROBE_KEY
 from pytest_rlrollout.snapshot import broken
-from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, swaps
+from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, requires, swaps
 from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
 from pytest_rlrollout.suite.shared import COPY, part, share_for, shares
@@ -124,7 +124,7 @@ def test_status_has_loading_state(rl_deployment, rl_observe):
 
 
 @clause("HL-AUTH-1")
-@pytest.mark.rl_requires("auth")
+@requires("auth")
 @loads(refused())
 def test_bad_credentials_are_refused_without_a_state_change(rl_deployment, rl_swap, rl_observe):
     """A missing or wrong API key gets 401 or 403; a missing or wrong fireworks-deployment or fireworks-model header
@@ -335,7 +335,7 @@ def test_every_replica_reaches_the_new_identity(rl_deployment, rl_shared, rl_obs
 
 
 @clause("HL-GET-2")
-@pytest.mark.rl_requires("lora")
+@requires("lora")
 @loads(served("lora"), served())
 def test_every_replica_loads_the_adapter(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     """After a valid signal every replica reaches readiness true with current_snapshot_identity equal to the identity
@@ -382,7 +382,7 @@ def test_extra_fields_ignore_lets_the_snapshot_load(rl_deployment, rl_swap, rl_s
 
 
 @clause("HL-LEDGER-1")
-@pytest.mark.rl_requires("ledger")
+@requires("ledger")
 @loads(served("known"), Load("reset"), refused("sentinel"), served("copy"))
 def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
     """DELETE .../ledger returns 2xx; afterwards SNAP-INC-7 holds and a full snapshot loads."""
@@ -402,7 +402,7 @@ def test_ledger_reset(rl_deployment, rl_swap, rl_snapshot_factory, rl_observe):
 
 
 @clause("HL-HINT-1")
-@pytest.mark.rl_requires("hint")
+@requires("hint")
 @loads(unsignalled())
 def test_hints_never_change_the_served_snapshot(rl_deployment, rl_swap, rl_observe):
     """The hint endpoint accepts {'identity', 'file'}; hints alone never change current_snapshot_identity."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_rlrollout.contract.moe import moe_shape
-from pytest_rlrollout.suite.marks import clause
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable
 
 PROMPTS = 4  # the generated tokens are spread over this many prompts
@@ -88,7 +88,7 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
 
 
 @clause("NUM-LOGPROB-1")
-@pytest.mark.rl_requires("logprobs", "token_id_prompts")
+@requires("logprobs", "token_id_prompts")
 def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scorers, rl_observe):
     """For tokens the deployment generated, a local forward pass of the same snapshot gives logprobs within a
     configurable tolerance; the report gives mean and max |delta| and a k3 KL estimate."""
@@ -105,7 +105,7 @@ def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scor
 
 
 @clause("NUM-ROUTE-1")
-@pytest.mark.rl_requires("logprobs", "token_id_prompts", "routing_matrix")
+@requires("logprobs", "token_id_prompts", "routing_matrix")
 def test_routing_matches_the_local_router(rl_deployment, _rl_snapshots, _scorers, rl_observe):
     """Routing the deployment returned agrees with the local router's top-k; the report gives the per-(layer, token)
     agreement rate and the fraction of tokens with any disagreement."""

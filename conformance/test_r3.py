@@ -15,11 +15,11 @@ from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.runs.plan import served
 from pytest_rlrollout.suite.deployment import fail_in_call
-from pytest_rlrollout.suite.marks import clause, loads_from
+from pytest_rlrollout.suite.marks import clause, loads_from, requires
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
-requires = pytest.mark.rl_requires("logprobs")
+LOGPROBS = requires("logprobs")  # what every R3 test reads the matrices from
 TOKENS = 4
 
 
@@ -89,7 +89,7 @@ def every_entry_routed(entries, what: str) -> None:
 
 
 @clause("R3-SHAPE-1")
-@requires
+@LOGPROBS
 def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
     """With include_routing_matrix and logprobs, every logprobs.content[j] carries routing_matrix: base64 of exactly L*k
     uint8 bytes, row-major [L, k]."""
@@ -109,7 +109,7 @@ def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-RANGE-1")
-@requires
+@LOGPROBS
 def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
     """Every expert index is below E and the k indices of a row are distinct."""
     layers, k, experts = moe.needed()
@@ -128,7 +128,7 @@ def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-CHAT-1")
-@requires
+@LOGPROBS
 def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
     """Chat completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-chat"), chat=True).entries
@@ -137,7 +137,7 @@ def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-COMP-1")
-@requires
+@LOGPROBS
 def test_completions_carry_routing(rl_deployment, moe, rl_observe):
     """Completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-comp")).entries
@@ -146,7 +146,7 @@ def test_completions_carry_routing(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-STREAM-1")
-@requires
+@LOGPROBS
 def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
     """Streaming carries routing on every streamed token's logprobs.content entry."""
     s = routed(rl_deployment, rl_deployment.prompt("r3-stream"), stream=True, max_tokens=6)
@@ -158,7 +158,7 @@ def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-ECHO-1")
-@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+@requires("logprobs", "echo", "token_id_prompts")
 def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
     """echo: true also returns routing for the prompt tokens: one entry per prompt token plus one per completion token."""
     prompt = rl_deployment.prompt("r3-echo")
@@ -175,7 +175,7 @@ def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-ECHOLAST-1")
-@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+@requires("logprobs", "echo", "token_id_prompts")
 def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_observe):
     """echo_last: N returns prompt routing for the last N prompt tokens only."""
     prompt = rl_deployment.prompt("r3-echolast")
@@ -189,7 +189,7 @@ def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_obser
 
 
 @clause("R3-DET-1")
-@requires
+@LOGPROBS
 def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
     """The same greedy request twice on one snapshot gives identical routing."""
     prompt = rl_deployment.prompt("r3-det")
@@ -205,7 +205,7 @@ def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-CACHE-1")
-@pytest.mark.rl_requires("logprobs", "echo", "cached_tokens")
+@requires("logprobs", "echo", "cached_tokens")
 def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
     """Routing returned for prefix tokens served from the prompt cache equals routing computed without the cache."""
     layers, k, _ = moe.needed()
@@ -233,7 +233,7 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
 
 
 @clause("R3-CHANGE-1")
-@pytest.mark.rl_requires("logprobs", "echo", "token_id_prompts")
+@requires("logprobs", "echo", "token_id_prompts")
 @loads_from(lambda ctx: [served(change="routers")] if ctx.has("routing_matrix") else [])  # else: the `moe` fixture
 def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
     """After a swap to different router weights, routing reflects the new weights."""

@@ -3,7 +3,7 @@ answered). With one replica every request lands on it: nothing to observe."""
 
 import pytest
 
-from pytest_rlrollout.suite.marks import clause
+from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.outcomes import inconclusive
 
 SESSIONS, REQUESTS = 3, 5
@@ -31,7 +31,7 @@ def hosts(rl_deployment, rl_observe):
 
 
 @clause("SESS-1")
-@pytest.mark.rl_requires("backend_host")
+@requires("backend_host")
 def test_same_session_same_replica(rl_deployment, hosts):
     """Requests with the same x-multi-turn-session-id land on the same replica."""
     for s in range(SESSIONS):
@@ -40,7 +40,7 @@ def test_same_session_same_replica(rl_deployment, hosts):
 
 
 @clause("SESS-2")
-@pytest.mark.rl_requires("backend_host")
+@requires("backend_host")
 def test_session_id_beats_affinity(rl_deployment, hosts):
     """When both headers are present, x-multi-turn-session-id decides the replica, not x-session-affinity."""
     for s in range(SESSIONS):
@@ -51,7 +51,7 @@ def test_session_id_beats_affinity(rl_deployment, hosts):
 
 
 @clause("SESS-3")
-@pytest.mark.rl_requires("backend_host")
+@requires("backend_host")
 def test_affinity_alone_is_sticky(rl_deployment, hosts):
     """x-session-affinity alone gives the same stickiness."""
     for s in range(SESSIONS):

@@ -1,6 +1,7 @@
 """Each conformance test reads as the contract: its docstring is its clause's rule, word for word
-(as Gateway API's conformance tests carry their Description). A test whose rule changed in the
-catalogue, or a new test without its rule, fails here, naming it."""
+(as Gateway API's conformance tests carry their Description), and what it needs of the deployment
+is said one way, `suite.marks.requires`. A test whose rule changed in the catalogue, or a new test
+without its rule, fails here, naming it."""
 
 import ast
 
@@ -30,3 +31,10 @@ def test_every_conformance_test_says_its_clauses_rule():
     wrong = [f"{module}::{test} ({cid}): {words(doc)[:80]!r}" for module, test, cid, doc in found
              if words(doc) != words(rules[cid])]  # fmt: skip
     assert len(found) >= 100 and not wrong, "docstrings that are not their clause's rule:\n" + "\n".join(wrong)
+
+
+def test_the_capability_gate_is_spelt_one_way():
+    """`requires(...)` from suite.marks, never the mark it stands for spelt out (or renamed)."""
+    spelt = [f"{p.name}:{n}" for p in sorted(CONFORMANCE.glob("test_*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "rl_requires" in line]  # fmt: skip
+    assert not spelt, f"the capability gate spelt out: {spelt}"

@@ -107,8 +107,7 @@ def test_conformance_help_lists_every_rl_option_of_the_plugin(flag, capsys, monk
     assert main(["conformance", flag]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: rlrollout conformance")
-    # what pytest itself registers from the plugin's table (the former options it keeps only to
-    # name their keys have no help to show)
+    # what pytest itself registers from the plugin's table
     pytest_parser = Parser(_ispytest=True)
     add_options(pytest_parser)
     options = [o for o in pytest_parser.getgroup("rlrollout").options if o.attrs()["help"] != argparse.SUPPRESS]

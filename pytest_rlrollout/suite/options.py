@@ -10,7 +10,6 @@ before collection with one message.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -505,19 +504,6 @@ SETTINGS = (
     Setting("rl_check_model_type", "ask transformers whether it knows config.json's model_type (default true)", bool),
 )
 SETTING = {s.key: s for s in SETTINGS}
-# The options of earlier releases that became ini keys: given, the run stops naming the key.
-FORMER_OPTIONS = {
-    "--rl-inference-url": "rl_inference_url", "--rl-control-url": "rl_control_url", "--rl-transition": "rl_transition",
-    "--rl-swap-timeout": "rl_swap_timeout", "--rl-exchange-timeout": "rl_exchange_timeout",
-    "--rl-test-timeout": "rl_test_timeout", "--rl-long-stream-tokens": "rl_long_stream_tokens",
-    "--rl-level": "rl_level", "--rl-record-mode": "rl_record_mode", "--rl-local-fault": "rl_local_faults",
-    "--rl-fingerprint-tolerance": "rl_fingerprint_tolerance", "--rl-logprob-tolerance": "rl_logprob_tolerance",
-    "--rl-min-route-agreement": "rl_min_route_agreement", "--rl-numerics-tokens": "rl_numerics_tokens",
-    "--rl-scorer": "rl_scorer", "--rl-scorer-device": "rl_scorer_device", "--rl-parent": "rl_parent",
-    "--rl-signal": "rl_signal", "--rl-after-ledger-reset": "rl_after_ledger_reset",
-    "--rl-base-model": "rl_base_models", "--rl-no-transformers": "rl_check_model_type",
-}  # fmt: skip
-_FORMER_FLAGS = ("--rl-after-ledger-reset", "--rl-no-transformers")  # took no value
 
 
 def option_arguments(s: Setting) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -539,28 +525,6 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(
                 s.key, s.help, type="args" if s.kind is list else "string", default=[] if s.kind is list else ""
             )
-    for flag in FORMER_OPTIONS:  # parsed so that the run can say which key replaced them
-        kind = {"action": "store_true"} if flag in _FORMER_FLAGS else {"action": "append"}
-        group.addoption(flag, dest=_former_dest(flag), help=argparse.SUPPRESS, **kind)
-
-
-def _former_dest(flag: str) -> str:
-    return "former_" + flag[2:].replace("-", "_")
-
-
-def _former_options(config: pytest.Config) -> None:
-    for flag, key in FORMER_OPTIONS.items():
-        given = config.getoption(_former_dest(flag))
-        if not given:
-            continue
-        if flag == "--rl-no-transformers":
-            value = "false"
-        elif flag in _FORMER_FLAGS:
-            value = "true"
-        else:
-            value = " ".join(given)
-        _usage(f"{flag} is now the ini key {key}: pass -o {key}={value} (or set it in pytest.ini / "
-               "[tool.pytest.ini_options])")  # fmt: skip
 
 
 def setting(config: pytest.Config, key: str) -> Any:
@@ -573,7 +537,6 @@ def setting(config: pytest.Config, key: str) -> Any:
 
 def read_options(config: pytest.Config) -> RLConfig:
     """The settings of this run, checked; raises pytest.UsageError naming what to fix."""
-    _former_options(config)
 
     def get(key: str) -> Any:
         return setting(config, key)

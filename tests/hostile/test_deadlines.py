@@ -1,5 +1,5 @@
 """The suite against a deployment that never finishes a stream: each test that streams ends by
-its deadline (`--rl-test-timeout`) or its exchange's (`--rl-exchange-timeout`), fails naming the
+its deadline (`rl_test_timeout`) or its exchange's (`rl_exchange_timeout`), fails naming the
 bound and what the deployment did, and the run goes on to the next test."""
 
 import json

@@ -234,7 +234,7 @@ class Setup:
 
     engine: str
     modules: tuple[str, ...]
-    sync: bool = False  # --rl-transition SYNC
+    sync: bool = False  # -o rl_transition=SYNC
     routed_experts: bool = False  # the fixture of that name
     one_replica: bool = False  # the fixture of that name
     # whether the row may run only the tests that read its switch: not the SNAP rows (they select

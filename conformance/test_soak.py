@@ -8,7 +8,6 @@ verdict: how many streams (or swaps) it judged, and on a failure how many broke 
 five of their exchanges. Left out of every run that does not ask for it.
 """
 
-import contextlib
 import json
 
 import pytest
@@ -47,31 +46,14 @@ def needs(clause_id: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
-    from pytest_rlrollout.soak.run import Settings, Soak
-    from pytest_rlrollout.suite.swaps import Swapper
+    """The run's one soak (`soak.in_suite`): every clause below reads its verdicts."""
+    from pytest_rlrollout.soak.in_suite import soaked
 
     if rl_deployment.mode == "replay":
         not_applicable("a soak runs against a deployment, not a recording")
     if _rl_snapshots is None:
         inconclusive("the soak swaps snapshots in: it needs --rl-bucket-url and --rl-base-snapshot")
-    factory = _rl_snapshots
-    factory.for_test("soak")
-    settings = Settings(**(rl_deployment.options.soak or {}))
-    report = rl_deployment.options.report
-    workdir = report.parent / "soak" if report is not None else tmp_path_factory.mktemp("rl-soak")
-    plugins = request.config.pluginmanager
-    terminal, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-
-    def say(line: str) -> None:  # progress on the terminal while the soak runs, past pytest's capture
-        if terminal is not None:
-            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-                terminal.write_line(f"soak {line}")
-
-    # the exchanges of a soak are its own: no test's deadline bounds them (the soak bounds itself)
-    with rl_deployment.observable_swaps(), rl_deployment.client.scoped(None):
-        result = Soak(rl_deployment, Swapper(rl_deployment, factory), settings, workdir, say).run()
-    (workdir / "soak.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
-    return result
+    return soaked(request.config, rl_deployment, _rl_snapshots, tmp_path_factory)
 
 
 @pytest.mark.parametrize(

@@ -88,8 +88,12 @@ def run(mode: str, root: Path, files: list[str], threads: int = 1) -> dict:
     if mode == "apply":
         shutil.rmtree(root / "out", ignore_errors=True)
         (root / "out").mkdir()
-    r = subprocess.run([sys.executable, "-c", CHILD, mode, str(root), json.dumps(files), str(threads)],
-                       capture_output=True, text=True, check=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(root), json.dumps(files), str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(r.stdout.strip().splitlines()[-1])
     if mode == "fdc":
         assert all((root / "work" / f).read_bytes() == (root / "target" / f).read_bytes() for f in files)
@@ -114,8 +118,10 @@ def main() -> int:
         files, largest = build(root, args.gb)
         diff = sum((root / "diff" / f).stat().st_size for f in files)
         target = sum((root / "target" / f).stat().st_size for f in files)
-        print(f"diff {diff / 1e9:.2f} GB for a {target / 1e9:.2f} GB target ({len(files)} files, largest tensor "
-              f"{largest / 1e6:.0f} MB); built in {time.perf_counter() - t:.0f} s; best of {args.repeats}")  # fmt: skip
+        print(
+            f"diff {diff / 1e9:.2f} GB for a {target / 1e9:.2f} GB target ({len(files)} files, largest tensor "
+            f"{largest / 1e6:.0f} MB); built in {time.perf_counter() - t:.0f} s; best of {args.repeats}"
+        )
         rows = {
             "fdc in place (1 thread)": best("fdc", root, files, 1, args.repeats),
             "ours verify, 1 thread": best("verify", root, files, 1, args.repeats),
@@ -129,8 +135,10 @@ def main() -> int:
             f"{'':28} {'seconds':>8} {'diff GB/s':>10} {'vs fdc':>7} {'peak RSS':>10}  (budget {budget / 2**20:.0f} MiB)"
         )
         for label, r in rows.items():
-            print(f"{label:28} {r['seconds']:8.3f} {diff / 1e9 / r['seconds']:10.2f} {base / r['seconds']:6.2f}x "
-                  f"{r['maxrss'] / 2**20:8.0f} MiB {'ok' if r['maxrss'] <= budget else 'OVER'}")  # fmt: skip
+            print(
+                f"{label:28} {r['seconds']:8.3f} {diff / 1e9 / r['seconds']:10.2f} {base / r['seconds']:6.2f}x "
+                f"{r['maxrss'] / 2**20:8.0f} MiB {'ok' if r['maxrss'] <= budget else 'OVER'}"
+            )
         v1, v2 = rows["ours verify, 1 thread"]["seconds"], rows["ours verify, 2 threads"]["seconds"]
         a1, a2 = rows["ours apply, 1 thread"]["seconds"], rows["ours apply, 2 threads"]["seconds"]
         print(f"second core: verify {v1 / v2:.2f}x, apply {a1 / a2:.2f}x")

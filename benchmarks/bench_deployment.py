@@ -46,8 +46,10 @@ async def stream_tokens(dep, session: str, max_tokens: int, prompt: list[int] = 
     ).encode()
     host, port = dep.base_url.removeprefix("http://").rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
-    head = (f"POST /inference/v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {dep.api_key}\r\n"
-            f"x-multi-turn-session-id: {session}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /inference/v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {dep.api_key}\r\n"
+        f"x-multi-turn-session-id: {session}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     writer.write(head.encode() + body)
     status = (await reader.readline()).split()
     if status[1:2] != [b"200"]:
@@ -97,8 +99,13 @@ def ready_latency(dep, bucket: Path, body: dict, lora: bool = False) -> tuple[fl
                 observed = time.perf_counter() - t
                 break
             time.sleep(0.005)
-        entry = next(e for e in c.get(f"/v1/accounts/rlrollout/deployments/{dep.name.rsplit('/', 1)[1]}/ledger", headers=h).json()["entries"]
-                     if e["identity"] == body["identity"])  # fmt: skip
+        entry = next(
+            e
+            for e in c.get(f"/v1/accounts/rlrollout/deployments/{dep.name.rsplit('/', 1)[1]}/ledger", headers=h).json()[
+                "entries"
+            ]
+            if e["identity"] == body["identity"]
+        )
         return max(entry["replicas"].values()) - entry["received_at"], observed
 
 
@@ -154,8 +161,11 @@ def serve_startup() -> float:
             if line.startswith("serving"):
                 break
         url = re.search(r"base URL:\s+(\S+)", out).group(1)
-        r = httpx.post(url + "/inference/v1/completions", json={"model": "accounts/rlrollout/deployments/reference", "prompt": [1, 2], "max_tokens": 4},
-                       headers={"Authorization": "Bearer rl-reference-key"})  # fmt: skip
+        r = httpx.post(
+            url + "/inference/v1/completions",
+            json={"model": "accounts/rlrollout/deployments/reference", "prompt": [1, 2], "max_tokens": 4},
+            headers={"Authorization": "Bearer rl-reference-key"},
+        )
         assert r.status_code == 200
         return time.perf_counter() - t
     finally:

@@ -57,8 +57,14 @@ def greedy(client: DeploymentClient, prompts: list[list[int]], tokens: int, head
     no routing, each prompt under its own isolation key (so no round reuses another's KV)."""
     out = []
     for i, prompt in enumerate(prompts):
-        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
-                "prompt_cache_isolation_key": f"{headers[SESSION]}-{time.perf_counter_ns()}-{i}"}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "prompt_cache_isolation_key": f"{headers[SESSION]}-{time.perf_counter_ns()}-{i}",
+        }
         s = client.complete(body, headers=headers).expect_ok()
         produced = (s.usage or {}).get("completion_tokens")
         if produced != tokens:
@@ -69,8 +75,10 @@ def greedy(client: DeploymentClient, prompts: list[list[int]], tokens: int, head
 
 def fingerprint_cost(client: DeploymentClient, replicas: int) -> None:
     found = sweep(client, replicas, "bench-sweep", key=lambda n: f"bench-replica-{n}")
-    print(f"(a) canary fingerprint, per replica ({len(found.prints)} replicas found with {found.probes} one-token "
-          f"probes; a whole sweep: {found.requests} requests, {found.tokens} prompt tokens)")  # fmt: skip
+    print(
+        f"(a) canary fingerprint, per replica ({len(found.prints)} replicas found with {found.probes} one-token "
+        f"probes; a whole sweep: {found.requests} requests, {found.tokens} prompt tokens)"
+    )
     print(f"    {'replica':10} {'':22} {'requests':>8} {'tokens':>7} {'seconds':>9} {'tok/s':>8}")
     canaries = canary()
     # as many tokens generated as a fingerprint sends: one request per canary, 1-token prompts
@@ -82,10 +90,14 @@ def fingerprint_cost(client: DeploymentClient, replicas: int) -> None:
             lambda r, p=prompts, k=per, h=headers: greedy(client, p, k, h),
         )
         assert isinstance(fp, Fingerprint) and fp.host == replica and fp.tokens == per * len(prompts), fp
-        print(f"    {replica:10} {'fingerprint (prefill)':22} {fp.requests:8} {fp.tokens:7} {fp_s:9.4f} "
-              f"{fp.tokens / fp_s:8.0f}")  # fmt: skip
-        print(f"    {'':10} {'greedy sampling':22} {len(prompts):8} {per * len(prompts):7} {plain_s:9.4f} "
-              f"{per * len(prompts) / plain_s:8.0f}")  # fmt: skip
+        print(
+            f"    {replica:10} {'fingerprint (prefill)':22} {fp.requests:8} {fp.tokens:7} {fp_s:9.4f} "
+            f"{fp.tokens / fp_s:8.0f}"
+        )
+        print(
+            f"    {'':10} {'greedy sampling':22} {len(prompts):8} {per * len(prompts):7} {plain_s:9.4f} "
+            f"{per * len(prompts) / plain_s:8.0f}"
+        )
         print(f"    {'':10} fingerprint / sampling the same tokens: {fp_s / plain_s:.2f}x the time")
 
 
@@ -121,9 +133,11 @@ def scorer_throughput(client: DeploymentClient, snapshot: Path) -> None:
     print(f"    {'deployment, greedy sampling':34} {sample_rate:9.0f} generated tok/s   ({plain_s:.3f} s)")
     for (label, _), (score_s, _), load_s in zip(makers, scored, loaded, strict=True):
         rate = positions / score_s
-        print(f"    {label:34} {rate:9.0f} scored tok/s      ({score_s:.3f} s; {rate / sample_rate:.1f}x sampling's "
-              f"tok/s; scoring a rollout takes {score_s / plain_s:.2f}x sampling it; loaded in {load_s:.2f} s, "
-              f"imports included)")  # fmt: skip
+        print(
+            f"    {label:34} {rate:9.0f} scored tok/s      ({score_s:.3f} s; {rate / sample_rate:.1f}x sampling's "
+            f"tok/s; scoring a rollout takes {score_s / plain_s:.2f}x sampling it; loaded in {load_s:.2f} s, "
+            f"imports included)"
+        )
     if len(makers) == 1:
         print("    transformers scorer: torch or transformers not installed, not measured")
 

@@ -49,8 +49,17 @@ class Stream:
 async def victim(dep: Served, session: str) -> Stream:
     """One streamed completion over a raw socket (a lean client: with httpx parsing 64 streams, the
     load generator would eat the core the server needs); a token chunk is one with a token_id."""
-    body = json.dumps({"model": dep.name, "prompt": "the victim's prompt", "max_tokens": MAX_TOKENS, "temperature": 0,
-                       "ignore_eos": True, "logprobs": True, "stream": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": dep.name,
+            "prompt": "the victim's prompt",
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": True,
+            "stream": True,
+        }
+    ).encode()
     reader, writer = await asyncio.open_connection(*address(dep))
     writer.write(head(dep, "/inference/v1/completions", session, f"Content-Length: {len(body)}") + body)
     out = Stream()
@@ -84,8 +93,10 @@ def address(dep: Served) -> tuple[str, int]:
 
 
 def head(dep: Served, path: str, session: str, framing: str, media: str = "application/json") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {dep.api_key}\r\n"
-            f"x-multi-turn-session-id: {session}\r\nContent-Type: {media}\r\n{framing}\r\n\r\n").encode()  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {dep.api_key}\r\n"
+        f"x-multi-turn-session-id: {session}\r\nContent-Type: {media}\r\n{framing}\r\n\r\n"
+    ).encode()
 
 
 @dataclass(frozen=True)
@@ -189,14 +200,18 @@ async def measure(dep: Served) -> int:
     unloaded, loaded = p99(gaps[False]), p99(gaps[True])
     ratio = loaded / unloaded
     sent = sum(answers.values())
-    print(f"{VICTIMS} victims x {MAX_TOKENS} tokens, {ROUNDS} rounds each; {HOSTILE_CLIENTS} hostile clients sent "
-          f"{sent} requests ({sent / seconds[True]:.0f}/s) during the loaded rounds")  # fmt: skip
+    print(
+        f"{VICTIMS} victims x {MAX_TOKENS} tokens, {ROUNDS} rounds each; {HOSTILE_CLIENTS} hostile clients sent "
+        f"{sent} requests ({sent / seconds[True]:.0f}/s) during the loaded rounds"
+    )
     for loaded_ in (False, True):
         label = "loaded  " if loaded_ else "unloaded"
         tokens = sum(len(s.arrivals) for s in streams[loaded_])
-        print(f"  {label}: p50 gap {statistics.median(gaps[loaded_]) * 1000:6.1f} ms, p99 gap "
-              f"{p99(gaps[loaded_]) * 1000:6.1f} ms, max {max(gaps[loaded_]) * 1000:6.1f} ms; "
-              f"{tokens / seconds[loaded_]:6.0f} victim tokens/s; victims ended early: {early[loaded_]}")  # fmt: skip
+        print(
+            f"  {label}: p50 gap {statistics.median(gaps[loaded_]) * 1000:6.1f} ms, p99 gap "
+            f"{p99(gaps[loaded_]) * 1000:6.1f} ms, max {max(gaps[loaded_]) * 1000:6.1f} ms; "
+            f"{tokens / seconds[loaded_]:6.0f} victim tokens/s; victims ended early: {early[loaded_]}"
+        )
     print(f"p99 inter-chunk gap, loaded / unloaded: {ratio:.2f}x (target < 10x: {'met' if ratio < 10 else 'MISSED'})")
     print("hostile requests answered:")
     by_name: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

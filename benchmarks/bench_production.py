@@ -83,14 +83,18 @@ def whole_derive(base: Path, dst: Path, total: int) -> tuple[float, str]:
         done += build.derive_file(f, dst / f.name, {})
     seconds = time.perf_counter() - t
     shutil.rmtree(dst)
-    return seconds * total / max(done, 1), (f" (scaled from {done / GB:.1f} GB derived: {free / GB:.0f} GB free "
-                                           f"here, a whole derive needs {total / GB:.0f} GB)")  # fmt: skip
+    return seconds * total / max(done, 1), (
+        f" (scaled from {done / GB:.1f} GB derived: {free / GB:.0f} GB free "
+        f"here, a whole derive needs {total / GB:.0f} GB)"
+    )
 
 
 def row(label: str, built, seconds: float, full: int, extra: int) -> str:
-    return (f"  {label:34} uploaded {built.uploaded_bytes / GB:7.3f} GB  copied {built.copied_bytes / GB:6.1f} GB  "
-            f"linked {built.linked_bytes / GB:6.1f} GB  written {built.written_bytes / GB:6.2f} GB "
-            f"({built.written_bytes / full:6.2%})  bucket +{extra / GB:5.2f} GB  {seconds:6.2f} s")  # fmt: skip
+    return (
+        f"  {label:34} uploaded {built.uploaded_bytes / GB:7.3f} GB  copied {built.copied_bytes / GB:6.1f} GB  "
+        f"linked {built.linked_bytes / GB:6.1f} GB  written {built.written_bytes / GB:6.2f} GB "
+        f"({built.written_bytes / full:6.2%})  bucket +{extra / GB:5.2f} GB  {seconds:6.2f} s"
+    )
 
 
 def main() -> int:
@@ -102,15 +106,24 @@ def main() -> int:
         tensors, total = write_sparse_snapshot(base)
         shards = sorted(base.glob("*.safetensors"))
         shard = max(f.stat().st_size for f in shards)
-        print(f"base: {tensors} tensors in {len(shards)} shards, {total / GB:.1f} GB declared, largest shard "
-              f"{shard / GB:.2f} GB, {disk(base) / 1e6:.1f} MB on disk")  # fmt: skip
+        print(
+            f"base: {tensors} tensors in {len(shards)} shards, {total / GB:.1f} GB declared, largest shard "
+            f"{shard / GB:.2f} GB, {disk(base) / 1e6:.1f} MB on disk"
+        )
         floor = read_base(base)
         print(f"one read of the base: {floor:.1f} s\n")
         results: dict[str, float] = {"read": floor}
         for kind, incremental in (("ARC2 diffs (Fireworks)", True), ("directory reload (vLLM, SGLang)", False)):
             print(kind)
-            factory = SnapshotFactory(base, Bucket(bucket_dir), root / "work", "bench", root / f"record-{incremental}.json",
-                                      model="accounts/x/models/qwen3-30b", incremental=incremental)  # fmt: skip
+            factory = SnapshotFactory(
+                base,
+                Bucket(bucket_dir),
+                root / "work",
+                "bench",
+                root / f"record-{incremental}.json",
+                model="accounts/x/models/qwen3-30b",
+                incremental=incremental,
+            )
             factory.for_test(f"bench_production::{kind}")
             serving = base.name
             routers = factory.routers_by_layer
@@ -118,11 +131,19 @@ def main() -> int:
                 ("a sentinel step (the first)", None),
                 ("a sentinel step", None),
                 ("a visible change (final norm x2)", factory.visible_change(None)),
-                ("R3: routers of both end layers", {routers[min(routers)]: ["negate"], routers[max(routers)]: ["negate"]}),
-                ("FID: first layer's norm, experts", {**factory.visible_change(None, kv=not incremental),
-                                                      **{n: ["scale", 1.5] for n in factory.expert_tensors[:1]}}),
+                (
+                    "R3: routers of both end layers",
+                    {routers[min(routers)]: ["negate"], routers[max(routers)]: ["negate"]},
+                ),
+                (
+                    "FID: first layer's norm, experts",
+                    {
+                        **factory.visible_change(None, kv=not incremental),
+                        **{n: ["scale", 1.5] for n in factory.expert_tensors[:1]},
+                    },
+                ),
                 ("back to the base", {}),
-            )  # fmt: skip
+            )
             worst_extra = 0
             for label, change in steps:
                 before = disk(bucket_dir) - disk(base)
@@ -139,18 +160,28 @@ def main() -> int:
             t = time.perf_counter()
             copy = factory.base_copy("copy")
             print(row("a full snapshot of the base", copy, time.perf_counter() - t, total, 0))
-            print(f"  peak extra disk in the bucket: {worst_extra / GB:.2f} GB = {worst_extra / shard:.2f} shards "
-                  f"(goal <= 3 shards)\n")  # fmt: skip
+            print(
+                f"  peak extra disk in the bucket: {worst_extra / GB:.2f} GB = {worst_extra / shard:.2f} shards "
+                f"(goal <= 3 shards)\n"
+            )
             factory.cleanup()
 
         runs(root, base, bucket_dir, total, shard)
 
         print("the old way, measured here")
         whole, how = whole_derive(base, root / "whole", total)
-        print(f"  a whole derive of the base (each directory swap before): {total / GB:.1f} GB written in {whole:.1f} s"
-              f"{how}")  # fmt: skip
-        factory = SnapshotFactory(base, Bucket(bucket_dir), root / "work", "old", root / "record-old.json",
-                                  model="accounts/x/models/qwen3-30b")  # fmt: skip
+        print(
+            f"  a whole derive of the base (each directory swap before): {total / GB:.1f} GB written in {whole:.1f} s"
+            f"{how}"
+        )
+        factory = SnapshotFactory(
+            base,
+            Bucket(bucket_dir),
+            root / "work",
+            "old",
+            root / "record-old.json",
+            model="accounts/x/models/qwen3-30b",
+        )
         factory.for_test("bench_production::old")
         factory._checksums = dict.fromkeys(factory.index["weight_map"], "0")  # not what is measured here
         arc2._zero_frame.cache_clear()
@@ -166,13 +197,19 @@ def main() -> int:
         first = results["True:a sentinel step (the first)"]
         print(f"  a sentinel compressing every zero frame again (each sentinel before): {uncached:.1f} s\n")
         print("ratios")
-        print(f"  later sentinel {later:.2f} s vs before {uncached:.1f} s: {uncached / max(later, 1e-9):.0f}x faster "
-              f"(goal <= 1 s: {'met' if later <= 1 else 'MISSED'})")  # fmt: skip
-        print(f"  first sentinel {first:.1f} s = {first / floor:.2f}x one read of the base "
-              f"(goal <= 1.5x: {'met' if first <= 1.5 * floor else 'MISSED'})")  # fmt: skip
+        print(
+            f"  later sentinel {later:.2f} s vs before {uncached:.1f} s: {uncached / max(later, 1e-9):.0f}x faster "
+            f"(goal <= 1 s: {'met' if later <= 1 else 'MISSED'})"
+        )
+        print(
+            f"  first sentinel {first:.1f} s = {first / floor:.2f}x one read of the base "
+            f"(goal <= 1.5x: {'met' if first <= 1.5 * floor else 'MISSED'})"
+        )
         visible = results["False:a visible change (final norm x2)"]
-        print(f"  a directory swap (visible change) {visible:.1f} s vs a whole derive {whole:.1f} s: "
-              f"{whole / max(visible, 1e-9):.0f}x faster")  # fmt: skip
+        print(
+            f"  a directory swap (visible change) {visible:.1f} s vs a whole derive {whole:.1f} s: "
+            f"{whole / max(visible, 1e-9):.0f}x faster"
+        )
     return 0
 
 
@@ -186,13 +223,35 @@ def plan_of(root: Path, base: Path, bucket_dir: Path, dialect: str, profile: str
 
     out = root / f"plan-{dialect}-{profile}.json"
     with reference_deployment(root / f"ref-{dialect}-{profile}", engine=dialect, base_identity=base.name) as dep:
-        target = ([f"--rl-deployment={dep.name}", f"--rl-api-key={dep.api_key}"] if dialect == "fireworks"
-                  else [f"--rl-engine={dialect}"])  # fmt: skip
+        target = (
+            [f"--rl-deployment={dep.name}", f"--rl-api-key={dep.api_key}"]
+            if dialect == "fireworks"
+            else [f"--rl-engine={dialect}"]
+        )
         with contextlib.redirect_stdout(io.StringIO()) as said:
-            code = pytest.main([str(CONFORMANCE), "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--no-summary",
-                                f"--rootdir={CONFORMANCE}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-                                *target, f"--rl-bucket-url={bucket_dir}", f"--rl-base-snapshot={base}",
-                                "-o", f"rl_plan={out}", "-o", f"rl_profile={profile}", "-k", f"not ({FP8})"])  # fmt: skip
+            code = pytest.main(
+                [
+                    str(CONFORMANCE),
+                    "-p",
+                    "no:cacheprovider",
+                    "-p",
+                    "no:randomly",
+                    "-q",
+                    "--no-summary",
+                    f"--rootdir={CONFORMANCE}",
+                    f"--rl-base-url={dep.base_url}",
+                    f"--rl-model={dep.model}",
+                    *target,
+                    f"--rl-bucket-url={bucket_dir}",
+                    f"--rl-base-snapshot={base}",
+                    "-o",
+                    f"rl_plan={out}",
+                    "-o",
+                    f"rl_profile={profile}",
+                    "-k",
+                    f"not ({FP8})",
+                ]
+            )
     if code != 0:
         raise SystemExit(f"the plan failed ({code}):\n{said.getvalue()[-3000:]}")
     return json.loads(out.read_text())
@@ -218,8 +277,15 @@ def runs(root: Path, base: Path, bucket_dir: Path, total: int, shard: int) -> No
             plan = plan_of(root, base, bucket_dir, dialect, profile)
             planning = time.perf_counter() - t
             work = root / f"replay-{dialect}-{profile}"
-            factory = SnapshotFactory(base, Bucket(bucket_dir), work, "replay", root / f"record-{dialect}-{profile}.json",
-                                      model=plan["model"], incremental=incremental)  # fmt: skip
+            factory = SnapshotFactory(
+                base,
+                Bucket(bucket_dir),
+                work,
+                "replay",
+                root / f"record-{dialect}-{profile}.json",
+                model=plan["model"],
+                incremental=incremental,
+            )
             factory.know(base.name, {})
             peak, slowest, last, built = 0, 0.0, [time.perf_counter()], []
 
@@ -243,12 +309,14 @@ def runs(root: Path, base: Path, bucket_dir: Path, total: int, shard: int) -> No
             s = plan["totals"]
             same = [p.as_dict() for p in built] == [load for test in plan["tests"] for load in test["loads"]]
             goal = goals.get((dialect, profile))
-            print(f"  {dialect:9} {profile:4}: {s['swaps']:3} swaps ({len(plan['tests'])} tests; goal <= {goal or '-'}"
-                  f"{'' if goal is None else ': met' if s['swaps'] <= goal else ': MISSED'}), uploaded "
-                  f"{s['uploaded'] / GB:.3f} GB ({s['uploaded'] / total:.4%} of a full snapshot), "
-                  f"{s['full_uploads']} full uploads, written {s['written'] / GB:.2f} GB ({s['written'] / total:.2%}), "
-                  f"peak extra disk {peak / GB:.2f} GB = {peak / shard:.2f} shards; planned in {planning:.1f} s, "
-                  f"built in {seconds:.1f} s (slowest load {slowest:.1f} s); replayed bytes = planned: {same}")  # fmt: skip
+            print(
+                f"  {dialect:9} {profile:4}: {s['swaps']:3} swaps ({len(plan['tests'])} tests; goal <= {goal or '-'}"
+                f"{'' if goal is None else ': met' if s['swaps'] <= goal else ': MISSED'}), uploaded "
+                f"{s['uploaded'] / GB:.3f} GB ({s['uploaded'] / total:.4%} of a full snapshot), "
+                f"{s['full_uploads']} full uploads, written {s['written'] / GB:.2f} GB ({s['written'] / total:.2%}), "
+                f"peak extra disk {peak / GB:.2f} GB = {peak / shard:.2f} shards; planned in {planning:.1f} s, "
+                f"built in {seconds:.1f} s (slowest load {slowest:.1f} s); replayed bytes = planned: {same}"
+            )
             print(broken_variants(plan))
     print()
 
@@ -256,12 +324,17 @@ def runs(root: Path, base: Path, bucket_dir: Path, total: int, shard: int) -> No
 def broken_variants(plan: dict) -> str:
     """HL-POST-5's part of a plan: a broken variant carries what it breaks (the rest is the base's,
     copied inside the bucket), and a bucket elsewhere than this machine is sent exactly that."""
-    own = {t["test"].rsplit("[", 1)[-1].rstrip("]"): sum(x["written"] for x in t["loads"] if x["kind"] == "given")
-           for t in plan["tests"] if "test_violating_snapshot_is_never_served" in t["test"]}  # fmt: skip
+    own = {
+        t["test"].rsplit("[", 1)[-1].rstrip("]"): sum(x["written"] for x in t["loads"] if x["kind"] == "given")
+        for t in plan["tests"]
+        if "test_violating_snapshot_is_never_served" in t["test"]
+    }
     biggest = ", ".join(f"{v} {n / GB:.2f} GB" for v, n in sorted(own.items(), key=lambda kv: -kv[1])[:4])
     rest = plan["totals"]["uploaded"] + plan["totals"]["written"] - sum(own.values())
-    return (f"      of which HL-POST-5's {len(own)} broken variants: {sum(own.values()) / GB:.2f} GB of their own "
-            f"(sent to a bucket elsewhere; largest: {biggest}); the other tests: {rest / GB:.3f} GB")  # fmt: skip
+    return (
+        f"      of which HL-POST-5's {len(own)} broken variants: {sum(own.values()) / GB:.2f} GB of their own "
+        f"(sent to a bucket elsewhere; largest: {biggest}); the other tests: {rest / GB:.3f} GB"
+    )
 
 
 if __name__ == "__main__":

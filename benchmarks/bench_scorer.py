@@ -45,19 +45,26 @@ def main() -> int:
         base = Path(tmp) / "qwen3-30b-a3b-shaped"
         tensors, total = write_sparse_snapshot(base)
         shard = max(f.stat().st_size for f in base.glob("*.safetensors"))
-        print(f"base: {tensors} tensors, {total / GB:.1f} GB declared in bf16 (~{2 * total / GB:.0f} GB in float32), "
-              f"largest shard {shard / GB:.2f} GB")  # fmt: skip
+        print(
+            f"base: {tensors} tensors, {total / GB:.1f} GB declared in bf16 (~{2 * total / GB:.0f} GB in float32), "
+            f"largest shard {shard / GB:.2f} GB"
+        )
         t = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", CHILD.format(tokens=TOKENS), str(base)], capture_output=True,
-                              text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD.format(tokens=TOKENS), str(base)], capture_output=True, text=True, check=True
+        )
         wall = time.perf_counter() - t
         got = json.loads(done.stdout.strip().splitlines()[-1])
         ratio = got["peak_rss"] / shard
-        print(f"scorer `auto` chose: {got['scorer']}; {TOKENS} tokens scored in {got['seconds']:.1f} s "
-              f"({wall:.1f} s with the interpreter's start); routing {got['routing']}")  # fmt: skip
-        print(f"peak RSS {got['peak_rss'] / GB:.2f} GB = {ratio:.2f}x the largest shard "
-              f"= {got['peak_rss'] / (2 * total):.4f}x the float32 model (goal <= 2x the largest shard: "
-              f"{'met' if ratio <= 2 else 'MISSED'})")  # fmt: skip
+        print(
+            f"scorer `auto` chose: {got['scorer']}; {TOKENS} tokens scored in {got['seconds']:.1f} s "
+            f"({wall:.1f} s with the interpreter's start); routing {got['routing']}"
+        )
+        print(
+            f"peak RSS {got['peak_rss'] / GB:.2f} GB = {ratio:.2f}x the largest shard "
+            f"= {got['peak_rss'] / (2 * total):.4f}x the float32 model (goal <= 2x the largest shard: "
+            f"{'met' if ratio <= 2 else 'MISSED'})"
+        )
     return 0
 
 

@@ -30,17 +30,23 @@ def main() -> int:
         base.parent.mkdir()
         tensors, total = write_sparse_snapshot(base)
         full = total + sum(p.stat().st_size for p in base.iterdir() if not p.name.endswith(".safetensors"))
-        factory = SnapshotFactory(base, Bucket(base.parent), root / "work", "bench", root / "record.json",
-                                  model="accounts/x/models/qwen3-30b")  # fmt: skip
+        factory = SnapshotFactory(
+            base, Bucket(base.parent), root / "work", "bench", root / "record.json", model="accounts/x/models/qwen3-30b"
+        )
         factory.for_test("bench_sentinel::main")
         print(f"base: {tensors} tensors, {full / 1e9:.1f} GB declared")
-        for label, change in (("norm", None), ("routers", {n: ["negate"] for n in factory.router_tensors}),
-                              ("norm again", None)):  # fmt: skip
+        for label, change in (
+            ("norm", None),
+            ("routers", {n: ["negate"] for n in factory.router_tensors}),
+            ("norm again", None),
+        ):
             t = time.perf_counter()
             built = factory.sentinel(base.name, label.replace(" ", "-"), change)
             seconds = time.perf_counter() - t
-            print(f"sentinel ({label}): {built.uploaded_bytes / 1e6:.2f} MB uploaded = "
-                  f"{100 * built.uploaded_bytes / full:.4f}% of the full snapshot, built in {seconds:.1f} s")  # fmt: skip
+            print(
+                f"sentinel ({label}): {built.uploaded_bytes / 1e6:.2f} MB uploaded = "
+                f"{100 * built.uploaded_bytes / full:.4f}% of the full snapshot, built in {seconds:.1f} s"
+            )
     return 0
 
 

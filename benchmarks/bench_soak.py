@@ -51,9 +51,27 @@ async def alone(dep: Served, seconds: float) -> float:
 def soak(dep: Served, seconds: float, workers: int, where: Path) -> tuple[float, float]:
     """(tokens/s the soak generated while its load ran, its CPU seconds per 1,000 tokens)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    command = [sys.executable, "-m", "pytest_rlrollout.cli", "soak", "--swaps", "0", "--every", str(seconds),
-               "--seconds", str(seconds + 60), "--users", str(USERS), "--workers", str(workers), *dep.options,
-               f"--rl-report={where / 'report.json'}", "-q", "-p", "no:randomly"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest_rlrollout.cli",
+        "soak",
+        "--swaps",
+        "0",
+        "--every",
+        str(seconds),
+        "--seconds",
+        str(seconds + 60),
+        "--users",
+        str(USERS),
+        "--workers",
+        str(workers),
+        *dep.options,
+        f"--rl-report={where / 'report.json'}",
+        "-q",
+        "-p",
+        "no:randomly",
+    ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

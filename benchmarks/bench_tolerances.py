@@ -72,14 +72,18 @@ def main() -> int:
             base = tiny_moe.make_base(Path(tmp) / layout, layout=layout)
             print(f"{layout}: {prompts} prompts x {TOKENS} tokens (whole vs {SPLIT} then the rest through the cache)")
             for name, (itself, against) in measure(base, prompts).items():
-                print(f"  {name:9} itself: max {itself.max():.2e}  p99 {np.quantile(itself, 0.99):.2e}   "
-                      f"against the fp32 scorer: max {against.max():.2e}  p99 {np.quantile(against, 0.99):.2e}")  # fmt: skip
+                print(
+                    f"  {name:9} itself: max {itself.max():.2e}  p99 {np.quantile(itself, 0.99):.2e}   "
+                    f"against the fp32 scorer: max {against.max():.2e}  p99 {np.quantile(against, 0.99):.2e}"
+                )
                 worst[name] = [max(worst[name][0], float(itself.max())), max(worst[name][1], float(against.max()))]
     print("\nthe suite's tolerances (numerics/tolerances.py) against the largest |Δ| measured here")
     for name, (itself, against) in worst.items():
         t = TOLERANCES[name]
-        print(f"  {name:9} fingerprint {t.fingerprint:g} = {t.fingerprint / max(itself, 1e-12):.1f}x {itself:.2e};  "
-              f"logprob {t.logprob:g} = {t.logprob / max(against, 1e-12):.1f}x {against:.2e}")  # fmt: skip
+        print(
+            f"  {name:9} fingerprint {t.fingerprint:g} = {t.fingerprint / max(itself, 1e-12):.1f}x {itself:.2e};  "
+            f"logprob {t.logprob:g} = {t.logprob / max(against, 1e-12):.1f}x {against:.2e}"
+        )
     return 0
 
 

@@ -80,9 +80,18 @@ def write_sparse_snapshot(root: Path) -> tuple[int, int]:
     )
     (root / "model.weight.spec.json").write_text(json.dumps({"tensor_map": tensor_map}))
     cfg = tiny_moe.config(VOCAB, bos=151643, eos=151645, pad=151643)
-    cfg |= {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_local_experts": EXPERTS, "num_experts_per_tok": 8,
-            "moe_intermediate_size": MOE_I, "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HEAD_DIM,
-            "intermediate_size": 6144, "mlp_only_layers": []}  # fmt: skip
+    cfg |= {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_local_experts": EXPERTS,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": MOE_I,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": 6144,
+        "mlp_only_layers": [],
+    }
     (root / "config.json").write_text(json.dumps(cfg))
     for name, data in tiny_moe.tokenizer_files().items():
         (root / name).write_bytes(data)
@@ -122,8 +131,10 @@ def main() -> int:
         t = time.perf_counter()
         n, total = write_sparse_snapshot(root)
         disk = sum(p.stat().st_blocks * 512 for p in root.iterdir())
-        print(f"snapshot: {n} tensors in {len(list(root.glob('*.safetensors')))} files, {total / 1e9:.1f} GB declared, "
-              f"{disk / 1e6:.1f} MB on disk (built in {time.perf_counter() - t:.1f} s)")  # fmt: skip
+        print(
+            f"snapshot: {n} tensors in {len(list(root.glob('*.safetensors')))} files, {total / 1e9:.1f} GB declared, "
+            f"{disk / 1e6:.1f} MB on disk (built in {time.perf_counter() - t:.1f} s)"
+        )
         has_transformers = importlib.util.find_spec("transformers") is not None
         print(
             f"transformers installed: {has_transformers} (the config check asks it about model_type, without importing it)"
@@ -131,8 +142,10 @@ def main() -> int:
         floor = statistics.median(raw_parse_limit(root) for _ in range(ROUNDS))
         print(f"{'raw header + index + spec JSON parse (in process, the floor)':64} {floor:6.3f} s")
         target = 0.5
-        for label, args in (("rlrollout validate DIR (fresh process, end to end)", [str(root)]),
-                            ("rlrollout validate DIR --base BASE (a second 57 GB-shaped tree)", [str(root), "--base", str(root)])):  # fmt: skip
+        for label, args in (
+            ("rlrollout validate DIR (fresh process, end to end)", [str(root)]),
+            ("rlrollout validate DIR --base BASE (a second 57 GB-shaped tree)", [str(root), "--base", str(root)]),
+        ):
             runs = [cli_seconds(*args) for _ in range(ROUNDS)]
             assert all(code == 0 for _, code in runs), runs
             wall = statistics.median(s for s, _ in runs)

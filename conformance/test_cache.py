@@ -67,8 +67,10 @@ def test_cached_tokens_reported_consistently(rl_deployment, rl_observe, how):
         return
     s = ask(rl_deployment, prompt.body, h, stream=True, stream_options={"include_usage": True}, **perf)
     if s.usage is None and not any(v is not None for v in s.cached_tokens().values()):
-        unsupported("stream_options.include_usage: asked for, and the stream carried no usage and no other "
-                    "channel: no cached-token count on streams (non-streamed answers: the non-streamed test)")  # fmt: skip
+        unsupported(
+            "stream_options.include_usage: asked for, and the stream carried no usage and no other "
+            "channel: no cached-token count on streams (non-streamed answers: the non-streamed test)"
+        )
     judged_report(s, "the streamed answer", prompt, rl_observe, prompt_tokens=counted)
 
 
@@ -83,8 +85,11 @@ def unplaced(rl_deployment, answer) -> bool:
     """Whether `answer` may have come from a replica other than its session's earlier requests:
     the engine routes a session to its cache by no binding, the deployment may have several
     replicas (0: it does not say) and the answer names none."""
-    return (not spec(rl_deployment.engine).affinity and rl_deployment.capabilities.replicas != 1
-            and answer.headers.get("fireworks-backend-host") is None)  # fmt: skip
+    return (
+        not spec(rl_deployment.engine).affinity
+        and rl_deployment.capabilities.replicas != 1
+        and answer.headers.get("fireworks-backend-host") is None
+    )
 
 
 @clause("CACHE-HIT-1")
@@ -109,11 +114,15 @@ def test_same_session_reuses_a_long_prefix(rl_deployment, rl_observe):
                 break
         else:
             if not replicas:
-                inconclusive("no repeat of the session's prefix was served from the cache, and they may have "
-                             "reached other replicas: the deployment does not say how many it has, no answer names "
-                             "its replica and this engine binds no session affinity")  # fmt: skip
-            raise AssertionError(f"{max(8, replicas) + 2} requests of a {LONG}-token prefix in one session over {replicas} "
-                           "replica(s), so one replica served it at least twice; none reports a cached token")  # fmt: skip
+                inconclusive(
+                    "no repeat of the session's prefix was served from the cache, and they may have "
+                    "reached other replicas: the deployment does not say how many it has, no answer names "
+                    "its replica and this engine binds no session affinity"
+                )
+            raise AssertionError(
+                f"{max(8, replicas) + 2} requests of a {LONG}-token prefix in one session over {replicas} "
+                "replica(s), so one replica served it at least twice; none reports a cached token"
+            )
     assert cached(second) > 0, f"the repeat of a {LONG}-token prefix in one session reports {second.cached} cached"
     rl_observe(cached(second), "prompt tokens of the repeat served from the cache")
 
@@ -172,10 +181,19 @@ MATRIX = {
 # profile each cell's share is made by its first cell, and the first swap of a run may have to be
 # a whole snapshot (a start the run cannot diff against); the others then follow one another as
 # diffs, so the share back to the base's weights (`none`) is a diff from a diff (FID-SAME-1).
-CELLS = [pytest.param("CACHE-MATRIX-ALL-SAME", None, "same", False, marks=clause("CACHE-MATRIX-ALL-SAME"),
-                      id="CACHE-MATRIX-ALL-SAME-omitted")]  # fmt: skip
-CELLS += [pytest.param(cell, policy, who, reuse, marks=clause(cell), id=cell)
-          for cell, (policy, who, reuse) in MATRIX.items()]  # fmt: skip
+CELLS = [
+    pytest.param(
+        "CACHE-MATRIX-ALL-SAME",
+        None,
+        "same",
+        False,
+        marks=clause("CACHE-MATRIX-ALL-SAME"),
+        id="CACHE-MATRIX-ALL-SAME-omitted",
+    )
+]
+CELLS += [
+    pytest.param(cell, policy, who, reuse, marks=clause(cell), id=cell) for cell, (policy, who, reuse) in MATRIX.items()
+]
 
 
 def session_on(rl_deployment, host, name):

@@ -39,8 +39,14 @@ HOLD_READS = 4  # paused() reads while a pause is held (a fixed count: a replay 
 
 
 def long_stream(rl_deployment, name: str, **more) -> dict:
-    return {"prompt": rl_deployment.prompt(name, 16).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "ignore_eos": True, "temperature": 0, "logprobs": True, **more}  # fmt: skip
+    return {
+        "prompt": rl_deployment.prompt(name, 16).body,
+        "max_tokens": rl_deployment.long_stream_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "logprobs": True,
+        **more,
+    }
 
 
 def ok(r, what: str) -> None:
@@ -147,8 +153,9 @@ def test_nothing_is_generated_while_paused_and_arrivals_are_held(rl_deployment, 
         late.judged(mode, resumed)
         modes.append(mode)
     rl_observe(1, f"stream paused {marks['resume'] - marks['paused']:.2f} s with no chunk generated, completed after")
-    rl_observe(len(modes), f"requests sent while paused ({', '.join(modes)}), each held and answered 200 after "
-               "the resume")  # fmt: skip
+    rl_observe(
+        len(modes), f"requests sent while paused ({', '.join(modes)}), each held and answered 200 after the resume"
+    )
 
 
 @swaps
@@ -217,8 +224,10 @@ def test_keep_continues_in_flight_requests_under_their_versions(rl_deployment, r
             ok(rl_deployment.set_label(old), f"restoring the label {old}")
     held_for = marks["resume"] - marks["paused"]
     if marks["resume"] - froze(f, marks["paused"], marks["resume"]) < held_for / 2:
-        inconclusive(f"the stream did not fall silent during a pause held {held_for:.2f} s: it had been generated "
-                     "before the pause reached it (see CTL-PAUSE-1); set a larger rl_long_stream_tokens")  # fmt: skip
+        inconclusive(
+            f"the stream did not fall silent during a pause held {held_for:.2f} s: it had been generated "
+            "before the pause reached it (see CTL-PAUSE-1); set a larger rl_long_stream_tokens"
+        )
     assert f.completed, f"a stream paused in keep mode did not complete after the resume ({f.error!r})"
     s = f.stream
     n = len(f.entries)
@@ -337,8 +346,11 @@ def test_a_label_names_the_weights_it_was_published_for(rl_deployment, rl_swap, 
         f"tokens attributed to {label} are not sampled from its weights: the prompt scored under the label differs "
         f"from {built.identity}'s weights scored locally by max |Δlogprob| {d:.3g} at token {i + 1} > {tol:g}"
     )
-    rl_observe(len(served), f"prompt tokens scored under {label} as its weights score them (max |Δ| {d:.2g}, "
-                            f"{local.name} scorer; load took {result.waited.seconds:.2f} s)")  # fmt: skip
+    rl_observe(
+        len(served),
+        f"prompt tokens scored under {label} as its weights score them (max |Δ| {d:.2g}, "
+        f"{local.name} scorer; load took {result.waited.seconds:.2f} s)",
+    )
 
 
 @swaps
@@ -365,8 +377,9 @@ def test_setting_a_label_does_not_end_in_flight_requests(rl_deployment, rl_obser
     assert f.stream.finish_reason in WHITELIST, (
         f"setting a label ended an in-flight stream with finish_reason {f.stream.finish_reason!r}"
     )
-    rl_observe(len(f.entries), f"tokens of a stream that went on across a label change, ended "
-                               f"{f.stream.finish_reason!r}")  # fmt: skip
+    rl_observe(
+        len(f.entries), f"tokens of a stream that went on across a label change, ended {f.stream.finish_reason!r}"
+    )
 
 
 @clause("CTL-CACHE-1")
@@ -381,8 +394,10 @@ def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_
     tol = rl_deployment.options.numerics.fingerprint_tolerance
     ids = rl_deployment.token_ids("ctl-cache", CACHED_PREFIX)
     places = rl_deployment.sessions_per_replica("ctl-cache")
-    keys = {replica: {ISOLATION: rl_deployment.salted(f"ctl-cache-{n}"), **session}
-            for n, (replica, session) in enumerate(sorted(places.items()))}  # fmt: skip
+    keys = {
+        replica: {ISOLATION: rl_deployment.salted(f"ctl-cache-{n}"), **session}
+        for n, (replica, session) in enumerate(sorted(places.items()))
+    }
     first = next(iter(sorted(keys)))
     old, change = cached_and_a_visible_change(rl_deployment, rl_swap, ids, keys[first], "the reset")
     olds = {first: old} | {
@@ -398,14 +413,19 @@ def test_a_reset_that_reports_success_leaves_nothing_to_reuse(rl_deployment, rl_
         fresh = continued(rl_deployment, ids, {**key, ISOLATION: rl_deployment.salted(f"ctl-cache-fresh-{n}")})
         moved, _ = olds[replica].difference(fresh)
         if moved <= tol:
-            inconclusive(f"the new weights did not change the prompt's continuation on {replica} (max |Δ| "
-                         f"{moved:.2g}): stale KV would not show")  # fmt: skip
+            inconclusive(
+                f"the new weights did not change the prompt's continuation on {replica} (max |Δ| "
+                f"{moved:.2g}): stale KV would not show"
+            )
         d, where = repeated.difference(fresh)
         assert d <= tol, (
             f"{replica}: after a prompt-cache reset that reported success (HTTP {r.status_code} {r.text[:80]}), a "
             f"prompt cached before it continues unlike the same prompt under an unused isolation key: {where} > "
             f"{tol:g} (the deployment reported {repeated.cached} cached tokens)"
         )
-    rl_observe(len(keys) * len(repeated.logprobs), f"tokens continuing a prompt cached before a reset scored as "
-               f"uncached after it, on {len(keys)} replica(s) (the last: max |Δ| {d:.2g}; the new weights moved them "
-               f"{moved:.2g})")  # fmt: skip
+    rl_observe(
+        len(keys) * len(repeated.logprobs),
+        f"tokens continuing a prompt cached before a reset scored as "
+        f"uncached after it, on {len(keys)} replica(s) (the last: max |Δ| {d:.2g}; the new weights moved them "
+        f"{moved:.2g})",
+    )

@@ -53,9 +53,14 @@ class Fingerprints:
         try:
             # CoreWeave names its replicas once a hot-load was made, not at discovery
             replicas = max(1, dep.capabilities.replicas or len(dep.replicas()))
-            s = sweep(dep.driver, replicas, dep.salted(f"{self.name}-iso-{self.taken}"),
-                      key=lambda n: dep.salted(f"{self.name}-replica-{n}"), sessions=self.sessions,
-                      vocab=(dep.base_config or {}).get("vocab_size"))  # fmt: skip
+            s = sweep(
+                dep.driver,
+                replicas,
+                dep.salted(f"{self.name}-iso-{self.taken}"),
+                key=lambda n: dep.salted(f"{self.name}-replica-{n}"),
+                sessions=self.sessions,
+                vocab=(dep.base_config or {}).get("vocab_size"),
+            )
         except FingerprintError as e:
             inconclusive(f"the canary set cannot be scored ({e}; see INF-LOGPROBS-1 and R3-ECHO-1)")
         if self.sessions is None:
@@ -128,13 +133,17 @@ def test_same_weights_same_fingerprint_whatever_the_load_path(rl_deployment, rl_
     # (a replica is named by the session that reached it where no header names it: by each sweep's own)
     moved = min((fp.distance(ref) for fp in changed.prints.values()), default=0.0)
     if moved <= tol:
-        inconclusive(f"other weights ({away.built.identity}: a norm vector and experts) score the canaries as the base "
-                     f"does (max |Δ| {moved:.2g} <= tolerance {tol:g}): these fingerprints tell no weights apart "
-                     "(see FID-SWAP-1)")  # fmt: skip
+        inconclusive(
+            f"other weights ({away.built.identity}: a norm vector and experts) score the canaries as the base "
+            f"does (max |Δ| {moved:.2g} <= tolerance {tol:g}): these fingerprints tell no weights apart "
+            "(see FID-SWAP-1)"
+        )
     rl_observe.figures = {"max_abs_delta": worst, "tolerance": tol, "changed_weights_delta": moved}
-    rl_observe(sum(len(s.prints) for s in paths.values()),
-               f"fingerprints of the same weights by {len(paths)} load paths on {len(ref.logprobs)} canaries, "
-               f"max |Δ| {worst:.2g} (other weights moved them by {moved:.2g})")  # fmt: skip
+    rl_observe(
+        sum(len(s.prints) for s in paths.values()),
+        f"fingerprints of the same weights by {len(paths)} load paths on {len(ref.logprobs)} canaries, "
+        f"max |Δ| {worst:.2g} (other weights moved them by {moved:.2g})",
+    )
 
 
 def fingerprinted(rl_deployment, name):
@@ -164,8 +173,10 @@ def test_after_a_swap_every_replica_serves_the_new_weights(rl_deployment, rl_sha
         f"before, within tolerance {tol:g}: the label changed, the weights did not"
     )
     rl_observe.figures = {"min_abs_delta": min(unchanged.values()), "tolerance": tol}
-    rl_observe(len(unchanged), f"replicas whose fingerprint moved after the swap (min max-|Δ| "
-                               f"{min(unchanged.values()):.2g} > {tol:g})")  # fmt: skip
+    rl_observe(
+        len(unchanged),
+        f"replicas whose fingerprint moved after the swap (min max-|Δ| {min(unchanged.values()):.2g} > {tol:g})",
+    )
 
 
 def echo_logprobs(rl_deployment, ids: list[int], headers: dict[str, str]) -> tuple[list[float], int]:
@@ -206,8 +217,10 @@ def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_o
     result, old, repeated, fresh = rl_shared(share_for("all"), "kv-continuation")
     moved, _ = old.difference(fresh)
     if moved <= fid.tolerance:
-        inconclusive(f"the swap to {result.built.identity} did not change the prompt's continuation (max |Δ| "
-                     f"{moved:.2g}): stale KV would not show (see FID-SWAP-1)")  # fmt: skip
+        inconclusive(
+            f"the swap to {result.built.identity} did not change the prompt's continuation (max |Δ| "
+            f"{moved:.2g}): stale KV would not show (see FID-SWAP-1)"
+        )
     d, where = repeated.difference(fresh)
     assert d <= fid.tolerance, (
         f"after the swap to {result.built.identity} with reset_prompt_cache 'all', the pre-swap prompt repeated in "
@@ -215,8 +228,11 @@ def test_all_leaves_no_kv_of_the_old_weights(rl_deployment, rl_shared, fid, rl_o
         f"{fid.tolerance:g}; the deployment reported {repeated.cached} cached tokens"
     )
     rl_observe.figures = {"max_abs_delta": d, "swap_moved": moved, "tolerance": fid.tolerance}
-    rl_observe(len(repeated.logprobs), f"tokens continuing a prompt cached before an 'all' swap scored as uncached "
-                                       f"(max |Δ| {d:.2g}; the swap moved them {moved:.2g})")  # fmt: skip
+    rl_observe(
+        len(repeated.logprobs),
+        f"tokens continuing a prompt cached before an 'all' swap scored as uncached "
+        f"(max |Δ| {d:.2g}; the swap moved them {moved:.2g})",
+    )
 
 
 @clause("FID-DECODE-1")
@@ -227,8 +243,9 @@ def test_decode_logprobs_equal_prefill_logprobs(rl_deployment, fid, rl_observe):
     session = rl_deployment.session("fid-decode")  # one replica decodes and echoes
     # sampled, as a rollout is: tokens less likely than the greedy ones, whose logprobs are far
     # enough from 0 that a rounding of them (bf16's 2^-9) shows above the tolerance
-    s = rl_deployment.complete({"prompt": prompt, "max_tokens": 16, "temperature": 1, "logprobs": True,
-                                "stream": True}, headers=session).expect_ok()  # fmt: skip
+    s = rl_deployment.complete(
+        {"prompt": prompt, "max_tokens": 16, "temperature": 1, "logprobs": True, "stream": True}, headers=session
+    ).expect_ok()
     generated = [(e.get("token_id"), e.get("logprob")) for e in s.entries]
     if not generated or not all(isinstance(t, int) and isinstance(x, int | float) for t, x in generated):
         inconclusive("the generated tokens carry no token_id and logprob (see INF-LOGPROBS-1)")
@@ -260,8 +277,13 @@ def test_logprobs_alone_and_under_load_agree(rl_deployment, fid, rl_observe):
     ended: dict[int, float] = {}  # on the run's clock (the cassette's in replay), as judged overlap
 
     def load(i: int) -> None:
-        body = {"prompt": rl_deployment.prompt(f"fid-batch-load-{i}", 24).body, "stream": True, "temperature": 0,
-                "max_tokens": rl_deployment.long_stream_tokens, "ignore_eos": True}  # fmt: skip
+        body = {
+            "prompt": rl_deployment.prompt(f"fid-batch-load-{i}", 24).body,
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": rl_deployment.long_stream_tokens,
+            "ignore_eos": True,
+        }
         try:
             rl_deployment.complete(body, headers=session, on_chunk=lambda _: started[i].set())
         finally:

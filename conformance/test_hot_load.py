@@ -57,8 +57,11 @@ def canary_scores(rl_deployment) -> Fingerprint | None:
     if not all(map(rl_deployment.capabilities.has, ("logprobs", "echo", "token_id_prompts"))):
         return None
     try:
-        return fingerprint(rl_deployment.driver, rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
-                           sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1])  # fmt: skip
+        return fingerprint(
+            rl_deployment.driver,
+            rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
+            sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1],
+        )
     except FingerprintError as e:
         inconclusive(f"the deployment's weights cannot be told before the load: {e}")
 
@@ -72,8 +75,11 @@ def still_serves(rl_deployment, before: Fingerprint | None, rl_observe) -> None:
         rl_observe(1, "request answered after the refused load")
         return
     try:
-        after = fingerprint(rl_deployment.driver, rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
-                            sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1])  # fmt: skip
+        after = fingerprint(
+            rl_deployment.driver,
+            rl_deployment.salted(f"weights-{rl_deployment.mark('canary')}"),
+            sequences=canary((rl_deployment.base_config or {}).get("vocab_size"))[:1],
+        )
     except FingerprintError as e:
         raise AssertionError(f"after the refused load, the canary is not scored: {e}") from None
     tol = rl_deployment.options.numerics.fingerprint_tolerance
@@ -210,8 +216,9 @@ def test_reset_prompt_cache_values(rl_deployment, rl_swap, rl_shared, rl_observe
 
 
 def signal_accepted(rl_swap, label: str, reset_prompt_cache) -> None:
-    result = rl_swap.signal(rl_swap.build(f"{label}-{str(reset_prompt_cache).lower()}"),
-                            reset_prompt_cache=reset_prompt_cache)  # fmt: skip
+    result = rl_swap.signal(
+        rl_swap.build(f"{label}-{str(reset_prompt_cache).lower()}"), reset_prompt_cache=reset_prompt_cache
+    )
     r = result.response
     assert r.status_code == 200, f"reset_prompt_cache={reset_prompt_cache!r}: {r.status_code} {r.text[:200]}"
 

@@ -74,8 +74,10 @@ def test_usage_matches_the_tokens(rl_deployment, rl_observe, how):
         s = ask(rl_deployment, "inf-usage", stream=True, stream_options={"include_usage": True}, **extra)
         s.expect_ok("the streamed completion")
         if s.usage is None:
-            unsupported("stream_options.include_usage: asked for, and the stream carried no usage (its "
-                        "non-streamed answers are judged by the non-streamed test)")  # fmt: skip
+            unsupported(
+                "stream_options.include_usage: asked for, and the stream carried no usage (its "
+                "non-streamed answers are judged by the non-streamed test)"
+            )
         streamed = judged_usage("streamed", s, prompt, counted)
         assert streamed == p, f"the same prompt counts differently: {streamed} streamed, {p} not"
         rl_observe(1, f"a streamed answer whose usage adds up, its prompt counted as the non-streamed one ({p})")
@@ -165,8 +167,10 @@ PERF_KEYS = {"prompt-tokens", "cached-prompt-tokens", "server-time-to-first-toke
 def test_perf_metrics(rl_deployment, rl_observe):
     """perf_metrics_in_response: true puts perf_metrics (prompt-tokens, cached-prompt-tokens,
     server-time-to-first-token) on the final streamed chunk or the response body."""
-    for how, s in (("streamed", ask(rl_deployment, "inf-perf", stream=True, perf_metrics_in_response=True)),
-                   ("non-streamed", ask(rl_deployment, "inf-perf", perf_metrics_in_response=True))):  # fmt: skip
+    for how, s in (
+        ("streamed", ask(rl_deployment, "inf-perf", stream=True, perf_metrics_in_response=True)),
+        ("non-streamed", ask(rl_deployment, "inf-perf", perf_metrics_in_response=True)),
+    ):
         s.expect_ok(f"the {how} completion")
         # the final chunk: the one with the finish_reason, or a usage-only chunk after it
         final = s.chunks[s.chunks.index(s.final) :] if s.chunks else []

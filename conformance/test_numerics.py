@@ -44,8 +44,10 @@ def local_weights(rl_deployment, factory, policy: str):
             raise LookupError(f"{snapshot} is not the base copy {base.name}")
         return factory.local_copy(snapshot), adapter
     except LookupError as e:
-        inconclusive(f"the deployment serves {snapshot}, whose weights this run has no copy of ({e}): pass "
-                     "--rl-base-snapshot naming a local copy of it (its directory named after its identity)")  # fmt: skip
+        inconclusive(
+            f"the deployment serves {snapshot}, whose weights this run has no copy of ({e}): pass "
+            "--rl-base-snapshot naming a local copy of it (its directory named after its identity)"
+        )
 
 
 def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
@@ -64,16 +66,23 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
     versioned = rl_deployment.capabilities.has("policy_version")
     served = set() if versioned else set(rl_deployment.served_identities())  # the policy, where answers name none
     try:
-        rollouts = sample(rl_deployment.driver, prompts, per_prompt, headers=rl_deployment.session("num"),
-                          shape=(shape.layers, shape.k) if routing and shape else None)  # fmt: skip
+        rollouts = sample(
+            rl_deployment.driver,
+            prompts,
+            per_prompt,
+            headers=rl_deployment.session("num"),
+            shape=(shape.layers, shape.k) if routing and shape else None,
+        )
     except RolloutError as e:
         inconclusive(f"the rollouts cannot be compared: {e} (see INF-LOGPROBS-1, R3-STREAM-1)")
     policies = {v for r in rollouts for v in r.versions if v is not None}
     if not policies and not versioned:
         # no policy version on completions: what every replica served before and after sampling
         if len(served) != 1 or set(rl_deployment.served_identities()) != served:
-            inconclusive(f"the answers name no policy version, and the replicas served {sorted(served)} before "
-                         f"sampling and {sorted(rl_deployment.served_identities())} after")  # fmt: skip
+            inconclusive(
+                f"the answers name no policy version, and the replicas served {sorted(served)} before "
+                f"sampling and {sorted(rl_deployment.served_identities())} after"
+            )
         policies = served
     if len(policies) != 1:
         inconclusive(f"the rollouts name {len(policies)} policy versions ({sorted(policies)[:4]}; see VER-STREAM-1)")
@@ -100,8 +109,11 @@ def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scor
         f"same weights by max |Δ| {figures.max_abs:.3g} > tolerance {tol:g} (mean |Δ| {figures.mean_abs:.3g}, "
         f"k3 KL {figures.k3_kl:.3g}, {figures.ratio_outside:.1%} of ratios outside [0.5, 2])"
     )
-    rl_observe(figures.tokens, f"sampled tokens scored locally: mean |Δ| {figures.mean_abs:.2g}, max |Δ| "
-                               f"{figures.max_abs:.2g}, k3 KL {figures.k3_kl:.2g}")  # fmt: skip
+    rl_observe(
+        figures.tokens,
+        f"sampled tokens scored locally: mean |Δ| {figures.mean_abs:.2g}, max |Δ| "
+        f"{figures.max_abs:.2g}, k3 KL {figures.k3_kl:.2g}",
+    )
 
 
 @clause("NUM-ROUTE-1")
@@ -121,5 +133,8 @@ def test_routing_matches_the_local_router(rl_deployment, _rl_snapshots, _scorers
         f"({figures.any_disagreement:.1%} of tokens disagree in some layer; MoE layer {worst} agrees on "
         f"{figures.layer_agreement[worst]:.1%})"
     )
-    rl_observe(figures.route_tokens, f"sampled tokens routed as the local router routes them "
-                                     f"({figures.route_agreement:.2%} of (layer, token); {alignment})")  # fmt: skip
+    rl_observe(
+        figures.route_tokens,
+        f"sampled tokens routed as the local router routes them "
+        f"({figures.route_agreement:.2%} of (layer, token); {alignment})",
+    )

@@ -29,8 +29,10 @@ class MoE:
 
     def needed(self) -> tuple[int, int, int]:
         if self.shape is None:
-            inconclusive("judging routing matrices needs the MoE shape (L, k, E) from the served config.json: "
-                         "pass --rl-base-snapshot")  # fmt: skip
+            inconclusive(
+                "judging routing matrices needs the MoE shape (L, k, E) from the served config.json: "
+                "pass --rl-base-snapshot"
+            )
         return self.shape
 
 
@@ -41,8 +43,10 @@ def moe(rl_deployment, request) -> MoE:
     routes = rl_deployment.capabilities.has("routing_matrix")
     if config is None:
         if not routes:
-            inconclusive("no routing_matrix in any answer, and without the served config.json a dense model (R3 "
-                         "not applicable) cannot be told from an MoE one (R3 fails): pass --rl-base-snapshot")  # fmt: skip
+            inconclusive(
+                "no routing_matrix in any answer, and without the served config.json a dense model (R3 "
+                "not applicable) cannot be told from an MoE one (R3 fails): pass --rl-base-snapshot"
+            )
         return MoE(None)
     s = moe_shape(config)
     if s is None:
@@ -51,10 +55,15 @@ def moe(rl_deployment, request) -> MoE:
         seen = rl_deployment.capabilities.seen.get("routing_matrix", "")
         flag = CAPABILITIES["routing_matrix"].flag(rl_deployment.engine)
         if flag is not None:  # the engine routes behind a server flag: a server without it lacks a feature
-            unsupported(f"the served model is MoE and the deployment returns no routing ({seen}); "
-                        f"{rl_deployment.engine} returns it with {flag}")  # fmt: skip
-        fail_in_call(request.node, f"the served model is MoE ({s.experts} experts, {s.k} per token) and the "
-                                   f"deployment returns no routing_matrix ({seen})")  # fmt: skip
+            unsupported(
+                f"the served model is MoE and the deployment returns no routing ({seen}); "
+                f"{rl_deployment.engine} returns it with {flag}"
+            )
+        fail_in_call(
+            request.node,
+            f"the served model is MoE ({s.experts} experts, {s.k} per token) and the "
+            f"deployment returns no routing_matrix ({seen})",
+        )
     return MoE((s.layers, s.k, s.experts))
 
 
@@ -73,8 +82,10 @@ def completion_tokens(stream) -> int:
     if isinstance(made, int):
         return made
     if stream.finish_reason != "length":
-        inconclusive(f"the stream carried no usage (stream_options.include_usage) and ended {stream.finish_reason!r} "
-                     "before max_tokens: its completion tokens cannot be counted")  # fmt: skip
+        inconclusive(
+            f"the stream carried no usage (stream_options.include_usage) and ended {stream.finish_reason!r} "
+            "before max_tokens: its completion tokens cannot be counted"
+        )
     return TOKENS
 
 

@@ -44,8 +44,10 @@ def test_same_session_same_replica(rl_deployment, hosts):
 def test_session_id_beats_affinity(rl_deployment, hosts):
     """When both headers are present, x-multi-turn-session-id decides the replica, not x-session-affinity."""
     for s in range(SESSIONS):
-        sets = [rl_deployment.session(f"sess-2-{s}", **{"x-session-affinity": rl_deployment.salted(f"other-{i}")})
-                for i in range(REQUESTS)]  # fmt: skip
+        sets = [
+            rl_deployment.session(f"sess-2-{s}", **{"x-session-affinity": rl_deployment.salted(f"other-{i}")})
+            for i in range(REQUESTS)
+        ]
         seen = hosts(sets)
         assert len(seen) == 1, f"session {s} with {REQUESTS} affinities reached replicas {sorted(seen)}"
 

@@ -32,8 +32,13 @@ JUDGED = {
     "FID-SWAP-1": "replicas whose fingerprint moved with a swap",
     "HL-GET-2": "swaps every replica served",
 }
-TRANSITION = {"SWAP-ASYNC-1": "ASYNC", "SWAP-ASYNC-2": "ASYNC", "SWAP-ASYNC-3": "ASYNC", "SWAP-SYNC-1": "SYNC",
-              "SWAP-SYNC-2": "SYNC"}  # fmt: skip
+TRANSITION = {
+    "SWAP-ASYNC-1": "ASYNC",
+    "SWAP-ASYNC-2": "ASYNC",
+    "SWAP-ASYNC-3": "ASYNC",
+    "SWAP-SYNC-1": "SYNC",
+    "SWAP-SYNC-2": "SYNC",
+}
 # the clauses judged by the policy version each chunk names (the judge reads nothing else for them)
 VERSIONED = {"SWAP-NEW-1", "SWAP-ASYNC-2", "VER-STREAM-1", "VER-SPAN-1", "CACHE-MATRIX-ALL-SAME"}
 
@@ -59,7 +64,7 @@ def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
 @pytest.mark.parametrize(
     "clause_id",
     [pytest.param(c, marks=[clause(c), *([requires(*needs(c))] if needs(c) else [])], id=c) for c in JUDGED],
-)  # fmt: skip
+)
 def test_soak(soak, clause_id, rl_observe):
     v = soak.verdicts.get(clause_id)
     what = JUDGED[clause_id]
@@ -69,8 +74,10 @@ def test_soak(soak, clause_id, rl_observe):
             "(stream_options.include_usage) and logprobs entries: whether any restarted cannot be counted"
         )
     if v is None or not v.judged:
-        inconclusive(f"the soak met no occasion to judge: no {what.split(',')[0]} ({len(soak.swaps)} swaps, "
-                     f"{soak.figures.turns} turns)")  # fmt: skip
+        inconclusive(
+            f"the soak met no occasion to judge: no {what.split(',')[0]} ({len(soak.swaps)} swaps, "
+            f"{soak.figures.turns} turns)"
+        )
     assert not v.violations, (
         f"{v.violations} of {v.judged} judged broke {clause_id} in a {soak.seconds:.0f} s soak ({len(soak.swaps)} "
         f"swaps, {soak.figures.turns} turns); the first {len(v.examples)}:\n\n" + "\n\n".join(v.examples)

@@ -122,8 +122,16 @@ def test_spans_cover_the_output_tokens_once(rl_deployment, rl_observe):
     """Where policy versions come as spans, they cover the output tokens exactly once: ordered, contiguous, half-open
     [start, end) from 0 to the number of output tokens; no output tokens, no spans; each span names a snapshot loaded
     while those tokens were generated."""
-    s = rl_deployment.complete({"prompt": rl_deployment.prompt("ver-span", 8).body, "max_tokens": 12, "stream": True,
-                                "ignore_eos": True, "temperature": 0, "logprobs": True}).expect_ok()  # fmt: skip
+    s = rl_deployment.complete(
+        {
+            "prompt": rl_deployment.prompt("ver-span", 8).body,
+            "max_tokens": 12,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+            "logprobs": True,
+        }
+    ).expect_ok()
     spans = s.spans
     assert spans is not None, "the stream carried no policy-version spans"
     n = output_tokens(s)

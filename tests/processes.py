@@ -74,9 +74,15 @@ def started(
     terminal's foreground job, whose process group a Ctrl-C reaches; with `env` added to the
     environment), once it printed a line starting with `until` (AssertionError, and it is
     killed, if it did not within `within` seconds or ended first)."""
-    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + code, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=session,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DEFAULT_SIGINT + code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=session,
+        env={**os.environ, **(env or {})},
+    )
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -95,8 +101,9 @@ def started(
             raise AssertionError(f"no {until!r} line within {within:g} s: {printed[-20:]}") from None
         if line is None:
             proc.wait()
-            raise AssertionError(f"ended ({proc.returncode}) before a {until!r} line: {printed[-20:]} "
-                                 f"{proc.stderr.read()[-2000:]}")  # fmt: skip
+            raise AssertionError(
+                f"ended ({proc.returncode}) before a {until!r} line: {printed[-20:]} {proc.stderr.read()[-2000:]}"
+            )
         printed.append(line)
     return Child(proc, printed, lines)
 

@@ -58,19 +58,28 @@ class Client:
 
     def replicas_where(self, predicate, *, timeout=10.0, what="the replicas' state"):
         """The replicas once `predicate(replicas)` holds (polled every 5 ms, with a deadline)."""
-        return wait_until(lambda: (rs := self.status()["replicas"]) and predicate(rs) and rs, timeout=timeout,
-                          interval=0.005, what=what)  # fmt: skip
+        return wait_until(
+            lambda: (rs := self.status()["replicas"]) and predicate(rs) and rs,
+            timeout=timeout,
+            interval=0.005,
+            what=what,
+        )
 
     def wait_for(self, identity, timeout=20.0, lora=False):
         """The replicas once every one serves `identity`; fails at once if a load reports an error."""
 
         def served(replicas):
-            failed = [r for r in replicas if r["loading_state"]["stage"] == "error"
-                      and r["loading_state"]["target_snapshot_identity"] == identity]  # fmt: skip
+            failed = [
+                r
+                for r in replicas
+                if r["loading_state"]["stage"] == "error" and r["loading_state"]["target_snapshot_identity"] == identity
+            ]
             assert not failed, f"load of {identity} failed: {replicas}"
             if lora:
-                return all(any(a["identity"] == identity and a["status"] == "loaded" for a in r["loaded_adapters"])
-                           for r in replicas)  # fmt: skip
+                return all(
+                    any(a["identity"] == identity and a["status"] == "loaded" for a in r["loaded_adapters"])
+                    for r in replicas
+                )
             return all(r["readiness"] and r["current_snapshot_identity"] == identity for r in replicas)
 
         return self.replicas_where(served, timeout=timeout, what=f"{identity} served on every replica")
@@ -118,8 +127,14 @@ def thread_pool():
 def write_row(name: str, kind: str, got: dict[str, str], clause: str) -> None:
     ROWS.mkdir(parents=True, exist_ok=True)
     failing = sorted(k for k, v in got.items() if v == "fail")
-    row = {"switch": name, "kind": kind, "clause": clause, "caught": got.get(clause) == "fail", "failing": failing,
-           "inconclusive": sorted(k for k, v in got.items() if v == "inconclusive")}  # fmt: skip
+    row = {
+        "switch": name,
+        "kind": kind,
+        "clause": clause,
+        "caught": got.get(clause) == "fail",
+        "failing": failing,
+        "inconclusive": sorted(k for k, v in got.items() if v == "inconclusive"),
+    }
     (ROWS / f"{name}.json").write_text(json.dumps(row))
 
 
@@ -132,10 +147,17 @@ def assemble(rows: Path = ROWS) -> dict | None:
     doc = {"rows": table, "caught": sum(r["caught"] for r in table), "total": len(table)}
     out = rows.parent / "mutation-matrix.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    lines = [f"# Mutation matrix: {doc['caught']}/{doc['total']} caught", "",
-             "| switch | kind | caught | failing clauses | inconclusive |", "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['switch']} | {r['kind']} | {'yes' if r['caught'] else 'NO'} | {', '.join(r['failing'])} | "
-              f"{', '.join(r['inconclusive'])} |" for r in table]  # fmt: skip
+    lines = [
+        f"# Mutation matrix: {doc['caught']}/{doc['total']} caught",
+        "",
+        "| switch | kind | caught | failing clauses | inconclusive |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['switch']} | {r['kind']} | {'yes' if r['caught'] else 'NO'} | {', '.join(r['failing'])} | "
+        f"{', '.join(r['inconclusive'])} |"
+        for r in table
+    ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return doc
 

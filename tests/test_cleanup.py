@@ -60,10 +60,23 @@ def test_after_a_run_killed_mid_swap_cleanup_leaves_the_bucket_as_it_was(tmp_pat
     command = serve("--bucket", bucket, "--load-delay", "3").named("conformance").removeprefix("rlrollout conformance ")
     before = sorted(os.listdir(bucket))
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest_rlrollout.cli", "conformance", "swap", *command.split(), "-v", "-p", "no:randomly"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest_rlrollout.cli",
+            "conformance",
+            "swap",
+            *command.split(),
+            "-v",
+            "-p",
+            "no:randomly",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     try:
         seen = []
         for line in run.stdout:
@@ -78,8 +91,13 @@ def test_after_a_run_killed_mid_swap_cleanup_leaves_the_bucket_as_it_was(tmp_pat
         ended(run, within=0)
     left = sorted(n for n in os.listdir(bucket) if n not in before)
     assert left and all(n.startswith("rlt-") for n in left), left
-    done = subprocess.run([sys.executable, "-m", "pytest_rlrollout.cli", "cleanup", "--rl-bucket-url", str(bucket)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_rlrollout.cli", "cleanup", "--rl-bucket-url", str(bucket)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(bucket)) == before
     assert f"removed {len(left)} snapshot(s)" in done.stdout

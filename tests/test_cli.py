@@ -138,8 +138,9 @@ def test_soak_turns_its_options_into_the_suites_settings_and_passes_the_rest_to_
 
     seen = []
     monkeypatch.setattr(pytest_module, "main", lambda args: seen.append(args) or 0)
-    assert main(["soak", "--seconds", "30", "--workers", "2", "--resets", "all", "none", "--rl-report=r.json",
-                 "-x"]) == 0  # fmt: skip
+    assert (
+        main(["soak", "--seconds", "30", "--workers", "2", "--resets", "all", "none", "--rl-report=r.json", "-x"]) == 0
+    )
     [args] = seen
     assert args[0].endswith("test_soak.py") and args[-2:] == ["--rl-report=r.json", "-x"]
     settings = [args[i + 1] for i, a in enumerate(args) if a == "-o"]
@@ -286,10 +287,12 @@ def test_serve_engine_vllm_prints_its_url_and_the_suite_command_for_itself(serve
     child = serve("--engine", "vllm")
     url, bucket = child.url, child.bucket
     [command] = [x for x in child.printed if x.startswith("conformance:")]
-    assert command == (f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
-                       f"--rl-allow-hot-load --rl-bucket-url={bucket} "
-                       f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'} -o rl_swap_seconds=1.03 "
-                       "-o rl_served_dtype=float32")  # fmt: skip
+    assert command == (
+        f"conformance: rlrollout conformance --rl-base-url={url} --rl-model=tiny --rl-engine=vllm "
+        f"--rl-allow-hot-load --rl-bucket-url={bucket} "
+        f"--rl-base-snapshot={bucket / 'tiny-qwen3-moe-base'} -o rl_swap_seconds=1.03 "
+        "-o rl_served_dtype=float32"
+    )
     assert httpx.get(url + "/version", timeout=30).json() == {"version": "0.32.0"}
     assert httpx.get(url + "/weight_info", timeout=30).json() == {"weight_version": "default"}
     child.proc.send_signal(signal.SIGTERM)

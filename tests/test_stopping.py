@@ -306,8 +306,7 @@ def test_the_program_ends_even_when_a_thread_of_its_stop_hangs(tmp_path):
         "from tests.test_stopping import _Hangs; "
         "reference.reference_deployment = _Hangs(threading.Event()); serve.STOP_WITHIN = 0.5; " + PROGRAM
     )
-    done = subprocess.run([sys.executable, "-c", script, "serve"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, "serve"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 3, (done.returncode, done.stderr)
     assert "did not stop within 0.5 s" in done.stderr and "Traceback" not in done.stderr
     bucket = Path(next(x for x in done.stdout.splitlines() if x.startswith("bucket:")).split(":", 1)[1].strip())
@@ -340,8 +339,16 @@ def test_rlrollout_conformance_ends_on_sigterm_through_its_teardown(tmp_path):
     """SIGTERM while the suite runs against the bundled reference deployment: pytest stops as on
     Ctrl-C (its teardown runs: the report is written, the deployment stopped) and the command
     ends 130 within 30 s."""
-    run = started(PROGRAM, "conformance", "-v", "-p", "no:randomly", f"--rl-report={tmp_path / 'r.json'}",
-                  until="conformance/test_", within=120)  # fmt: skip
+    run = started(
+        PROGRAM,
+        "conformance",
+        "-v",
+        "-p",
+        "no:randomly",
+        f"--rl-report={tmp_path / 'r.json'}",
+        until="conformance/test_",
+        within=120,
+    )
     run.proc.send_signal(signal.SIGTERM)
     said = run.rest(timeout=30)
     assert run.proc.returncode == 130, (said[-5:], run.proc.stderr.read()[-2000:])

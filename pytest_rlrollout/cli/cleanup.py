@@ -11,13 +11,19 @@ from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser("cleanup", help="remove the snapshots conformance runs left in a bucket (rlt-*)")
-    c.add_argument("--rl-bucket-url", required=True, dest="bucket", metavar="URL",
-                   help="the bucket: a directory, file://, s3:// or gs://")  # fmt: skip
+    c.add_argument(
+        "--rl-bucket-url",
+        required=True,
+        dest="bucket",
+        metavar="URL",
+        help="the bucket: a directory, file://, s3:// or gs://",
+    )
     c.add_argument(
         "--run", dest="run_id", help="only the snapshots of this run (its 8-character id, in every identity it made)"
     )
-    c.add_argument("--keep", nargs="+", default=[], metavar="IDENTITY",
-                   help="leave these (a deployment may still serve them)")  # fmt: skip
+    c.add_argument(
+        "--keep", nargs="+", default=[], metavar="IDENTITY", help="leave these (a deployment may still serve them)"
+    )
     c.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     c.set_defaults(run=run)
 
@@ -42,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         total += size
         print(f"{verb} {identity} ({size:,} bytes)")
     kept = [i for i in args.keep if bucket.exists(i)]
-    print(f"{verb} {len(left)} snapshot(s), {total:,} bytes, from {bucket.url}"
-          + (f"; kept {', '.join(kept)}" if kept else ""))  # fmt: skip
+    print(
+        f"{verb} {len(left)} snapshot(s), {total:,} bytes, from {bucket.url}"
+        + (f"; kept {', '.join(kept)}" if kept else "")
+    )
     return EXIT_OK

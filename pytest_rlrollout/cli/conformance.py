@@ -26,8 +26,11 @@ def run(args: argparse.Namespace) -> int:
     from pytest_rlrollout.suite.options import CONFORMANCE as suite
 
     modules = {p.stem.removeprefix("test_"): p for p in suite.glob("test_*.py")}
-    chosen = [str(modules[a.removeprefix("test_").removesuffix(".py")]) for a in args.pytest_args
-              if a.removeprefix("test_").removesuffix(".py") in modules]  # fmt: skip
+    chosen = [
+        str(modules[a.removeprefix("test_").removesuffix(".py")])
+        for a in args.pytest_args
+        if a.removeprefix("test_").removesuffix(".py") in modules
+    ]
     rest = [a for a in args.pytest_args if a.removeprefix("test_").removesuffix(".py") not in modules]
     with interrupting():  # SIGTERM ends the run through its teardown, as Ctrl-C does
         code = pytest.main([*(chosen or [str(suite)]), "-p", "no:cacheprovider", f"--rootdir={suite}", *rest])

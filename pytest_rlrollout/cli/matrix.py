@@ -10,10 +10,13 @@ from pytest_rlrollout.cli.exits import EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    mx = sub.add_parser("matrix", help="render clause x engine from the suite's reports (--rl-report JSON files)",
-                        description="One column per report (engine, version, the server flags its answers showed, "
-                        "date, how it was run); one row per clause, headed by area; totals per column. Reports "
-                        "judged by different contract versions are refused.")  # fmt: skip
+    mx = sub.add_parser(
+        "matrix",
+        help="render clause x engine from the suite's reports (--rl-report JSON files)",
+        description="One column per report (engine, version, the server flags its answers showed, "
+        "date, how it was run); one row per clause, headed by area; totals per column. Reports "
+        "judged by different contract versions are refused.",
+    )
     mx.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     mx.add_argument(
         "--out", type=Path, metavar="STEM", help="write STEM.md and STEM.html (default: Markdown on stdout)"

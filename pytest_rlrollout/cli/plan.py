@@ -65,8 +65,19 @@ def run(args: argparse.Namespace) -> int:
         path = args.output or Path(tmp) / "plan.json"
         said = io.StringIO()
         with interrupting(), contextlib.redirect_stdout(said):  # pytest's lines; shown when the plan fails
-            code = pytest.main([str(suite), "-p", "no:cacheprovider", f"--rootdir={suite}", "-q", "--no-summary",
-                                "-o", f"rl_plan={path}", *args.pytest_args])  # fmt: skip
+            code = pytest.main(
+                [
+                    str(suite),
+                    "-p",
+                    "no:cacheprovider",
+                    f"--rootdir={suite}",
+                    "-q",
+                    "--no-summary",
+                    "-o",
+                    f"rl_plan={path}",
+                    *args.pytest_args,
+                ]
+            )
         if int(code) != 0 or not path.is_file():
             sys.stderr.write(said.getvalue())
             return pytest_status(int(code)) or 1

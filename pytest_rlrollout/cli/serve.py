@@ -39,22 +39,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sv.add_argument("--bucket", type=Path, help="snapshot bucket directory (default: a new temporary one)")
-    sv.add_argument("--bucket-url", metavar="URL",
-                    help=f"{HOSTED}: an object store bucket (s3://, gs://) the deployment downloads each "
-                         "snapshot from, as a hosted one does; --bucket is then its local copy. The base is put "
-                         "there at start; credentials come from the environment")  # fmt: skip
+    sv.add_argument(
+        "--bucket-url",
+        metavar="URL",
+        help=f"{HOSTED}: an object store bucket (s3://, gs://) the deployment downloads each "
+        "snapshot from, as a hosted one does; --bucket is then its local copy. The base is put "
+        "there at start; credentials come from the environment",
+    )
     sv.add_argument("--bucket-endpoint-url", metavar="URL", help="the object store's endpoint (MinIO, moto, ...)")
-    sv.add_argument("--engine", choices=DIALECTS, default=DEFAULT,
-                    help="the wire it speaks: " + "; ".join(f"{s.name}: {s.dialect.serving.format(transition='ASYNC')}"
-                                                            for s in SPECS if s.dialect))  # fmt: skip
-    sv.add_argument("--layout", choices=["tiny", "qwen3-30b-a3b"], default="tiny",
-                    help="the base it serves when --bucket holds none: the reference model, or Qwen3-30B-A3B's "
-                         "structure (48 layers, 128 experts, top-8, its 18,867 tensor names) at the reference's "
-                         "widths (as `rlrollout make-base --layout`)")  # fmt: skip
+    sv.add_argument(
+        "--engine",
+        choices=DIALECTS,
+        default=DEFAULT,
+        help="the wire it speaks: "
+        + "; ".join(f"{s.name}: {s.dialect.serving.format(transition='ASYNC')}" for s in SPECS if s.dialect),
+    )
+    sv.add_argument(
+        "--layout",
+        choices=["tiny", "qwen3-30b-a3b"],
+        default="tiny",
+        help="the base it serves when --bucket holds none: the reference model, or Qwen3-30B-A3B's "
+        "structure (48 layers, 128 experts, top-8, its 18,867 tensor names) at the reference's "
+        "widths (as `rlrollout make-base --layout`)",
+    )
     sv.add_argument("--replicas", type=int, help=f"default: 2 ({HOSTED}), 1 ({SELF_HOSTED})")
-    sv.add_argument("--fleet", type=int, metavar="N",
-                    help=f"{SELF_HOSTED}: N engines on one bucket behind SGLang's model gateway (smg --enable-rl, "
-                         "the fleet extra); --port is then the gateway's")  # fmt: skip
+    sv.add_argument(
+        "--fleet",
+        type=int,
+        metavar="N",
+        help=f"{SELF_HOSTED}: N engines on one bucket behind SGLang's model gateway (smg --enable-rl, "
+        "the fleet extra); --port is then the gateway's",
+    )
     sv.add_argument(
         "--no-gateway",
         action="store_true",
@@ -66,16 +81,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="I",
         help="with --fleet: the --fault switches hit engine I only (0-based; default: every engine)",
     )
-    sv.add_argument("--vllm-release", choices=vllm.RELEASES, default=vllm.DIALECT_VERSION,
-                    help=f"--engine {vllm.NAME}: the release it speaks (0.33.0 refuses requests arriving while paused "
-                    "in abort or wait mode, and returns policy-version spans on its OpenAI routes)")  # fmt: skip
+    sv.add_argument(
+        "--vllm-release",
+        choices=vllm.RELEASES,
+        default=vllm.DIALECT_VERSION,
+        help=f"--engine {vllm.NAME}: the release it speaks (0.33.0 refuses requests arriving while paused "
+        "in abort or wait mode, and returns policy-version spans on its OpenAI routes)",
+    )
     sv.add_argument("--transition", choices=["async", "sync", "ASYNC", "SYNC"], default="async")
     sv.add_argument("--api-key", help=f"default: rl-reference-key ({HOSTED}), none asked for ({SELF_HOSTED})")
-    sv.add_argument("--control-api-key", help=f"{with_control_plane().name}: a key of its own for the hot-load API "
-                                              "(default: --api-key)")  # fmt: skip
-    sv.add_argument("--enable-return-routed-experts", action="store_true",
-                    help=f"{SELF_HOSTED}: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
-                         "none, and neither has this dialect by default)")  # fmt: skip
+    sv.add_argument(
+        "--control-api-key",
+        help=f"{with_control_plane().name}: a key of its own for the hot-load API (default: --api-key)",
+    )
+    sv.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help=f"{SELF_HOSTED}: completions carry routed_experts (as vLLM's flag on a GPU server; its CPU build has "
+        "none, and neither has this dialect by default)",
+    )
     sv.add_argument(
         "--fault",
         nargs="+",
@@ -115,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
         control = with_control_plane()
         raise UsageError(f"--control-api-key is the key of {control.title}'s hot-load API (--engine {control.name})")
     if args.enable_return_routed_experts and not self_hosted:
-        raise UsageError(f"--enable-return-routed-experts is a self-hosted engine's flag (--engine "
-                         f"{SELF_HOSTED.replace(', ', '|')}); the others return routing matrices when a request asks "
-                         "for them")  # fmt: skip
+        raise UsageError(
+            f"--enable-return-routed-experts is a self-hosted engine's flag (--engine "
+            f"{SELF_HOSTED.replace(', ', '|')}); the others return routing matrices when a request asks "
+            "for them"
+        )
 
     if args.vllm_release != vllm.DIALECT_VERSION and args.engine != vllm.NAME:
         raise UsageError(f"--vllm-release is the {vllm.ENGINE.title} dialect's (--engine {vllm.NAME})")
@@ -126,8 +152,10 @@ def run(args: argparse.Namespace) -> int:
             f"--fleet N: N >= 1 engines of a self-hosted dialect (--engine {SELF_HOSTED.replace(', ', '|')})"
         )
     if args.fleet and not args.no_gateway and spec(smg.NAME).binds_like != args.engine:
-        raise UsageError(f"--fleet behind {smg.NAME}: the suite's {smg.NAME} binding drives "
-                         f"{spec(smg.NAME).binds_like} engines, not {args.engine}; add --no-gateway")  # fmt: skip
+        raise UsageError(
+            f"--fleet behind {smg.NAME}: the suite's {smg.NAME} binding drives "
+            f"{spec(smg.NAME).binds_like} engines, not {args.engine}; add --no-gateway"
+        )
     if args.no_gateway and not args.fleet:
         raise UsageError("--no-gateway is a --fleet's: its engines with no gateway in front")
     if args.faulty_engine is not None and not (args.fleet and 0 <= args.faulty_engine < args.fleet):
@@ -178,14 +206,18 @@ def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSigna
         cleanup.close()
         raise
     assert stopped_by is not None  # no timeout, and nothing wakes it before the stop: a signal's number
-    print(f"stopping ({signal.Signals(stopped_by).name}): requests in flight may finish for up to {GRACE:g} s; "
-          "a second signal ends them now", flush=True)  # fmt: skip
+    print(
+        f"stopping ({signal.Signals(stopped_by).name}): requests in flight may finish for up to {GRACE:g} s; "
+        "a second signal ends them now",
+        flush=True,
+    )
     _stop(cleanup, dep, signals, bucket if temporary else None, within=STOP_WITHIN)
     return stopped_by
 
 
-def _stop(cleanup: contextlib.ExitStack, dep: Running | Fleet, signals: StopSignals, bucket: Path | None,
-          within: float) -> None:  # fmt: skip
+def _stop(
+    cleanup: contextlib.ExitStack, dep: Running | Fleet, signals: StopSignals, bucket: Path | None, within: float
+) -> None:
     """Unwind `cleanup` in a thread of its own while this (the main) thread waits on `signals`:
     a second signal makes the deployment stop waiting for its streams, and a stop still under way
     after `within` seconds (after HURRIED_WITHIN once hurried) is given up: the temporary bucket
@@ -246,8 +278,16 @@ def _fleet(args: argparse.Namespace, bucket: Path, options: dict[str, Any]) -> c
     settings = dict(options)
     engine, faults = settings.pop("engine"), settings.pop("faults")
     hit = [args.faulty_engine] if args.faulty_engine is not None else range(args.fleet)
-    return reference_fleet(bucket, args.fleet, engine=engine, faults=dict.fromkeys(hit, faults), host=args.host,
-                           port=args.port, gateway=not args.no_gateway, **settings)  # fmt: skip
+    return reference_fleet(
+        bucket,
+        args.fleet,
+        engine=engine,
+        faults=dict.fromkeys(hit, faults),
+        host=args.host,
+        port=args.port,
+        gateway=not args.no_gateway,
+        **settings,
+    )
 
 
 def _fleet_announcement(fleet: Fleet, bucket: Path, options: dict[str, Any]) -> list[str]:
@@ -258,17 +298,26 @@ def _fleet_announcement(fleet: Fleet, bucket: Path, options: dict[str, Any]) -> 
     base = bucket / first.settings.base_identity
     gateway = [f"gateway:    {fleet.base_url}"] if fleet.gateway is not None else []
     named = [*gateway, f"engines:    {', '.join(fleet.urls)}", f"model:      {first.model}", f"bucket:     {bucket}"]
-    reached = (f"--rl-engine={smg.NAME}" if fleet.gateway is not None
-               else f"-o 'rl_fleet_urls={' '.join(fleet.urls)}' --rl-engine={listed_fleet(options['engine']).name}")  # fmt: skip
-    command = (f"--rl-base-url={fleet.base_url} --rl-model={first.model} {reached} --rl-allow-hot-load"
-               f" --rl-bucket-url={bucket} --rl-base-snapshot={base}" + _paced(first, options["engine"])
-               + " -o rl_served_dtype=float32")  # fmt: skip
+    reached = (
+        f"--rl-engine={smg.NAME}"
+        if fleet.gateway is not None
+        else f"-o 'rl_fleet_urls={' '.join(fleet.urls)}' --rl-engine={listed_fleet(options['engine']).name}"
+    )
+    command = (
+        f"--rl-base-url={fleet.base_url} --rl-model={first.model} {reached} --rl-allow-hot-load"
+        f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+        + _paced(first, options["engine"])
+        + " -o rl_served_dtype=float32"
+    )
     dialect = spec(options["engine"]).dialect
     assert dialect is not None  # a fleet is of a self-hosted dialect
     serving = dialect.serving.format(transition=options["transition"])
     front = f"behind {smg.NAME}" if fleet.gateway is not None else "with no gateway"
-    return [*named, f"conformance: rlrollout conformance {command}",
-            f"serving {first.settings.base_identity} on {len(fleet.engines)} engines {front}, {serving}"]  # fmt: skip
+    return [
+        *named,
+        f"conformance: rlrollout conformance {command}",
+        f"serving {first.settings.base_identity} on {len(fleet.engines)} engines {front}, {serving}",
+    ]
 
 
 def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[str]:
@@ -284,25 +333,40 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
     s = spec(engine)
     if s.self_hosted:
         named = [f"base URL:   {dep.base_url}", f"model:      {dep.model}", f"bucket:     {bucket}"]
-        command = (f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={engine} --rl-allow-hot-load"
-                   f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
-                   + (f" --rl-api-key={shown_key}" if key is not None else ""))  # fmt: skip
+        command = (
+            f"--rl-base-url={dep.base_url} --rl-model={dep.model} --rl-engine={engine} --rl-allow-hot-load"
+            f" --rl-bucket-url={bucket} --rl-base-snapshot={base}"
+            + (f" --rl-api-key={shown_key}" if key is not None else "")
+        )
     elif s.control_plane:
         # the gateway and the hot-load API on one host here; a real deployment has two
         shown_control = _shown(options.get("control_api_key") or key, "--control-api-key")
         deployment = dep.settings.deployment_id
-        named = [f"gateway:    {dep.base_url}", f"hot-loads:  {dep.base_url}", f"deployment: {deployment}",
-                 f"model:      {dep.model}", f"bucket:     {bucket}",
-                 f"environment: COREWEAVE_API_KEY={shown_control}"]  # fmt: skip
-        command = (f"--rl-deployment={deployment} --rl-base-url={dep.base_url} -o rl_control_url={dep.base_url}"
-                   f" --rl-model={dep.model} --rl-engine={engine} --rl-api-key={shown_key} --rl-allow-hot-load"
-                   f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}")  # fmt: skip
+        named = [
+            f"gateway:    {dep.base_url}",
+            f"hot-loads:  {dep.base_url}",
+            f"deployment: {deployment}",
+            f"model:      {dep.model}",
+            f"bucket:     {bucket}",
+            f"environment: COREWEAVE_API_KEY={shown_control}",
+        ]
+        command = (
+            f"--rl-deployment={deployment} --rl-base-url={dep.base_url} -o rl_control_url={dep.base_url}"
+            f" --rl-model={dep.model} --rl-engine={engine} --rl-api-key={shown_key} --rl-allow-hot-load"
+            f" --rl-bucket-url={bucket_url} --rl-base-snapshot={base}"
+        )
     else:
-        named = [f"base URL:   {dep.base_url}", f"deployment: {dep.name}", f"model:      {dep.model}",
-                 f"bucket:     {bucket}"]  # fmt: skip
-        command = (f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
-                   f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket_url}"
-                   f" --rl-base-snapshot={base} -o rl_transition={options['transition']}")  # fmt: skip
+        named = [
+            f"base URL:   {dep.base_url}",
+            f"deployment: {dep.name}",
+            f"model:      {dep.model}",
+            f"bucket:     {bucket}",
+        ]
+        command = (
+            f"--rl-deployment={dep.name} --rl-base-url={dep.base_url} --rl-model={dep.model}"
+            f" --rl-api-key={shown_key} --rl-allow-hot-load --rl-bucket-url={bucket_url}"
+            f" --rl-base-snapshot={base} -o rl_transition={options['transition']}"
+        )
     dialect = s.dialect
     assert dialect is not None  # --engine's choices are the dialects
     if dialect.stream_tokens is not None:
@@ -313,8 +377,11 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
     replicas = len(dep.deployment.replicas)
     if options.get("mirror"):  # the suite's bucket; the one above is the deployment's local copy of it
         named.append(f"store:      {options['mirror']}" + (f" (endpoint {endpoint})" if endpoint else ""))
-    return [*named, f"conformance: rlrollout conformance {command}",
-            f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}"]  # fmt: skip
+    return [
+        *named,
+        f"conformance: rlrollout conformance {command}",
+        f"serving {dep.settings.base_identity} on {replicas} replica(s), {serving}",
+    ]
 
 
 def _paced(dep: Running, engine: str) -> str:

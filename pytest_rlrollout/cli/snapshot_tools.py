@@ -30,10 +30,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     m = sub.add_parser("make-base", help="write the tiny reference Qwen3-MoE base snapshot")
     m.add_argument("dir", type=Path)
-    m.add_argument("--layout", choices=["tiny", "qwen3-30b-a3b"], default="tiny",
-                   help="tiny: the reference model (4 layers, 8 experts, top-2); qwen3-30b-a3b: Qwen3-30B-A3B's "
-                        "structure and 18,867 tensor names (48 layers, 128 experts, top-8) at the reference's "
-                        "widths, one layer per shard")  # fmt: skip
+    m.add_argument(
+        "--layout",
+        choices=["tiny", "qwen3-30b-a3b"],
+        default="tiny",
+        help="tiny: the reference model (4 layers, 8 experts, top-2); qwen3-30b-a3b: Qwen3-30B-A3B's "
+        "structure and 18,867 tensor names (48 layers, 128 experts, top-8) at the reference's "
+        "widths, one layer per shard",
+    )
     m.set_defaults(run=_make_base)
 
 

@@ -20,18 +20,25 @@ OPTIONS = {
     "--every": ("rl_soak_every", float, "seconds of load before each swap (default 20)"),
     "--users": ("rl_soak_users", int, "rollouts in flight at once, each a session (default 64)"),
     "--workers": ("rl_soak_workers", int, "Locust worker processes on this machine (default 0: one process)"),
-    "--remote-workers": ("rl_soak_remote_workers", int, "Locust workers from other machines the master also waits "
-                         "for; it prints the command they run (default 0)"),
+    "--remote-workers": (
+        "rl_soak_remote_workers",
+        int,
+        "Locust workers from other machines the master also waits for; it prints the command they run (default 0)",
+    ),
     "--turns": ("rl_soak_turns", int, "turns of each rollout (default 4)"),
     "--max-tokens": ("rl_soak_max_tokens", int, "tokens each turn generates at most (default 32)"),
-    "--full-every": ("rl_soak_full_every", int, "every n-th swap loads a full snapshot, the others an ARC2 delta "
-                     "(default 5; 0: never)"),
-}  # fmt: skip
+    "--full-every": (
+        "rl_soak_full_every",
+        int,
+        "every n-th swap loads a full snapshot, the others an ARC2 delta (default 5; 0: never)",
+    ),
+}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sk = sub.add_parser("soak", help="soak a deployment: rollouts on Locust across many swaps, judged throughout",
-                        add_help=False)  # fmt: skip
+    sk = sub.add_parser(
+        "soak", help="soak a deployment: rollouts on Locust across many swaps, judged throughout", add_help=False
+    )
     sk.add_argument("pytest_args", nargs=argparse.REMAINDER)
     sk.set_defaults(run=run)
 
@@ -51,8 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag, (_, kind, what) in OPTIONS.items():
         p.add_argument(flag, type=kind, help=what)
-    p.add_argument("--resets", nargs="+", choices=["all", "new_session", "none"],
-                   help="each swap's reset_prompt_cache, in turn (default: all)")  # fmt: skip
+    p.add_argument(
+        "--resets",
+        nargs="+",
+        choices=["all", "new_session", "none"],
+        help="each swap's reset_prompt_cache, in turn (default: all)",
+    )
     return p
 
 
@@ -67,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
     ours, rest = _parser().parse_known_args(args.pytest_args)
     if importlib.util.find_spec("locust") is None:
         raise UsageError("the soak runs on Locust, which is not installed: pip install 'pytest-rlrollout[soak]'")
-    overrides = [f"{OPTIONS[flag][0]}={value}" for flag in OPTIONS
-                 if (value := getattr(ours, flag[2:].replace("-", "_"))) is not None]  # fmt: skip
+    overrides = [
+        f"{OPTIONS[flag][0]}={value}"
+        for flag in OPTIONS
+        if (value := getattr(ours, flag[2:].replace("-", "_"))) is not None
+    ]
     if ours.resets:
         overrides.append(f"rl_soak_resets={' '.join(ours.resets)}")
     import pytest
@@ -79,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     suite = str(CONFORMANCE / "test_soak.py")
     # SIGTERM ends the soak through its teardown, as Ctrl-C does: Locust's processes stopped
     with interrupting():
-        code = pytest.main([suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "-o", "rl_soak=true", *ini,
-                            *rest])  # fmt: skip
+        code = pytest.main(
+            [suite, "-p", "no:cacheprovider", f"--rootdir={CONFORMANCE}", "-o", "rl_soak=true", *ini, *rest]
+        )
     return pytest_status(int(code))

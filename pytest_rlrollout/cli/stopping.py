@@ -150,8 +150,9 @@ def interrupting(signums: tuple[int, ...] = INTERRUPTING) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, signal.default_int_handler) for s in signums
-                if signal.getsignal(s) != signal.SIG_IGN}  # fmt: skip
+    previous = {
+        s: signal.signal(s, signal.default_int_handler) for s in signums if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         yield
     finally:

@@ -118,5 +118,11 @@ def catalogue() -> Catalogue:
     # asked, documented beside the clause; a binding added for another engine changes no verdict.
     rules = [[c["id"], c["level"], c["area"], c["rule"]] for c in doc["clauses"]]
     digest = hashlib.sha256(json.dumps(rules).encode()).hexdigest()[:12]
-    return Catalogue(clauses, sources=doc["sources"], levels=doc["levels"], areas=doc["areas"], engines=doc["engines"],
-                     version=f"{doc['version']}+{digest}")  # fmt: skip
+    return Catalogue(
+        clauses,
+        sources=doc["sources"],
+        levels=doc["levels"],
+        areas=doc["areas"],
+        engines=doc["engines"],
+        version=f"{doc['version']}+{digest}",
+    )

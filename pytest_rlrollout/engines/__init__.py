@@ -17,5 +17,20 @@ from pytest_rlrollout.engines.registry import (
 )
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec, load
 
-__all__ = ["DEFAULT", "DIALECTS", "ENGINES", "FALLBACK", "NUMERICS", "SPECS", "Dialect", "Engine", "EngineSpec",
-           "dialect", "listed_fleet", "load", "presumed", "spec", "with_control_plane"]  # fmt: skip
+__all__ = [
+    "DEFAULT",
+    "DIALECTS",
+    "ENGINES",
+    "FALLBACK",
+    "NUMERICS",
+    "SPECS",
+    "Dialect",
+    "Engine",
+    "EngineSpec",
+    "dialect",
+    "listed_fleet",
+    "load",
+    "presumed",
+    "spec",
+    "with_control_plane",
+]

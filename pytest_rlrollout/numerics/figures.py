@@ -44,15 +44,19 @@ class Figures:
 
     def lines(self) -> list[str]:
         """The figures as a few lines of text (terminal and Markdown)."""
-        out = [f"tokens compared          {self.tokens}",
-               f"mean |Δlogprob|          {self.mean_abs:.3g}",
-               f"max |Δlogprob|           {self.max_abs:.3g}",
-               f"k3 KL(served‖local)      {self.k3_kl:.3g}",
-               f"ratio outside [0.5, 2]   {self.ratio_outside:.3%}"]  # fmt: skip
+        out = [
+            f"tokens compared          {self.tokens}",
+            f"mean |Δlogprob|          {self.mean_abs:.3g}",
+            f"max |Δlogprob|           {self.max_abs:.3g}",
+            f"k3 KL(served‖local)      {self.k3_kl:.3g}",
+            f"ratio outside [0.5, 2]   {self.ratio_outside:.3%}",
+        ]
         if self.route_agreement is not None:
-            out += [f"routing agreement        {self.route_agreement:.3%} of (layer, token) over {self.route_tokens} tokens",
-                    f"tokens with any layer disagreeing {self.any_disagreement:.3%}",
-                    "per layer                " + " ".join(f"{a:.1%}" for a in self.layer_agreement)]  # fmt: skip
+            out += [
+                f"routing agreement        {self.route_agreement:.3%} of (layer, token) over {self.route_tokens} tokens",
+                f"tokens with any layer disagreeing {self.any_disagreement:.3%}",
+                "per layer                " + " ".join(f"{a:.1%}" for a in self.layer_agreement),
+            ]
         return out
 
 

@@ -96,8 +96,15 @@ def delta_by_position(figures: Figures) -> bytes:
 
     def draw(ax: Axes) -> None:
         step = max(1, -(-len(deltas) // MAX_POINTS))
-        ax.scatter(positions[::step], deltas[::step], s=4, alpha=0.35, color=DELTA_COLOUR, linewidths=0,
-                   label="Δlogprob per token")  # fmt: skip
+        ax.scatter(
+            positions[::step],
+            deltas[::step],
+            s=4,
+            alpha=0.35,
+            color=DELTA_COLOUR,
+            linewidths=0,
+            label="Δlogprob per token",
+        )
         counts = np.bincount(positions)
         where = np.flatnonzero(counts)
         mean_abs = np.bincount(positions, weights=np.abs(deltas))[where] / counts[where]

@@ -52,8 +52,14 @@ def sample(
     for an MoE model (`shape` = (L, k)), routing matrices."""
     out = []
     for i, prompt in enumerate(prompts):
-        body: dict[str, Any] = {"prompt": prompt, "max_tokens": tokens, "temperature": 1.0, "seed": seed + i,
-                                "logprobs": True, "stream": True}  # fmt: skip
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "temperature": 1.0,
+            "seed": seed + i,
+            "logprobs": True,
+            "stream": True,
+        }
         if shape is not None:
             body["include_routing_matrix"] = True
         s = driver.complete(body, headers=headers)

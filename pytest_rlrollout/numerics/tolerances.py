@@ -48,9 +48,18 @@ TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance("bfloat16", 0.15, 0.25, f"about 2x the largest |Δ| of bf16 measured by {BENCH}"),
     "float16": Tolerance("float16", 0.1, 0.1, f"about 2x the largest |Δ| of fp16 measured by {BENCH}"),
 }
-_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32",
-          "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}  # fmt: skip
+_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+}
 
 
 def dtype_name(name: str) -> str:

@@ -56,13 +56,17 @@ class Thresholds:
         if self.max_logprob_delta is not None and not figures.max_abs <= self.max_logprob_delta:
             out.append(f"max |Δlogprob| {figures.max_abs:.3g} > --max-logprob-delta {self.max_logprob_delta:g}")
         if figures.route_agreement is not None and not figures.route_agreement >= self.min_route_agreement:
-            out.append(f"routing agreement {figures.route_agreement:.3%} < --min-route-agreement "
-                       f"{self.min_route_agreement:g}")  # fmt: skip
+            out.append(
+                f"routing agreement {figures.route_agreement:.3%} < --min-route-agreement {self.min_route_agreement:g}"
+            )
         return out
 
     def as_dict(self) -> dict[str, float | None]:
-        return {"max_kl": self.max_kl, "max_logprob_delta": self.max_logprob_delta,
-                "min_route_agreement": self.min_route_agreement}  # fmt: skip
+        return {
+            "max_kl": self.max_kl,
+            "max_logprob_delta": self.max_logprob_delta,
+            "min_route_agreement": self.min_route_agreement,
+        }
 
 
 @dataclass(frozen=True)
@@ -81,18 +85,21 @@ class Comparison:
 
     def lines(self) -> list[str]:
         s = self.sampling
-        out = [f"deployment               {self.target.name}",
-               f"local weights            {self.snapshot} ({self.scorer} scorer on {self.device})",
-               f"rollouts                 {s.prompts} prompts x {s.tokens} tokens, seed {s.seed}"
-               + (f", policy {', '.join(self.policies)}" if self.policies else ""),
-               *self.figures.lines()]  # fmt: skip
+        out = [
+            f"deployment               {self.target.name}",
+            f"local weights            {self.snapshot} ({self.scorer} scorer on {self.device})",
+            f"rollouts                 {s.prompts} prompts x {s.tokens} tokens, seed {s.seed}"
+            + (f", policy {', '.join(self.policies)}" if self.policies else ""),
+            *self.figures.lines(),
+        ]
         if self.alignment is not None:
             out.append(f"routing alignment        {self.alignment}")
         return out
 
 
-def deployment_target(deployment: str | None, base_url: str, model: str | None, api_key: str,
-                      inference_url: str = "") -> Target:  # fmt: skip
+def deployment_target(
+    deployment: str | None, base_url: str, model: str | None, api_key: str, inference_url: str = ""
+) -> Target:
     """The deployment as the suite's preflight names it: a Fireworks deployment when `deployment`
     is given, else the OpenAI-compatible server at `base_url`."""
     if not model:
@@ -100,8 +107,14 @@ def deployment_target(deployment: str | None, base_url: str, model: str | None, 
     if deployment is not None and not api_key:
         raise NumericsError(f"--deployment {deployment}: pass --api-key or set FIREWORKS_API_KEY")
     try:
-        return Target(deployment, base_url.rstrip("/"), model, api_key, inference_url=inference_url,
-                      engine=presumed(deployment=deployment))  # fmt: skip
+        return Target(
+            deployment,
+            base_url.rstrip("/"),
+            model,
+            api_key,
+            inference_url=inference_url,
+            engine=presumed(deployment=deployment),
+        )
     except ValueError as e:
         raise NumericsError(f"--deployment: {e}") from None
 
@@ -119,8 +132,16 @@ def snapshot_config(snapshot: Path) -> dict[str, Any]:
     return config
 
 
-def compare_deployment(target: Target, snapshot: Path, *, sampling: Sampling, scorer: str = "auto",
-                       device: str = "cpu", tell: Tell, progress: Progress) -> Comparison:  # fmt: skip
+def compare_deployment(
+    target: Target,
+    snapshot: Path,
+    *,
+    sampling: Sampling,
+    scorer: str = "auto",
+    device: str = "cpu",
+    tell: Tell,
+    progress: Progress,
+) -> Comparison:
     """Sample rollouts from `target` and score the same tokens with a local forward pass of
     `snapshot` (`scorer`: auto, numpy or transformers, on `device`)."""
     config = snapshot_config(snapshot)
@@ -133,18 +154,22 @@ def compare_deployment(target: Target, snapshot: Path, *, sampling: Sampling, sc
     rollouts, shape = _sample(target, sampling, shape, prompts, tell, progress)
     policies = sorted({v for r in rollouts for v in r.versions})
     if len(policies) > 1:
-        tell(f"note: the rollouts name {len(policies)} policy versions ({', '.join(policies)}): the deployment "
-             "swapped while sampling, and --snapshot holds one of them at most")  # fmt: skip
+        tell(
+            f"note: the rollouts name {len(policies)} policy versions ({', '.join(policies)}): the deployment "
+            "swapped while sampling, and --snapshot holds one of them at most"
+        )
     try:
         figures, alignment = compare(rollouts, local, progress=progress("scoring"))
     except (ValueError, IndexError) as e:  # token ids or routing the local weights do not have
         raise NumericsError(f"--snapshot {snapshot}: the rollouts do not score with it ({one_line(e)})") from None
-    return Comparison(target, snapshot, local.name, device, sampling, policies, figures, alignment,
-                      routing_asked=shape is not None)  # fmt: skip
+    return Comparison(
+        target, snapshot, local.name, device, sampling, policies, figures, alignment, routing_asked=shape is not None
+    )
 
 
-def _sample(target: Target, sampling: Sampling, shape: MoeShape | None, prompts: list[list[int]], tell: Tell,
-            progress: Progress) -> tuple[list[Rollout], MoeShape | None]:  # fmt: skip
+def _sample(
+    target: Target, sampling: Sampling, shape: MoeShape | None, prompts: list[list[int]], tell: Tell, progress: Progress
+) -> tuple[list[Rollout], MoeShape | None]:
     """One sampled completion per prompt, with logprobs, and routing matrices when `shape` is given
     and the engine returns them behind a server flag it has on; the shape routing was asked with."""
     with DeploymentClient(target, timeout=sampling.timeout, limits=LIVE_LIMITS) as client:
@@ -161,8 +186,14 @@ def _sample(target: Target, sampling: Sampling, shape: MoeShape | None, prompts:
                         f"note: routing not compared: {found.seen['routing_matrix']} ({spec(engine).title} returns it with {flag})"
                     )
                     shape = None
-            rollouts = sample(driver, prompts, sampling.tokens, shape=(shape.layers, shape.k) if shape else None,
-                              seed=sampling.seed, progress=progress("sampling"))  # fmt: skip
+            rollouts = sample(
+                driver,
+                prompts,
+                sampling.tokens,
+                shape=(shape.layers, shape.k) if shape else None,
+                seed=sampling.seed,
+                progress=progress("sampling"),
+            )
             return rollouts, shape
         except PreflightError as e:
             raise NumericsError(f"{target.name}: {one_line(e)}") from None
@@ -172,8 +203,9 @@ def _sample(target: Target, sampling: Sampling, shape: MoeShape | None, prompts:
             raise NumericsError(f"{target.name}: {one_line(e)}{hint}") from None
 
 
-def write(out: Path, comparison: Comparison, thresholds: Thresholds, crossed: list[str],
-          tell: Tell) -> tuple[Path, list[str]]:  # fmt: skip
+def write(
+    out: Path, comparison: Comparison, thresholds: Thresholds, crossed: list[str], tell: Tell
+) -> tuple[Path, list[str]]:
     """numerics.json and the pictures (numerics-<name>.png) into `out`: the JSON's path and the
     pictures' file names."""
     out.mkdir(parents=True, exist_ok=True)

@@ -262,8 +262,19 @@ class Deployment:
         targets = self.replicas[:1] if f("HL-GET-2") else self.replicas
         remaining = [len(targets)]
         for i, replica in enumerate(targets):
-            args = (replica, i, identity, path, kind, meta, policy, entry, remaining, admission.deferred,
-                    admission.swallow)  # fmt: skip
+            args = (
+                replica,
+                i,
+                identity,
+                path,
+                kind,
+                meta,
+                policy,
+                entry,
+                remaining,
+                admission.deferred,
+                admission.swallow,
+            )
             threading.Thread(target=self._load_on, args=args, daemon=True).start()
         return {"identity": identity, "kind": kind, "reset_prompt_cache": policy, "status": "accepted"}
 

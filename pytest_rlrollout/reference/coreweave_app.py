@@ -53,10 +53,23 @@ PREFIX = "/v1alpha1/inference"
 SNAPSHOT_TYPES = {"SNAPSHOT_TYPE_FULL": 1, "SNAPSHOT_TYPE_INCREMENTAL": 2}
 CACHE_POLICIES = {"PROMPT_CACHE_POLICY_RESET_ALL": 1, "PROMPT_CACHE_POLICY_PRESERVE": 2}
 # Connect's codes, by the HTTP status the engine core refuses with
-CODES = {400: "invalid_argument", 401: "unauthenticated", 404: "not_found", 409: "already_exists",
-         412: "failed_precondition", 501: "unimplemented"}  # fmt: skip
-HTTP = {"invalid_argument": 400, "failed_precondition": 400, "unauthenticated": 401, "not_found": 404,
-        "already_exists": 409, "unimplemented": 501, "internal": 500}  # fmt: skip
+CODES = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    404: "not_found",
+    409: "already_exists",
+    412: "failed_precondition",
+    501: "unimplemented",
+}
+HTTP = {
+    "invalid_argument": 400,
+    "failed_precondition": 400,
+    "unauthenticated": 401,
+    "not_found": 404,
+    "already_exists": 409,
+    "unimplemented": 501,
+    "internal": 500,
+}
 FIELDS = {"deploymentId", "identity", "type", "hotLoadId", "promptCachePolicy", "incrementalSnapshotMetadata"}
 
 
@@ -140,20 +153,30 @@ class CoreWeaveRoutes:
         if hot_load_id in self.hot_loads:
             raise HotLoadError(409, f"hot-load {hot_load_id} already exists")
         meta = body.get("incrementalSnapshotMetadata")
-        signal: dict[str, Any] = {"identity": body.get("identity"),
-                                  "reset_prompt_cache": "all" if policy.endswith("RESET_ALL") else "none"}  # fmt: skip
+        signal: dict[str, Any] = {
+            "identity": body.get("identity"),
+            "reset_prompt_cache": "all" if policy.endswith("RESET_ALL") else "none",
+        }
         if kind == "SNAPSHOT_TYPE_INCREMENTAL":
             if not isinstance(meta, dict) or not isinstance(meta.get("previousSnapshotIdentity"), str):
                 raise HotLoadError(
                     400, "an incremental hot-load needs incrementalSnapshotMetadata.previousSnapshotIdentity"
                 )
-            signal["incremental_snapshot_metadata"] = {"previous_snapshot_identity": meta["previousSnapshotIdentity"],
-                                                       "compression_format": "arc_v2", "checksum_format": "adler32"}  # fmt: skip
+            signal["incremental_snapshot_metadata"] = {
+                "previous_snapshot_identity": meta["previousSnapshotIdentity"],
+                "compression_format": "arc_v2",
+                "checksum_format": "adler32",
+            }
         elif meta is not None:
             raise HotLoadError(400, "incrementalSnapshotMetadata is for SNAPSHOT_TYPE_INCREMENTAL only")
-        spec = {"id": hot_load_id, "deploymentId": self.s.deployment_id, "identity": body.get("identity"),
-                "type": kind, "promptCachePolicy": policy,
-                **({"incrementalSnapshotMetadata": meta} if meta is not None else {})}  # fmt: skip
+        spec = {
+            "id": hot_load_id,
+            "deploymentId": self.s.deployment_id,
+            "identity": body.get("identity"),
+            "type": kind,
+            "promptCachePolicy": policy,
+            **({"incrementalSnapshotMetadata": meta} if meta is not None else {}),
+        }
         return spec, signal
 
     def _state(self, spec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -173,9 +196,15 @@ class CoreWeaveRoutes:
                 state = "UPDATING"
             else:
                 state = "PENDING_UPDATE"
-            replicas.append({"name": f"replica-{i}", "zone": "local", "state": state,
-                             "currentSnapshotIdentity": r["current_snapshot_identity"],
-                             "errorReason": (r.get("loading_state") or {}).get("error") or ""})  # fmt: skip
+            replicas.append(
+                {
+                    "name": f"replica-{i}",
+                    "zone": "local",
+                    "state": state,
+                    "currentSnapshotIdentity": r["current_snapshot_identity"],
+                    "errorReason": (r.get("loading_state") or {}).get("error") or "",
+                }
+            )
         if entry is not None and entry.get("error"):
             return "HOT_LOAD_STATE_FAILED", replicas
         if replicas and all(x["state"] == "READY" for x in replicas):
@@ -186,8 +215,15 @@ class CoreWeaveRoutes:
         spec = self.hot_loads[hot_load_id]
         state, _ = self._state(spec)
         done = state in ("HOT_LOAD_STATE_COMPLETED", "HOT_LOAD_STATE_FAILED")
-        return {"spec": spec, "status": {"state": state, "createdAt": self.created[hot_load_id], "updatedAt": _now(),
-                                         **({"finishedAt": _now()} if done else {})}}  # fmt: skip
+        return {
+            "spec": spec,
+            "status": {
+                "state": state,
+                "createdAt": self.created[hot_load_id],
+                "updatedAt": _now(),
+                **({"finishedAt": _now()} if done else {}),
+            },
+        }
 
     async def get(self, request: Request) -> Response:
         hot_load_id = request.path_params["id"]

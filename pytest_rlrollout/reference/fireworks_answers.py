@@ -147,9 +147,14 @@ class FireworksRun(Run):
 
     def chunk(self, choice: dict | None, version: str, **extra) -> bytes:
         """One SSE event; `choice` None: a chunk without choices (a usage-only chunk)."""
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.req.chat else "text_completion",
-                "created": self.created, "model": self.model_name(version),
-                "choices": [] if choice is None else [choice], **extra}  # fmt: skip
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.req.chat else "text_completion",
+            "created": self.created,
+            "model": self.model_name(version),
+            "choices": [] if choice is None else [choice],
+            **extra,
+        }
         return f"data: {json.dumps(body)}\n\n".encode()
 
     def completion_ids(self, prompt_ids: list[int]) -> list[int]:
@@ -265,8 +270,14 @@ class FireworksRun(Run):
                 break
         text = (self.text.decode(prompt_ids) if prompt_ids and not self.req.chat else "") + self.text_so_far
         choice = self.choice(text, entries, self.finish or "stop") | self.final_extra(prompt_ids)
-        out = {"id": self.id, "object": "chat.completion" if self.req.chat else "text_completion", "created": self.created,
-               "model": self.model_name(self.version), "choices": [choice], "usage": self.usage()}  # fmt: skip
+        out = {
+            "id": self.id,
+            "object": "chat.completion" if self.req.chat else "text_completion",
+            "created": self.created,
+            "model": self.model_name(self.version),
+            "choices": [choice],
+            "usage": self.usage(),
+        }
         if self.req.perf_metrics:
             out["perf_metrics"] = self.perf()
         if self.f("empty-content"):

@@ -116,11 +116,19 @@ class FireworksRoutes:
         if not self._deployment_path_ok(request):
             return error(404, "deployment not found", "NOT_FOUND")
         s = self.s
-        return Json({
-            "name": s.deployment, "state": "READY", "baseModel": s.model, "enableHotLoad": True,
-            "hotLoadBucketType": "MINIO", "hotLoadBucketUrl": s.bucket.resolve().as_uri(),
-            "hotLoadTransitionType": s.transition, "minReplicaCount": s.replicas, "maxReplicaCount": s.replicas,
-        })  # fmt: skip
+        return Json(
+            {
+                "name": s.deployment,
+                "state": "READY",
+                "baseModel": s.model,
+                "enableHotLoad": True,
+                "hotLoadBucketType": "MINIO",
+                "hotLoadBucketUrl": s.bucket.resolve().as_uri(),
+                "hotLoadTransitionType": s.transition,
+                "minReplicaCount": s.replicas,
+                "maxReplicaCount": s.replicas,
+            }
+        )
 
     async def ledger(self, request: Request) -> Response:
         if not self.authorized(request):
@@ -213,6 +221,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 def create_fireworks_app(dep: Deployment) -> Guarded:
     s = dep.settings
-    app = Starlette(routes=FireworksRoutes(dep).routes(), exception_handlers={HTTPException: _not_found,
-                                                                               Exception: _crash})  # fmt: skip
+    app = Starlette(
+        routes=FireworksRoutes(dep).routes(), exception_handlers={HTTPException: _not_found, Exception: _crash}
+    )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

@@ -90,10 +90,13 @@ def reference_fleet(
         raise ValueError(f"faults for engines {unknown}: the fleet has engines 0..{engines - 1}")
     with contextlib.ExitStack() as stack:
         running = [
-            stack.enter_context(reference_deployment(bucket, host=host, engine=engine,
-                                                     faults=(faults or {}).get(i, frozenset()), **settings))
+            stack.enter_context(
+                reference_deployment(
+                    bucket, host=host, engine=engine, faults=(faults or {}).get(i, frozenset()), **settings
+                )
+            )
             for i in range(engines)
-        ]  # fmt: skip
+        ]
         front = None
         if gateway:
             front = stack.enter_context(
@@ -116,9 +119,27 @@ def smg_gateway(
         )
     port, metrics = port or _free_port(host), _free_port(host)  # its metrics server binds 29000 unless told
     url = f"http://{host}:{port}"
-    command = [program, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--backend", backend,
-               "--enable-rl", "--policy", "consistent_hashing", "--prometheus-host", host,
-               "--prometheus-port", str(metrics), "--shutdown-grace-period-secs", str(int(STOP_WITHIN) - 2)]  # fmt: skip
+    command = [
+        program,
+        "launch",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--backend",
+        backend,
+        "--enable-rl",
+        "--policy",
+        "consistent_hashing",
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics),
+        "--shutdown-grace-period-secs",
+        str(int(STOP_WITHIN) - 2),
+    ]
     log = log or Path(os.devnull)
     with open(log, "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -28,8 +28,15 @@ if TYPE_CHECKING:
 # Fields of the official SDK's Parquet routing path: refused with the wording its fallback to
 # inline routing matrices matches on.
 REFUSED_FIELDS = ("routing_matrix_format", "top_sampling_logprobs", "top_sampling_format", "sampling_mask")
-FLAGS = ("stream", "echo", "raw_output", "return_token_ids", "perf_metrics_in_response", "include_routing_matrix",
-         "ignore_eos")  # fmt: skip
+FLAGS = (
+    "stream",
+    "echo",
+    "raw_output",
+    "return_token_ids",
+    "perf_metrics_in_response",
+    "include_routing_matrix",
+    "ignore_eos",
+)
 MESSAGE_CHARS = 600  # an error message quotes at most this much of what the client sent
 # a \uD800-\uDFFF escape: the body may hold a lone surrogate (a paired one decodes to one code point)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -149,8 +156,10 @@ def _oversized(body: dict[str, Any], chat: bool, max_context: int, max_bytes: in
         # even encoded to know its length in bytes
         size = len(prompt) if len(prompt) > max_bytes else utf8_length(prompt)
         if size > max_bytes:
-            return (f"prompt: the text (at least {size} UTF-8 bytes) cannot fit the context length {max_context}; "
-                    f"no text of more than {max_bytes} bytes does")  # fmt: skip
+            return (
+                f"prompt: the text (at least {size} UTF-8 bytes) cannot fit the context length {max_context}; "
+                f"no text of more than {max_bytes} bytes does"
+            )
     if isinstance(messages, list) and len(messages) > c.messages:
         return f"messages: {len(messages)} messages; at most {c.messages}"
     if isinstance(stop, list) and len(stop) > c.stop:

@@ -91,8 +91,14 @@ def reference_deployment(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(512)
-    config = uvicorn.Config(create_app(dep), lifespan="off", log_level="warning", access_log=False,
-                            timeout_keep_alive=30, timeout_graceful_shutdown=GRACE)  # fmt: skip
+    config = uvicorn.Config(
+        create_app(dep),
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=GRACE,
+    )
     server = _Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rlrollout-server", daemon=True)
     thread.start()

@@ -91,8 +91,11 @@ class Settings:
     def refuses_while_paused(self, mode: str | None) -> bool:
         """Whether a request arriving while generation is paused in `mode` is refused (vLLM 0.33's
         abort and wait modes), not held."""
-        return (self.engine == vllm.NAME and mode in ("abort", "wait")
-                and vllm.at_least(self.vllm_release, vllm.REFUSES_WHILE_PAUSED))  # fmt: skip
+        return (
+            self.engine == vllm.NAME
+            and mode in ("abort", "wait")
+            and vllm.at_least(self.vllm_release, vllm.REFUSES_WHILE_PAUSED)
+        )
 
     @property
     def spans_on_openai_routes(self) -> bool:

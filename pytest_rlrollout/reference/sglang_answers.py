@@ -69,8 +69,9 @@ def native_error(message: str, status: int = 400) -> dict[str, Any]:
 class SglangRun(VllmRun):
     """A native `/generate` request: the engine's run, answered in SGLang's `meta_info` shapes."""
 
-    def __init__(self, *args: Any, logprob_start: int, want_logprobs: bool, top: int, routed: bool, text: bool,
-                 prompt_ids: bool) -> None:  # fmt: skip
+    def __init__(
+        self, *args: Any, logprob_start: int, want_logprobs: bool, top: int, routed: bool, text: bool, prompt_ids: bool
+    ) -> None:
         super().__init__(*args)
         self.logprob_start, self.want_logprobs, self.routed, self.with_text = logprob_start, want_logprobs, routed, text
         self.top, self.prompt_ids = top, prompt_ids
@@ -101,11 +102,15 @@ class SglangRun(VllmRun):
 
     def meta(self, finish: str | None, streamed: bool) -> dict[str, Any]:
         n = len(self.tokens)
-        meta: dict[str, Any] = {"id": self.rid, "finish_reason": self._finish(finish),
-                                "prompt_tokens": len(self.req.prompt),
-                                "weight_version": self.replica_obj.label or FIRST_LABEL, "num_retractions": 0,
-                                "reasoning_tokens": 0,
-                                "completion_tokens": n + (1 if self.f("INF-USAGE-1") else 0)}  # fmt: skip
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self._finish(finish),
+            "prompt_tokens": len(self.req.prompt),
+            "weight_version": self.replica_obj.label or FIRST_LABEL,
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": n + (1 if self.f("INF-USAGE-1") else 0),
+        }
         if not (streamed and self.f("CACHE-RPT-1")):  # the fault: streamed answers without cached tokens
             meta["cached_tokens"] = self.cached
         if self.want_logprobs:
@@ -143,8 +148,11 @@ class SglangRun(VllmRun):
         return base64.b64encode(full.tobytes()).decode()
 
     def answer(self, finish: str | None, streamed: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"text": self.text_out, "output_ids": self.output_ids() if finish else
-                               [t.id for t in self.tokens], "meta_info": self.meta(finish, streamed)}  # fmt: skip
+        out: dict[str, Any] = {
+            "text": self.text_out,
+            "output_ids": self.output_ids() if finish else [t.id for t in self.tokens],
+            "meta_info": self.meta(finish, streamed),
+        }
         if self.prompt_ids:
             out["prompt_token_ids"] = self.req.prompt
         return out
@@ -194,9 +202,14 @@ class SglangOpenAIRun(VllmRun):
             return None
         details = usage.get("prompt_tokens_details")
         shown = {"cached_tokens": details.get("cached_tokens", 0)} if cached and isinstance(details, dict) else None
-        return {"prompt_tokens": usage["prompt_tokens"], "total_tokens": usage["total_tokens"],
-                "completion_tokens": usage["completion_tokens"], "prompt_tokens_details": shown,
-                "reasoning_tokens": 0, "completion_tokens_details": None}  # fmt: skip
+        return {
+            "prompt_tokens": usage["prompt_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "prompt_tokens_details": shown,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
 
     def metadata(self) -> dict[str, Any]:
         """weight_versions.build_endpoint_weight_version_metadata of the finished request."""
@@ -211,8 +224,13 @@ class SglangOpenAIRun(VllmRun):
 
     def _chat_piece(self, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
         """sse_utils.build_sse_content's StreamChunk (no usage key unless given)."""
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
-                  "matched_stop": matched(self, finish)}  # fmt: skip
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "matched_stop": matched(self, finish),
+        }
         return self._head() | {"choices": [choice]}
 
     def _reshaped_chunk(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -241,8 +259,13 @@ class SglangOpenAIRun(VllmRun):
             usage = self.sglang_usage(doc.get("usage"), True) or {}
             return [self._head() | {"choices": [], "usage": {k: v for k, v in usage.items() if v is not None}}]
         vc = choices[0]
-        choice = {"index": 0, "text": vc.get("text", ""), "logprobs": vc.get("logprobs"),
-                  "finish_reason": vc.get("finish_reason"), "matched_stop": matched(self, vc.get("finish_reason"))}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": vc.get("text", ""),
+            "logprobs": vc.get("logprobs"),
+            "finish_reason": vc.get("finish_reason"),
+            "matched_stop": matched(self, vc.get("finish_reason")),
+        }
         for key in ("token_ids", "prompt_token_ids"):
             if vc.get(key) is not None:
                 choice[key] = vc[key]
@@ -255,21 +278,43 @@ class SglangOpenAIRun(VllmRun):
 
     def _completion_body(self, finish: str, positions: list[Position]) -> dict[str, Any]:
         vc = super()._completion_body(finish, positions)["choices"][0]
-        choice = {"index": 0, "text": vc["text"], "logprobs": vc["logprobs"], "finish_reason": finish,
-                  "matched_stop": matched(self, finish)}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": vc["text"],
+            "logprobs": vc["logprobs"],
+            "finish_reason": finish,
+            "matched_stop": matched(self, finish),
+        }
         if self.req.return_token_ids:
             choice |= {"token_ids": vc["token_ids"], "prompt_token_ids": self.req.prompt}
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.sglang_usage(self.usage(False), True),
-                "metadata": self.metadata()}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.sglang_usage(self.usage(False), True),
+            "metadata": self.metadata(),
+        }
 
     def _chat_body(self, finish: str, positions: list[Position]) -> dict[str, Any]:
         vc = super()._chat_body(finish, positions)["choices"][0]
         message = {"role": "assistant", "content": vc["message"]["content"] or "", "reasoning_content": None}
-        choice = {"index": 0, "message": message, "logprobs": vc["logprobs"], "finish_reason": finish,
-                  "matched_stop": matched(self, finish)}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": vc["logprobs"],
+            "finish_reason": finish,
+            "matched_stop": matched(self, finish),
+        }
         if self.req.return_token_ids:
             choice |= {"prompt_token_ids": self.req.prompt, "response_token_ids": vc["token_ids"]}
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.sglang_usage(self.usage(False), True),
-                "metadata": self.metadata()}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.sglang_usage(self.usage(False), True),
+            "metadata": self.metadata(),
+        }

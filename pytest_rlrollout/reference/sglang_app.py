@@ -88,45 +88,114 @@ from pytest_rlrollout.reference.wire import Guarded, off_loop, read_body
 
 MODES = {"abort": ("abort", False), "retract": ("keep", True), "in_place": ("keep", False)}  # -> engine core
 # SGLang's sampling_params schema, its order (sglang/api/v1/api_types.py, _FIELDS_SamplingParams)
-SAMPLING_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-                   "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-                   "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-                   "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
-                   "custom_params", "beam_width", "watermark", "choice")  # fmt: skip
+SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+)
 EXPECTED = ", ".join(f"`{k}`" for k in SAMPLING_FIELDS)  # api_types._unknown_field's list
 # what the reference engine takes of them (None: read and ignored); the others are refused
-SAMPLING = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "stop": "stop", "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos",
-            "sampling_seed": "seed", "n": "n", "min_new_tokens": "min_tokens", "min_p": "min_p",
-            "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-            "repetition_penalty": "repetition_penalty", "skip_special_tokens": None,
-            "spaces_between_special_tokens": None, "no_stop_trim": None}  # fmt: skip
+SAMPLING = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "sampling_seed": "seed",
+    "n": "n",
+    "min_new_tokens": "min_tokens",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "skip_special_tokens": None,
+    "spaces_between_special_tokens": None,
+    "no_stop_trim": None,
+}
 # GenerateReqInput's fields the reference engine does not implement (other unknown fields are
 # ignored, as SGLang's schema ignores them at the top level; in sampling_params it refuses them)
-UNIMPLEMENTED = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id", "session_params",
-                 "token_ids_logprob", "return_hidden_states", "custom_logit_processor", "return_sampling_mask")  # fmt: skip
+UNIMPLEMENTED = (
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "lora_path",
+    "lora_id",
+    "session_params",
+    "token_ids_logprob",
+    "return_hidden_states",
+    "custom_logit_processor",
+    "return_sampling_mask",
+)
 # where SGLang's handlers are (http_server.py: the first decorator's line), as FastAPI names them in a refusal
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
-HANDLERS = {"/update_weights_from_disk": (1300, "update_weights_from_disk"),
-            "/update_weight_version": (1527, "update_weight_version"),
-            "/pause_generation": (1831, "pause_generation"), "/continue_generation": (1844, "continue_generation")}  # fmt: skip
+HANDLERS = {
+    "/update_weights_from_disk": (1300, "update_weights_from_disk"),
+    "/update_weight_version": (1527, "update_weight_version"),
+    "/pause_generation": (1831, "pause_generation"),
+    "/continue_generation": (1844, "continue_generation"),
+}
 # the request structs' fields the reference reads (io_struct.py, BaseReq's first), by kind
 BASE_FIELDS: dict[str, Any] = {"rid": "optional str", "http_worker_ipc": "optional str"}
 STRUCTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "/update_weights_from_disk": ("UpdateWeightFromDiskReqInput", BASE_FIELDS | {
-        "model_path": "str", "load_format": "optional str", "abort_all_requests": "bool",
-        "weight_version": "optional str", "is_async": "bool", "torch_empty_cache": "bool", "keep_pause": "bool",
-        "recapture_cuda_graph": "bool", "flush_cache": "bool"}),
-    "/update_weight_version": ("UpdateWeightVersionReqInput", BASE_FIELDS | {
-        "new_version": "str", "abort_all_requests": "bool"}),
+    "/update_weights_from_disk": (
+        "UpdateWeightFromDiskReqInput",
+        BASE_FIELDS
+        | {
+            "model_path": "str",
+            "load_format": "optional str",
+            "abort_all_requests": "bool",
+            "weight_version": "optional str",
+            "is_async": "bool",
+            "torch_empty_cache": "bool",
+            "keep_pause": "bool",
+            "recapture_cuda_graph": "bool",
+            "flush_cache": "bool",
+        },
+    ),
+    "/update_weight_version": (
+        "UpdateWeightVersionReqInput",
+        BASE_FIELDS | {"new_version": "str", "abort_all_requests": "bool"},
+    ),
     "/pause_generation": ("PauseGenerationReqInput", BASE_FIELDS | {"mode": ("abort", "retract", "in_place")}),
     "/continue_generation": ("ContinueGenerationReqInput", BASE_FIELDS | {"torch_empty_cache": "bool"}),
-}  # fmt: skip
+}
 TRUE, FALSE = {"1", "on", "t", "true", "y", "yes"}, {"0", "off", "f", "false", "n", "no"}  # pydantic's lax booleans
-FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
-           "the operation will not be performed.)\n")  # fmt: skip
-NOT_FLUSHED = ("Weights were updated, but the cache was not flushed because requests are still running or queued. "
-               "Retract or finish them, then call /flush_cache.")  # fmt: skip
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+    "the operation will not be performed.)\n"
+)
+NOT_FLUSHED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or queued. "
+    "Retract or finish them, then call /flush_cache."
+)
 
 
 class NativeError(Exception):
@@ -142,16 +211,23 @@ def field_error(kind: Any, doc: dict[str, Any], name: str) -> dict[str, Any] | N
         if isinstance(value, str) and value in kind:
             return None
         expected = ", ".join(repr(v) for v in kind[:-1]) + f" or {kind[-1]!r}"
-        return {"type": "literal_error", "msg": f"Input should be {expected}", "input": value,
-                "ctx": {"expected": expected}}  # fmt: skip
+        return {
+            "type": "literal_error",
+            "msg": f"Input should be {expected}",
+            "input": value,
+            "ctx": {"expected": expected},
+        }
     if kind == "bool":
         if isinstance(value, bool) or (isinstance(value, int | float) and value in (0, 1)):
             return None
         if isinstance(value, str) and value.lower() in TRUE | FALSE:
             return None
         if isinstance(value, str | int | float):
-            return {"type": "bool_parsing", "msg": "Input should be a valid boolean, unable to interpret input",
-                    "input": value}  # fmt: skip
+            return {
+                "type": "bool_parsing",
+                "msg": "Input should be a valid boolean, unable to interpret input",
+                "input": value,
+            }
         return {"type": "bool_type", "msg": "Input should be a valid boolean", "input": value}
     if isinstance(value, str) or (value is None and kind == "optional str"):
         return None
@@ -172,23 +248,45 @@ def struct_body(path: str, raw: bytes) -> tuple[dict[str, Any], list[dict[str, A
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
-        return {}, [{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {},
-                     "ctx": {"error": e.msg}}]  # fmt: skip
+        return {}, [
+            {
+                "type": "json_invalid",
+                "loc": ("body", e.pos),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": e.msg},
+            }
+        ]
     except (ValueError, RecursionError) as e:
-        return {}, [{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error", "input": {},
-                     "ctx": {"error": str(e)[:200]}}]  # fmt: skip
+        return {}, [
+            {
+                "type": "json_invalid",
+                "loc": ("body", 0),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": str(e)[:200]},
+            }
+        ]
     model, fields = STRUCTS[path]
     branch = ("body", f"function-after[build_struct(), {model}]")
     if isinstance(doc, dict):
         found = [(name, field_error(kind, doc, name)) for name, kind in fields.items()]
-        errors = [{"type": e["type"], "loc": (*branch, name)} | {k: v for k, v in e.items() if k != "type"}
-                  for name, e in found if e is not None]  # fmt: skip
+        errors = [
+            {"type": e["type"], "loc": (*branch, name)} | {k: v for k, v in e.items() if k != "type"}
+            for name, e in found
+            if e is not None
+        ]
     else:
         errors = [{"type": "dict_type", "loc": branch, "msg": "Input should be a valid dictionary", "input": doc}]
     if not errors:
         return doc, []
-    instance = {"type": "is_instance_of", "loc": ("body", f"is-instance[{model}]"),
-                "msg": f"Input should be an instance of {model}", "input": doc, "ctx": {"class": model}}  # fmt: skip
+    instance = {
+        "type": "is_instance_of",
+        "loc": ("body", f"is-instance[{model}]"),
+        "msg": f"Input should be an instance of {model}",
+        "input": doc,
+        "ctx": {"class": model},
+    }
     return {}, [instance, *errors]
 
 
@@ -199,8 +297,9 @@ def refused(path: str, errors: list[dict[str, Any]]) -> Response:
     listed = "".join(f"  {e}\n" for e in errors)
     head = f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:\n"
     text = f'{head}{listed}\n  File "{HTTP_SERVER}", line {line}, in {function}\n    POST {path}'.rstrip()
-    return VllmJson({"object": "error", "message": f"{text} {errors}", "type": "Bad Request", "param": None,
-                     "code": 400}, 400)  # fmt: skip
+    return VllmJson(
+        {"object": "error", "message": f"{text} {errors}", "type": "Bad Request", "param": None, "code": 400}, 400
+    )
 
 
 class SglangRoutes(VllmRoutes):
@@ -220,12 +319,23 @@ class SglangRoutes(VllmRoutes):
         """http_server.model_info: what a weight update moves (model_path, served_model_name, the
         label); the tokenizer stays where the server started."""
         label = self.dep.info_label
-        head = {"model_path": self.model_path, "served_model_name": self.served_model_name,
-                "tokenizer_path": self.started_from, "is_generation": True, "preferred_sampling_params": None}  # fmt: skip
-        tail = {"load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
-                "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False,
-                "model_type": self.dep.config.get("model_type"),
-                "architectures": self.dep.config.get("architectures")}  # fmt: skip
+        head = {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.started_from,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+        }
+        tail = {
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": self.dep.config.get("model_type"),
+            "architectures": self.dep.config.get("architectures"),
+        }
         if self.s.fault("HL-GET-1"):  # the bug: the label under another key
             return VllmJson(head | tail | {"status": {"weight_version": label}})
         return VllmJson(head | {"weight_version": label} | tail)
@@ -233,16 +343,31 @@ class SglangRoutes(VllmRoutes):
     async def server_info(self, request: Request) -> Response:
         """http_server.server_info: the start-up configuration (what the control plane changes
         after start-up is /model_info's to say) and the version."""
-        return VllmJson({"model_path": self.started_from, "served_model_name": self.s.model,
-                         "weight_version": FIRST_LABEL, "enable_return_routed_experts": self.s.routed_experts,
-                         "enable_cache_report": True, "page_size": self.s.block_size,
-                         "context_length": self.s.max_context, "version": SGLANG_VERSION,
-                         "frontend": "python"})  # fmt: skip
+        return VllmJson(
+            {
+                "model_path": self.started_from,
+                "served_model_name": self.s.model,
+                "weight_version": FIRST_LABEL,
+                "enable_return_routed_experts": self.s.routed_experts,
+                "enable_cache_report": True,
+                "page_size": self.s.block_size,
+                "context_length": self.s.max_context,
+                "version": SGLANG_VERSION,
+                "frontend": "python",
+            }
+        )
 
     async def models(self, request: Request) -> Response:
         """http_server.available_models: protocol.ModelCard of the served model name."""
-        card = {"id": self.served_model_name, "object": "model", "created": int(time.time()), "owned_by": OWNED_BY,
-                "root": self.served_model_name, "parent": None, "max_model_len": self.s.max_context}  # fmt: skip
+        card = {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": OWNED_BY,
+            "root": self.served_model_name,
+            "parent": None,
+            "max_model_len": self.s.max_context,
+        }
         return VllmJson({"object": "list", "data": [card]})
 
     # ----------------------------------------------------------------------- native generate
@@ -291,16 +416,24 @@ class SglangRoutes(VllmRoutes):
         salts = [v for v in (doc.get("cache_salt"), doc.get("extra_key")) if v is not None]
         if not all(isinstance(v, str) for v in salts):
             raise NativeError("cache_salt and extra_key must be strings")
-        body: dict[str, Any] = {"token_ids": ids, "sampling_params": params, "stream": bool(doc.get("stream")),
-                                "output_mode": "tokens"}  # fmt: skip
+        body: dict[str, Any] = {
+            "token_ids": ids,
+            "sampling_params": params,
+            "stream": bool(doc.get("stream")),
+            "output_mode": "tokens",
+        }
         if salts:
             body["cache_salt"] = "\x1f".join(salts)
         if doc.get("rid") is not None:
             body["request_id"] = str(doc["rid"])
-        native = {"logprob_start": max(start, 0), "want_logprobs": want, "top": top if want else 0,
-                  "text": bool(doc.get("return_text_in_logprobs")),
-                  "routed": bool(doc.get("return_routed_experts")) and self.s.routed_experts,
-                  "prompt_ids": bool(doc.get("return_prompt_token_ids"))}  # fmt: skip
+        native = {
+            "logprob_start": max(start, 0),
+            "want_logprobs": want,
+            "top": top if want else 0,
+            "text": bool(doc.get("return_text_in_logprobs")),
+            "routed": bool(doc.get("return_routed_experts")) and self.s.routed_experts,
+            "prompt_ids": bool(doc.get("return_prompt_token_ids")),
+        }
         return body, native
 
     async def generate(self, request: Request) -> Response:
@@ -369,8 +502,11 @@ class SglangRoutes(VllmRoutes):
             await off_loop(lambda: dep.reload_weights(doc["model_path"]), dep.signals)
         except HotLoadError as e:  # model_runner_components/weight_updater.update_weights_from_disk's words
             unread = "not found in the bucket" in e.message or "is not a snapshot directory" in e.message
-            message = (f"Failed to get weights iterator: {e.message}." if unread else
-                       f"Failed to update weights: {e.message}.\nRolling back to original weights.")  # fmt: skip
+            message = (
+                f"Failed to get weights iterator: {e.message}."
+                if unread
+                else f"Failed to update weights: {e.message}.\nRolling back to original weights."
+            )
             return VllmJson({"success": False, "message": message, "num_paused_requests": 0}, 400)
         finally:
             if drain:
@@ -459,6 +595,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 def create_sglang_app(dep: Deployment) -> Guarded:
     s = dep.settings
-    app = Starlette(routes=SglangRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception,
-                                                                             Exception: _crash})  # fmt: skip
+    app = Starlette(
+        routes=SglangRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception, Exception: _crash}
+    )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

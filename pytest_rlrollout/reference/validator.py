@@ -64,9 +64,13 @@ class Validator:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             # the child imports exactly the modules this process imports
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                   # one BLAS thread: per-thread buffers of a many-core host would eat the memory limit
-                   "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                # one BLAS thread: per-thread buffers of a many-core host would eat the memory limit
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+            }
             # `-c`, not `-m`: this package imports this module, and runpy warns about that
             code = f"from {__name__} import _serve; _serve()"
             # A process group of its own: a terminal's Ctrl-C reaches the whole foreground group,
@@ -74,9 +78,12 @@ class Validator:
             # killed). Ignoring SIGINT in the child's own code came too late: a signal during the
             # interpreter's start (site, .pth files) still printed a traceback.
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
                 process_group=0,
-            )  # fmt: skip
+            )
         return self._proc
 
     def close(self) -> None:

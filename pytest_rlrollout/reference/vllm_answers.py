@@ -267,8 +267,12 @@ class VllmRun(Run):
             return None
         out: list[dict[str, Any] | None] = [None]
         for pos in self.prompt_positions[1:]:
-            out.append({str(t): {"logprob": _clamp(lp), "rank": rank, "decoded_token": self.vt.token(t, pos.context)}
-                        for t, lp, rank in pos.items})  # fmt: skip
+            out.append(
+                {
+                    str(t): {"logprob": _clamp(lp), "rank": rank, "decoded_token": self.vt.token(t, pos.context)}
+                    for t, lp, rank in pos.items
+                }
+            )
         return out
 
     # ----------------------------------------------------------------------- logprobs shapes
@@ -299,20 +303,31 @@ class VllmRun(Run):
         content = []
         for pos in positions:
             token = self.vt.token(pos.token, pos.context)
-            shown = [{"token": (t := self.vt.token(tid, pos.context)), "logprob": _clamp(lp), "bytes": _bytes(t)}
-                     for tid, lp, _ in pos.items[:n]]  # fmt: skip
-            content.append({"token": token, "logprob": _clamp(pos.logprob or 0.0), "bytes": _bytes(token),
-                            "top_logprobs": shown})  # fmt: skip
+            shown = [
+                {"token": (t := self.vt.token(tid, pos.context)), "logprob": _clamp(lp), "bytes": _bytes(t)}
+                for tid, lp, _ in pos.items[:n]
+            ]
+            content.append(
+                {"token": token, "logprob": _clamp(pos.logprob or 0.0), "bytes": _bytes(token), "top_logprobs": shown}
+            )
         return {"content": content}
 
     @staticmethod
     def token_logprobs(positions: Sequence[Position], n: int) -> dict[str, Any]:
         """The generate route's tokens-mode `content[]`: ids and ranks, no text."""
-        return {"content": [{"token_id": pos.token, "logprob": _clamp(pos.logprob or 0.0),
-                             "rank": pos.items[0][2] if pos.items else None,
-                             "top_logprobs": [{"token_id": t, "logprob": _clamp(lp), "rank": rank}
-                                              for t, lp, rank in pos.items[:n]]}
-                            for pos in positions]}  # fmt: skip
+        return {
+            "content": [
+                {
+                    "token_id": pos.token,
+                    "logprob": _clamp(pos.logprob or 0.0),
+                    "rank": pos.items[0][2] if pos.items else None,
+                    "top_logprobs": [
+                        {"token_id": t, "logprob": _clamp(lp), "rank": rank} for t, lp, rank in pos.items[:n]
+                    ],
+                }
+                for pos in positions
+            ]
+        }
 
     def _output_logprobs(self, positions: Sequence[Position]) -> dict[str, Any] | None:
         """The logprobs of output positions, in the route's shape (None: not asked for)."""
@@ -388,8 +403,9 @@ class VllmRun(Run):
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "object": OBJECTS[self.req.route], "created": self.created, "model": self.model}
 
-    def _completion_chunk(self, d: Delta, ids: list[int], positions: list[Position], first: bool, sent: int,
-                          offset: int) -> dict[str, Any] | None:  # fmt: skip
+    def _completion_chunk(
+        self, d: Delta, ids: list[int], positions: list[Position], first: bool, sent: int, offset: int
+    ) -> dict[str, Any] | None:
         req = self.req
         text, prompt_ids, scored = d.text, None, positions
         if first and req.echo:  # the prompt comes back with the first output
@@ -400,10 +416,15 @@ class VllmRun(Run):
             prompt_ids = req.prompt
         if not text and not ids and not sent and d.finish is None:
             return None  # nothing yet (vLLM sends no empty chunk before the first token)
-        choice = {"index": 0, "text": text,
-                  "logprobs": self.legacy_logprobs(scored, offset) if req.logprobs is not None else None,
-                  "finish_reason": d.finish, "stop_reason": d.stop_reason, "prompt_token_ids": prompt_ids,
-                  "token_ids": ids if req.return_token_ids else None}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self.legacy_logprobs(scored, offset) if req.logprobs is not None else None,
+            "finish_reason": d.finish,
+            "stop_reason": d.stop_reason,
+            "prompt_token_ids": prompt_ids,
+            "token_ids": ids if req.return_token_ids else None,
+        }
         if self.dep.settings.spans_on_openai_routes:  # 0.33 sets the field on every chunk, null but the last
             choice["weight_versions"] = self._openai_spans() if d.finish is not None else None
         chunk = self._head() | {"choices": [choice]}
@@ -427,8 +448,12 @@ class VllmRun(Run):
         return head
 
     def _chat_chunk(self, d: Delta, ids: list[int], positions: list[Position]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": d.text},
-                                  "logprobs": self._output_logprobs(positions), "finish_reason": d.finish}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": d.text},
+            "logprobs": self._output_logprobs(positions),
+            "finish_reason": d.finish,
+        }
         if d.finish is not None:
             choice["stop_reason"] = d.stop_reason
         choice["token_ids"] = ids if self.req.return_token_ids else None
@@ -445,14 +470,38 @@ class VllmRun(Run):
             chunk["prompt_token_ids"] = self.req.prompt
         chunk["output_mode"] = self.req.output_mode
         spans = self.spans() if d.finish is not None else None  # on the final chunk only
-        chunk["choices"] = [self._generate_choice(d.finish, d.stop_reason, ids, d.text, positions, spans,
-                                                  self.routed_experts(True) if d.finish is not None else None)]  # fmt: skip
+        chunk["choices"] = [
+            self._generate_choice(
+                d.finish,
+                d.stop_reason,
+                ids,
+                d.text,
+                positions,
+                spans,
+                self.routed_experts(True) if d.finish is not None else None,
+            )
+        ]
         return chunk
 
-    def _generate_choice(self, finish: str | None, stop_reason: str | int | None, ids: list[int], text: str,
-                         positions: list[Position], spans: Any, routed: str | None = None) -> dict[str, Any]:  # fmt: skip
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids,
-                                  "routed_experts": routed, "sampling_mask": None, "weight_versions": spans}  # fmt: skip
+    def _generate_choice(
+        self,
+        finish: str | None,
+        stop_reason: str | int | None,
+        ids: list[int],
+        text: str,
+        positions: list[Position],
+        spans: Any,
+        routed: str | None = None,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+            "token_ids": ids,
+            "routed_experts": routed,
+            "sampling_mask": None,
+            "weight_versions": spans,
+        }
         if self.req.output_mode == "text":
             choice["text"] = text
         choice["logprobs"] = self._output_logprobs(positions)
@@ -460,8 +509,12 @@ class VllmRun(Run):
 
     def _usage_chunk(self) -> dict[str, Any]:
         if self.req.route == "generate":
-            return {"request_id": self.id, "usage": self.usage(True), "output_mode": self.req.output_mode,
-                    "choices": []}  # fmt: skip
+            return {
+                "request_id": self.id,
+                "usage": self.usage(True),
+                "output_mode": self.req.output_mode,
+                "choices": [],
+            }
         return self._head() | {"choices": [], "usage": self.usage(True), "system_fingerprint": self.vt.fingerprint}
 
     def _trailing_chunk(self) -> dict[str, Any]:
@@ -482,8 +535,9 @@ class VllmRun(Run):
             return self._generate_chunk(d, [], [], False)
         if self.req.route == "chat":
             return self._chat_chunk(d, [], [])
-        return self._head() | {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort",
-                                            "stop_reason": None}]}  # fmt: skip
+        return self._head() | {
+            "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort", "stop_reason": None}]
+        }
 
     # ----------------------------------------------------------------------- bodies
 
@@ -515,45 +569,98 @@ class VllmRun(Run):
         if req.echo:
             text = ("" if req.return_token_ids else req.prompt_text) + text
             positions = [*self._echoed_positions(), *positions]
-        choice = {"index": 0, "text": text,
-                  "logprobs": self.legacy_logprobs(positions, 0) if req.logprobs is not None else None,
-                  "finish_reason": finish, "stop_reason": self.stop_reason,
-                  "token_ids": self.output_ids() if req.return_token_ids else None,
-                  "prompt_logprobs": self.prompt_logprobs(),
-                  "prompt_token_ids": req.prompt if req.return_token_ids else None,
-                  "routed_experts": self.routed_experts(False)}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self.legacy_logprobs(positions, 0) if req.logprobs is not None else None,
+            "finish_reason": finish,
+            "stop_reason": self.stop_reason,
+            "token_ids": self.output_ids() if req.return_token_ids else None,
+            "prompt_logprobs": self.prompt_logprobs(),
+            "prompt_token_ids": req.prompt if req.return_token_ids else None,
+            "routed_experts": self.routed_experts(False),
+        }
         if self.dep.settings.spans_on_openai_routes:
             choice["weight_versions"] = self._openai_spans()
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
-                "usage": self.usage(False), "kv_transfer_params": None, "ec_transfer_params": None,
-                "metrics": None}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.vt.fingerprint,
+            "usage": self.usage(False),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
 
     def _chat_body(self, finish: str, positions: list[Position]) -> dict[str, Any]:
         req = self.req
-        message = {"role": "assistant", "content": self.text_out, "refusal": None, "annotations": None,
-                   "audio": None, "function_call": None, "reasoning": None}  # fmt: skip
-        choice = {"index": 0, "message": message, "logprobs": self._output_logprobs(positions),
-                  "finish_reason": finish, "stop_reason": self.stop_reason,
-                  "token_ids": self.output_ids() if req.return_token_ids else None,
-                  "routed_experts": self.routed_experts(False)}  # fmt: skip
+        message = {
+            "role": "assistant",
+            "content": self.text_out,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": self._output_logprobs(positions),
+            "finish_reason": finish,
+            "stop_reason": self.stop_reason,
+            "token_ids": self.output_ids() if req.return_token_ids else None,
+            "routed_experts": self.routed_experts(False),
+        }
         if self.dep.settings.spans_on_openai_routes:
             choice["weight_versions"] = self._openai_spans()
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [choice], "service_tier": None, "system_fingerprint": self.vt.fingerprint,
-                "usage": self.usage(False), "prompt_logprobs": None,
-                "prompt_token_ids": req.prompt if req.return_token_ids else None, "prompt_text": None,
-                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.vt.fingerprint,
+            "usage": self.usage(False),
+            "prompt_logprobs": None,
+            "prompt_token_ids": req.prompt if req.return_token_ids else None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
 
     def _generate_body(self, finish: str, positions: list[Position]) -> dict[str, Any]:
         req = self.req
-        choice = self._generate_choice(finish, self.stop_reason, self.output_ids(), self.text_out, positions,
-                                       self.spans(), self.routed_experts(False))  # fmt: skip
-        return {"request_id": self.id, "model": self.model, "created": self.created, "usage": self.usage(False),
-                "prompt_logprobs": self.prompt_logprobs(), "prompt_token_id_logprobs": None,
-                "prompt_token_ids": req.prompt if req.return_token_ids else None, "mm_placeholders": None,
-                "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
-                "output_mode": req.output_mode, "choices": [choice]}  # fmt: skip
+        choice = self._generate_choice(
+            finish,
+            self.stop_reason,
+            self.output_ids(),
+            self.text_out,
+            positions,
+            self.spans(),
+            self.routed_experts(False),
+        )
+        return {
+            "request_id": self.id,
+            "model": self.model,
+            "created": self.created,
+            "usage": self.usage(False),
+            "prompt_logprobs": self.prompt_logprobs(),
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": req.prompt if req.return_token_ids else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": req.output_mode,
+            "choices": [choice],
+        }
 
 
 class Cut(Exception):

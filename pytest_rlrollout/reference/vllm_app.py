@@ -172,13 +172,30 @@ class VllmRoutes:
         return VllmJson({"version": self.s.vllm_release})
 
     async def models(self, request: Request) -> Response:
-        permission = {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
-                      "created": self.started, "allow_create_engine": False, "allow_sampling": True,
-                      "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                      "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}  # fmt: skip
-        card = {"id": self.s.model, "object": "model", "created": self.started, "owned_by": OWNED_BY,
-                "root": str(self.dep.full_dirs[self.s.base_identity]), "parent": None,
-                "max_model_len": self.s.max_context, "permission": [permission]}  # fmt: skip
+        permission = {
+            "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+            "object": "model_permission",
+            "created": self.started,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+        card = {
+            "id": self.s.model,
+            "object": "model",
+            "created": self.started,
+            "owned_by": OWNED_BY,
+            "root": str(self.dep.full_dirs[self.s.base_identity]),
+            "parent": None,
+            "max_model_len": self.s.max_context,
+            "permission": [permission],
+        }
         return VllmJson({"object": "list", "data": [card]})
 
     # ----------------------------------------------------------------------- inference
@@ -203,8 +220,10 @@ class VllmRoutes:
             try:
                 raw = await read_body(request, s, media=False)
                 if media != "application/json":  # vLLM's validate_json_request
-                    raise VllmError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-                                    kind="Bad Request")  # fmt: skip
+                    raise VllmError(
+                        "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                        kind="Bad Request",
+                    )
                 req = await off_loop(lambda: parse(raw), dep.workers)
                 run = self.run_class(dep, self.vt, req, {k.lower(): v for k, v in request.headers.items()})
             except BadRequest as e:
@@ -283,8 +302,9 @@ class VllmRoutes:
         kwargs = doc.get("kwargs") or {}
         try:
             if doc["method"] != "reload_weights":
-                raise HotLoadError(400, f"method {str(doc['method'])[:120]!r}: the reference deployment implements "
-                                   "only reload_weights")  # fmt: skip
+                raise HotLoadError(
+                    400, f"method {str(doc['method'])[:120]!r}: the reference deployment implements only reload_weights"
+                )
             if not isinstance(kwargs, dict):
                 raise HotLoadError(400, "kwargs must be an object")
             path = kwargs.get("weights_path")
@@ -305,11 +325,18 @@ class VllmRoutes:
         clear = request.query_params.get("clear_cache", "true")
         if mode not in PAUSE_MODES and not self.s.fault("CTL-PAUSE-5"):
             expected = "'abort', 'wait' or 'keep'"
-            return answer(invalid("query.mode", "literal_error", f"Input should be {expected}", mode,
-                                  {"expected": expected}))  # fmt: skip
+            return answer(
+                invalid("query.mode", "literal_error", f"Input should be {expected}", mode, {"expected": expected})
+            )
         if clear.lower() not in TRUE + FALSE:
-            return answer(invalid("query.clear_cache", "bool_parsing",
-                                  "Input should be a valid boolean, unable to interpret input", clear))  # fmt: skip
+            return answer(
+                invalid(
+                    "query.clear_cache",
+                    "bool_parsing",
+                    "Input should be a valid boolean, unable to interpret input",
+                    clear,
+                )
+            )
         await off_loop(lambda: self.dep.pause(mode, clear.lower() in TRUE), self.dep.control)
         await self._flush()
         return VllmJson({"status": "paused"})
@@ -335,8 +362,14 @@ class VllmRoutes:
         for name in ("reset_running_requests", "reset_external"):
             value = request.query_params.get(name, "false")
             if value.lower() not in TRUE + FALSE:
-                return answer(invalid(f"query.{name}", "bool_parsing",
-                                      "Input should be a valid boolean, unable to interpret input", value))  # fmt: skip
+                return answer(
+                    invalid(
+                        f"query.{name}",
+                        "bool_parsing",
+                        "Input should be a valid boolean, unable to interpret input",
+                        value,
+                    )
+                )
             flags[name] = value.lower() in TRUE
         running = flags["reset_running_requests"]
         done = await off_loop(lambda: self.dep.reset_prefix_cache(running), self.dep.control)
@@ -374,6 +407,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 def create_vllm_app(dep: Deployment) -> Guarded:
     s = dep.settings
-    app = Starlette(routes=VllmRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception,
-                                                                           Exception: _crash})  # fmt: skip
+    app = Starlette(
+        routes=VllmRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception, Exception: _crash}
+    )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

@@ -30,13 +30,31 @@ MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 INT64 = (-(2**63), 2**63 - 1)
 COMPLETION_MAX_TOKENS = 16  # /v1/completions' default; chat and generate fill the context
 # fields vLLM takes that the reference engine does not implement, with the value that is a no-op
-UNSUPPORTED = {"n": 1, "best_of": None, "use_beam_search": False, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0,
-               "return_tokens_as_token_ids": False, "logit_bias": None, "bad_words": [], "allowed_token_ids": None,
-               "logprob_token_ids": None, "prompt_logprob_token_ids": None, "response_format": None,
-               "structured_outputs": None, "guided_json": None, "guided_regex": None, "guided_choice": None,
-               "suffix": None, "truncate_prompt_tokens": None, "prompt_embeds": None,
-               "include_stop_str_in_output": False}  # fmt: skip
+UNSUPPORTED = {
+    "n": 1,
+    "best_of": None,
+    "use_beam_search": False,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "return_tokens_as_token_ids": False,
+    "logit_bias": None,
+    "bad_words": [],
+    "allowed_token_ids": None,
+    "logprob_token_ids": None,
+    "prompt_logprob_token_ids": None,
+    "response_format": None,
+    "structured_outputs": None,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "suffix": None,
+    "truncate_prompt_tokens": None,
+    "prompt_embeds": None,
+    "include_stop_str_in_output": False,
+}
 
 
 class VllmError(Exception):
@@ -86,8 +104,12 @@ class Fields:
 
     def __init__(self, doc: Any, where: str = "body"):
         if not isinstance(doc, dict):
-            raise invalid(where, "model_attributes_type", "Input should be a valid dictionary or object to extract "
-                          "fields from", doc)  # fmt: skip
+            raise invalid(
+                where,
+                "model_attributes_type",
+                "Input should be a valid dictionary or object to extract fields from",
+                doc,
+            )
         self.doc, self.where = doc, where
 
     def _bad(self, name: str, kind: str, msg: str) -> VllmError:
@@ -212,16 +234,32 @@ class VllmReader:
         prompt_logprobs = self._logprobs(b, "prompt_logprobs", prompt=True)
         stream = b.bool("stream")
         if prompt_logprobs is not None and stream:
-            raise invalid("body", "value_error", "Value error, `prompt_logprobs` are not available when `stream=True`. "
-                          "(parameter=prompt_logprobs)", doc)  # fmt: skip
+            raise invalid(
+                "body",
+                "value_error",
+                "Value error, `prompt_logprobs` are not available when `stream=True`. (parameter=prompt_logprobs)",
+                doc,
+            )
         echo = b.bool("echo")
         if prompt_logprobs is None and echo:
             prompt_logprobs = logprobs  # echo with logprobs scores the prompt too
         max_tokens = b.int("max_tokens", COMPLETION_MAX_TOKENS)
         if echo and max_tokens == 0:
             raise rejected("echo with max_tokens 0 is not implemented by the reference deployment", "max_tokens", 0)
-        return self._request("completions", b, model, prompt, prompt_text, max_tokens, logprobs, prompt_logprobs, echo,
-                             self._openai_salt(b), None, "text")  # fmt: skip
+        return self._request(
+            "completions",
+            b,
+            model,
+            prompt,
+            prompt_text,
+            max_tokens,
+            logprobs,
+            prompt_logprobs,
+            echo,
+            self._openai_salt(b),
+            None,
+            "text",
+        )
 
     def chat(self, doc: Any) -> VllmRequest:
         b = Fields(doc)
@@ -232,17 +270,23 @@ class VllmReader:
             self._logprob_count(logprobs, "top_logprobs", "sample")
         b.unsupported({"echo": False, "prompt_logprobs": None})
         max_tokens = b.int("max_completion_tokens", b.int("max_tokens"))
-        return self._request("chat", b, model, prompt, "", max_tokens, logprobs, None, False, self._openai_salt(b), None,
-                             "text")  # fmt: skip
+        return self._request(
+            "chat", b, model, prompt, "", max_tokens, logprobs, None, False, self._openai_salt(b), None, "text"
+        )
 
     def generate(self, doc: Any) -> VllmRequest:
         b = Fields(doc)
         model = self._model(b)
         ids = doc.get("token_ids")
         if not isinstance(ids, list) or not ids:
-            raise invalid("body.token_ids", "too_short" if isinstance(ids, list) else "list_type",
-                          "List should have at least 1 item after validation, not 0" if isinstance(ids, list)
-                          else "Input should be a valid list", ids)  # fmt: skip
+            raise invalid(
+                "body.token_ids",
+                "too_short" if isinstance(ids, list) else "list_type",
+                "List should have at least 1 item after validation, not 0"
+                if isinstance(ids, list)
+                else "Input should be a valid list",
+                ids,
+            )
         prompt = self._ids(ids, "body.token_ids")
         if doc.get("sampling_params") is None:
             raise invalid("body.sampling_params", "missing", "Field required", None)
@@ -250,33 +294,69 @@ class VllmReader:
         sp.unsupported(UNSUPPORTED)
         mode = b.str("output_mode", "tokens")
         if mode not in ("tokens", "text"):
-            raise invalid("body.output_mode", "literal_error", "Input should be 'tokens' or 'text'", mode,
-                          {"expected": "'tokens' or 'text'"})  # fmt: skip
+            raise invalid(
+                "body.output_mode",
+                "literal_error",
+                "Input should be 'tokens' or 'text'",
+                mode,
+                {"expected": "'tokens' or 'text'"},
+            )
         logprobs = self._logprobs(sp, "logprobs")
         prompt_logprobs = self._logprobs(sp, "prompt_logprobs", prompt=True)
         skip = sp.doc.get("skip_reading_prefix_cache")
         if skip is not None and not isinstance(skip, bool):
-            raise invalid("body.sampling_params.skip_reading_prefix_cache", "bool_type",
-                          "Input should be a valid boolean", skip)  # fmt: skip
-        return self._request("generate", sp, model, prompt, "", sp.int("max_tokens"), logprobs, prompt_logprobs,
-                             False, self._salt(b), b.str("request_id"), mode, stream_from=b,
-                             skip_cache=bool(skip))  # fmt: skip
+            raise invalid(
+                "body.sampling_params.skip_reading_prefix_cache", "bool_type", "Input should be a valid boolean", skip
+            )
+        return self._request(
+            "generate",
+            sp,
+            model,
+            prompt,
+            "",
+            sp.int("max_tokens"),
+            logprobs,
+            prompt_logprobs,
+            False,
+            self._salt(b),
+            b.str("request_id"),
+            mode,
+            stream_from=b,
+            skip_cache=bool(skip),
+        )
 
     # ----------------------------------------------------------------------- shared parts
 
-    def _request(self, route: str, b: Fields, model: str | None, prompt: list[int], prompt_text: str,
-                 max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None, echo: bool,
-                 salt: str | None, request_id: str | None, mode: str, stream_from: Fields | None = None,
-                 skip_cache: bool = False) -> VllmRequest:  # fmt: skip
+    def _request(
+        self,
+        route: str,
+        b: Fields,
+        model: str | None,
+        prompt: list[int],
+        prompt_text: str,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None,
+        echo: bool,
+        salt: str | None,
+        request_id: str | None,
+        mode: str,
+        stream_from: Fields | None = None,
+        skip_cache: bool = False,
+    ) -> VllmRequest:
         top = stream_from or b  # the generate route keeps stream and ids outside sampling_params
         if route != "generate":
             b.unsupported(UNSUPPORTED)
         if salt is not None and not salt:
             raise rejected("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
         if len(prompt) > self.max_context:
-            raise rejected(f"This model's maximum context length is {self.max_context} tokens. However, your prompt "
-                           f"contains {len(prompt)} input tokens, which exceeds this limit even without any output "
-                           "tokens. Please reduce the length of the input prompt.", "input_tokens", len(prompt))  # fmt: skip
+            raise rejected(
+                f"This model's maximum context length is {self.max_context} tokens. However, your prompt "
+                f"contains {len(prompt)} input tokens, which exceeds this limit even without any output "
+                "tokens. Please reduce the length of the input prompt.",
+                "input_tokens",
+                len(prompt),
+            )
         room = self.max_context - len(prompt)
         max_tokens = room if max_tokens is None else min(max_tokens, room)  # vLLM clamps to what fits
         if max_tokens < 1:
@@ -351,14 +431,21 @@ class VllmReader:
     def _logprob_count(self, n: int, name: str, what: str) -> None:
         wanted = self.vocab if n == -1 else n
         if wanted > MAX_LOGPROBS:
-            raise rejected(f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
-                           name, wanted)  # fmt: skip
+            raise rejected(
+                f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
+                name,
+                wanted,
+            )
 
     def _ids(self, ids: list[Any], loc: str) -> list[int]:
         if len(ids) > self.max_context:  # checked before the walk below: a huge list is refused at once
-            raise rejected(f"This model's maximum context length is {self.max_context} tokens. However, your prompt "
-                           f"contains {len(ids)} input tokens, which exceeds this limit even without any output "
-                           "tokens. Please reduce the length of the input prompt.", "input_tokens", len(ids))  # fmt: skip
+            raise rejected(
+                f"This model's maximum context length is {self.max_context} tokens. However, your prompt "
+                f"contains {len(ids)} input tokens, which exceeds this limit even without any output "
+                "tokens. Please reduce the length of the input prompt.",
+                "input_tokens",
+                len(ids),
+            )
         for i, t in enumerate(ids):
             if not isinstance(t, int) or isinstance(t, bool):
                 raise invalid(f"{loc}.{i}", "int_type", "Input should be a valid integer", t)
@@ -372,15 +459,23 @@ class VllmReader:
     def _prompt(self, b: Fields) -> tuple[list[int], str]:
         prompt = b.doc.get("prompt")
         if prompt is None or prompt == "":
-            raise invalid("body", "value_error", "Value error, Either prompt or prompt_embeds must be provided and "
-                          "non-empty. (parameter=prompt)", b.doc)  # fmt: skip
+            raise invalid(
+                "body",
+                "value_error",
+                "Value error, Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+                b.doc,
+            )
         if isinstance(prompt, str):
             bound = self.text.bytes_bound(self.max_context)
             if bound is not None and (len(prompt) > bound or utf8_length(prompt) > bound):
-                raise rejected(f"This model's maximum context length is {self.max_context} tokens. However, your "
-                               f"prompt contains {len(prompt)} characters (more than {bound} characters, which is the "
-                               f"upper bound for {self.max_context} input tokens). Please reduce the length of the "
-                               "input prompt.", "input_text", len(prompt))  # fmt: skip
+                raise rejected(
+                    f"This model's maximum context length is {self.max_context} tokens. However, your "
+                    f"prompt contains {len(prompt)} characters (more than {bound} characters, which is the "
+                    f"upper bound for {self.max_context} input tokens). Please reduce the length of the "
+                    "input prompt.",
+                    "input_text",
+                    len(prompt),
+                )
             return self.text.encode(prompt), prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             ids = self._ids(prompt, "body.prompt")
@@ -401,8 +496,9 @@ class VllmReader:
                 raise invalid(f"body.messages.{i}", "model_type", "Input should be a valid message with a role", m)
             content = m.get("content")
             if isinstance(content, list):  # text parts
-                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                           for p in content):  # fmt: skip
+                if not all(
+                    isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+                ):
                     raise rejected("only text content parts are implemented by the reference deployment", "messages")
                 content = "".join(p["text"] for p in content)
             if content is None:

@@ -58,9 +58,13 @@ def misread_experts(model: Model, layers: list[int]) -> Model:
         gate_up, down = layer.w_gate_up, layer.w_down
         out.layers[i] = replace(
             layer,
-            w_gate_up=np.ascontiguousarray(gate_up).reshape(gate_up.shape[0], gate_up.shape[2], gate_up.shape[1])
-            .transpose(0, 2, 1).copy(),
-            w_down=np.ascontiguousarray(down).reshape(down.shape[0], down.shape[2], down.shape[1])
-            .transpose(0, 2, 1).copy(),
-        )  # fmt: skip
+            w_gate_up=np.ascontiguousarray(gate_up)
+            .reshape(gate_up.shape[0], gate_up.shape[2], gate_up.shape[1])
+            .transpose(0, 2, 1)
+            .copy(),
+            w_down=np.ascontiguousarray(down)
+            .reshape(down.shape[0], down.shape[2], down.shape[1])
+            .transpose(0, 2, 1)
+            .copy(),
+        )
     return out

@@ -66,8 +66,19 @@ def _relative(name: str) -> str:
 # what a snapshot's loader reads first: put last, in this order, the index the very last, so
 # that a cut upload leaves no index (and no deployment loads what it left)
 LAST = ("adapter_config.json", "config.json", "model.weight.spec.json", "model.safetensors.index.json")
-SECRET_OPTIONS = frozenset({"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
-                            "aws_session_token", "session_token", "credentials"})  # fmt: skip
+SECRET_OPTIONS = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "password",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "session_token",
+        "credentials",
+    }
+)
 
 
 class BucketError(OSError):
@@ -87,8 +98,10 @@ class Store:
         """The fsspec storage options for a bucket of `protocol`; ValueError for what cannot apply."""
         secret = sorted(SECRET_OPTIONS & set(self.options))
         if secret:
-            raise ValueError(f"storage options {secret} hold credentials: give them in the environment or a profile, "
-                             "never in a setting (a setting lands in git and in reports)")  # fmt: skip
+            raise ValueError(
+                f"storage options {secret} hold credentials: give them in the environment or a profile, "
+                "never in a setting (a setting lands in git and in reports)"
+            )
         out = dict(self.options)
         if self.endpoint_url is not None:
             if protocol not in ("s3", "gs", "gcs"):
@@ -116,8 +129,10 @@ class Progress:
     def line(self) -> str:
         rate = self.done / self.seconds if self.seconds > 0 else 0.0
         left = f", {(self.total - self.done) / rate:.0f} s left" if rate > 0 and self.done < self.total else ""
-        return (f"uploading {self.identity}: {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB, "
-                f"{self.files_done}/{self.files} files ({self.in_flight} in flight), {rate / 1e6:.0f} MB/s{left}")  # fmt: skip
+        return (
+            f"uploading {self.identity}: {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB, "
+            f"{self.files_done}/{self.files} files ({self.in_flight} in flight), {rate / 1e6:.0f} MB/s{left}"
+        )
 
 
 @dataclass
@@ -236,8 +251,10 @@ class Bucket:
         fails removes what it made, so no half snapshot is left under an identity."""
         if self.exists(identity):
             raise FileExistsError(f"{self.url}/{identity} already exists; identities must be new")
-        jobs = sorted([(n, f, False) for n, f in files.items()] + [(n, f, source is not None) for n, f in (same or {}).items()],
-                      key=lambda job: (LAST.index(job[0]) if job[0] in LAST else -1, job[0]))  # fmt: skip
+        jobs = sorted(
+            [(n, f, False) for n, f in files.items()] + [(n, f, source is not None) for n, f in (same or {}).items()],
+            key=lambda job: (LAST.index(job[0]) if job[0] in LAST else -1, job[0]),
+        )
         watch = _Watch(identity, sum(f.stat().st_size for _, f, _ in jobs), len(jobs), self.progress)
         made, lock = {self.path(identity)}, threading.Lock()
 
@@ -276,8 +293,10 @@ class Bucket:
             self.remove(identity)
             return ""
         except Exception as e:  # the store is gone too: say what is left and how to sweep it
-            return (f"; what it put could not be removed ({_reason(e)}): {self.url}/{identity} is left without "
-                    f"its index (no deployment loads it); `rlrollout cleanup --rl-bucket-url {self.url}` removes it")  # fmt: skip
+            return (
+                f"; what it put could not be removed ({_reason(e)}): {self.url}/{identity} is left without "
+                f"its index (no deployment loads it); `rlrollout cleanup --rl-bucket-url {self.url}` removes it"
+            )
 
     def _put_file(self, local: Path, target: str, held: str | None, link: bool) -> Transfer:
         size = local.stat().st_size
@@ -362,8 +381,11 @@ class _Watch:
         now = time.monotonic()
         if self.progress is not None and (force or now - self.told >= 1.0):
             self.told = now
-            self.progress(Progress(self.identity, self.done, self.total, self.files_done, self.files,
-                                   self.in_flight, now - self.start))  # fmt: skip
+            self.progress(
+                Progress(
+                    self.identity, self.done, self.total, self.files_done, self.files, self.in_flight, now - self.start
+                )
+            )
 
     def end(self) -> None:
         with self.lock:
@@ -423,8 +445,10 @@ class DryBucket(Bucket):
         if self.exists(identity):
             raise FileExistsError(f"{self.url}/{identity} already exists; identities must be new")
         done, made = Transfer(), self._made.setdefault(identity, {})
-        for name, f, held in [*((n, f, False) for n, f in files.items()), *((n, f, source is not None)
-                                                                             for n, f in (same or {}).items())]:  # fmt: skip
+        for name, f, held in [
+            *((n, f, False) for n, f in files.items()),
+            *((n, f, source is not None) for n, f in (same or {}).items()),
+        ]:
             size = made[name] = f.stat().st_size
             if link and self.local_path is not None and (held or self._links(f)):
                 done += Transfer(linked=size, files=1)

@@ -51,11 +51,23 @@ from pytest_rlrollout.remote.sse import SSEDecoder
 from pytest_rlrollout.remote.stream import parsed_size
 
 SCRUBBED = "<scrubbed>"
-MATCHED_HEADERS = ("x-multi-turn-session-id", "x-session-affinity", "x-prompt-cache-isolation-key",
-                   "x-fireworks-hot-load-drain-timeout", "fireworks-model", "fireworks-deployment")  # fmt: skip
+MATCHED_HEADERS = (
+    "x-multi-turn-session-id",
+    "x-session-affinity",
+    "x-prompt-cache-isolation-key",
+    "x-fireworks-hot-load-drain-timeout",
+    "fireworks-model",
+    "fireworks-deployment",
+)
 VOLATILE_BODY_FIELDS = ("request_id", "user", "metadata")  # differ between runs, change no answer
-KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "fireworks-backend-host", "fireworks-cached-prompt-tokens",
-                         "fireworks-server-time-to-first-token", "fireworks-prompt-tokens")  # fmt: skip
+KEPT_RESPONSE_HEADERS = (
+    "content-type",
+    "retry-after",
+    "fireworks-backend-host",
+    "fireworks-cached-prompt-tokens",
+    "fireworks-server-time-to-first-token",
+    "fireworks-prompt-tokens",
+)
 
 MAX_FILE = 64 * MiB  # bytes of one cassette file (the shipped ones are under 100 KB)
 # bytes in memory one cassette may parse to, as `parsed_size` estimates it (a shipped cassette:
@@ -154,8 +166,10 @@ def parse(data: bytes, shown: str) -> dict[str, Any]:
     """A cassette's document from its bytes, weighed before it is parsed and checked against
     the shape the recorder writes."""
     if (weight := parsed_size(data)) > MAX_PARSED:
-        raise CassetteError(f"{shown}: {len(data):,} bytes that would take about {weight / MiB:,.0f} MiB in memory "
-                            f"once parsed, more than a cassette may ({MAX_PARSED // MiB} MiB)")  # fmt: skip
+        raise CassetteError(
+            f"{shown}: {len(data):,} bytes that would take about {weight / MiB:,.0f} MiB in memory "
+            f"once parsed, more than a cassette may ({MAX_PARSED // MiB} MiB)"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -173,8 +187,15 @@ def parse(data: bytes, shown: str) -> dict[str, Any]:
 
 
 def _type(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-             float: "a number", type(None): "null"}  # fmt: skip
+    names = {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 

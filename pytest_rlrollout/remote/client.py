@@ -260,13 +260,20 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self, inner: httpcore.NetworkBackend):
         self._inner = inner
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
         timeout = _left(timeout, httpcore.ConnectTimeout)
         return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
         timeout = _left(timeout, httpcore.ConnectTimeout)
         return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, socket_options))
 
@@ -320,8 +327,10 @@ def _decoded(r: httpx.Response, most: int, what: str) -> Iterator[bytes]:
         yield from r.iter_raw()  # as it arrives: iter_raw(n) would hold pieces back until n bytes came
         return
     if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise ExchangeFailed(f"{what}: the deployment sent a {encoding[:40]!r}-encoded answer, though the client "
-                             "asked for identity (and decodes gzip and deflate only)")  # fmt: skip
+        raise ExchangeFailed(
+            f"{what}: the deployment sent a {encoding[:40]!r}-encoded answer, though the client "
+            "asked for identity (and decodes gzip and deflate only)"
+        )
     inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # a gzip or zlib header, either
     try:
         for raw in r.iter_raw():
@@ -343,8 +352,10 @@ def read_capped(r: httpx.Response, cap: int, what: str, tick: Callable[[int], No
     bound = f"Limits.body = {amount(cap)}"
     declared = r.headers.get("content-length", "").strip()
     if declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise LimitExceeded(bound, f"{what}: the answer announces a body of {int(declared):,} bytes "
-                                   f"(HTTP {r.status_code}, Content-Length)")  # fmt: skip
+        raise LimitExceeded(
+            bound,
+            f"{what}: the answer announces a body of {int(declared):,} bytes (HTTP {r.status_code}, Content-Length)",
+        )
     got = bytearray()
     for piece in _decoded(r, cap + 1, what):
         got += piece
@@ -363,8 +374,9 @@ def _answered(r: httpx.Response, body: bytes, key: Secret) -> httpx.Response:
     dropped = ("content-encoding", "content-length") if decoded else ("content-length",)  # the length changes
     # raw bytes: a header that is not ASCII (httpx decodes it as Latin-1) is passed on as it came
     headers = [(k, key.redact_bytes(v)) for k, v in r.headers.raw if k.decode("latin-1").lower() not in dropped]
-    out = httpx.Response(r.status_code, headers=headers, content=key.redact_bytes(body), request=r.request,
-                         extensions=r.extensions)  # fmt: skip
+    out = httpx.Response(
+        r.status_code, headers=headers, content=key.redact_bytes(body), request=r.request, extensions=r.extensions
+    )
     with contextlib.suppress(RuntimeError):  # set once the response was closed
         out.elapsed = r.elapsed
     return out
@@ -524,9 +536,11 @@ class DeploymentClient:
         clock.doing = BODY_ARRIVING
         body = read_capped(r, self.limits.body, clock.what, clock.tick)
         if (weight := parsed_size(body)) > self.limits.memory:
-            raise LimitExceeded(f"Limits.memory = {amount(self.limits.memory)}",
-                                f"{clock.what}: the answer's body (HTTP {r.status_code}, {len(body):,} bytes) would "
-                                f"take about {weight / 2**20:,.0f} MiB in memory once parsed")  # fmt: skip
+            raise LimitExceeded(
+                f"Limits.memory = {amount(self.limits.memory)}",
+                f"{clock.what}: the answer's body (HTTP {r.status_code}, {len(body):,} bytes) would "
+                f"take about {weight / 2**20:,.0f} MiB in memory once parsed",
+            )
         return body
 
     def request(self, method: str, url: str, *, wait: float | None = None, **kwargs: Any) -> httpx.Response:
@@ -671,8 +685,7 @@ class DeploymentClient:
         with self._exchange("POST", url) as clock:
             try:
                 read = max(self.timeout, getattr(_EXCHANGE, "held", None) or 0.0)
-                with self.http.stream("POST", url, json=payload, headers=sending,
-                                      timeout=clock.timeout(read)) as r:  # fmt: skip
+                with self.http.stream("POST", url, json=payload, headers=sending, timeout=clock.timeout(read)) as r:
                     key = self.target.api_key  # echoed back, never shown
                     out.status, out.headers = r.status_code, {k.lower(): key.redact(v) for k, v in r.headers.items()}
                     if on_status is not None:
@@ -730,13 +743,17 @@ class DeploymentClient:
         """Add one event to `out`; True once the stream is done. A stream is kept whole (the
         verdicts read every event), so its events (`bound`) and their bytes are bounded."""
         if len(out.events) >= bound:
-            raise LimitExceeded(f"Limits.events = {bound:,} (or twice the tokens asked for)",
-                                f"{clock.what}: the stream passed {bound:,} events without data: [DONE]")  # fmt: skip
+            raise LimitExceeded(
+                f"Limits.events = {bound:,} (or twice the tokens asked for)",
+                f"{clock.what}: the stream passed {bound:,} events without data: [DONE]",
+            )
         held[0] += parsed_size(event)  # weighed before it is parsed
         if held[0] > self.limits.memory:
-            raise LimitExceeded(f"Limits.memory = {amount(self.limits.memory)}",
-                                f"{clock.what}: the stream's events would take about {held[0] / 2**20:,.0f} MiB in "
-                                f"memory once parsed ({len(out.events) + 1:,} events, none of them data: [DONE])")  # fmt: skip
+            raise LimitExceeded(
+                f"Limits.memory = {amount(self.limits.memory)}",
+                f"{clock.what}: the stream's events would take about {held[0] / 2**20:,.0f} MiB in "
+                f"memory once parsed ({len(out.events) + 1:,} events, none of them data: [DONE])",
+            )
         event = self.target.api_key.redact(event)  # echoed back, never shown
         out.events.append(event)
         data = event_data(event)

@@ -60,9 +60,17 @@ class Discovery:
         return rows
 
     def as_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "decided": self.decided, "capabilities": self.capabilities,
-                "seen": self.seen, "replicas": self.replicas, "transition": self.transition,
-                "start": self.start, "version": self.version, "routes": self.routes}  # fmt: skip
+        return {
+            "engine": self.engine,
+            "decided": self.decided,
+            "capabilities": self.capabilities,
+            "seen": self.seen,
+            "replicas": self.replicas,
+            "transition": self.transition,
+            "start": self.start,
+            "version": self.version,
+            "routes": self.routes,
+        }
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Discovery:

@@ -184,8 +184,9 @@ def sessions_by_replica(
         if len(found) >= replicas:
             break
         session = key(n)
-        s = driver.complete({"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0},
-                            headers={"x-multi-turn-session-id": session})  # fmt: skip
+        s = driver.complete(
+            {"prompt": [FIRST_ID], "max_tokens": 1, "temperature": 0}, headers={"x-multi-turn-session-id": session}
+        )
         probes += 1
         host = s.replica
         if host is None:
@@ -208,8 +209,9 @@ def sweep(
     reached, named, probes = sessions_by_replica(driver, replicas, key, known=sessions)
     out = Sweep(sessions=reached, named=named, probes=probes)
     for n, (replica, session) in enumerate(sorted(reached.items())):
-        out.prints[replica] = fingerprint(driver, f"{isolation}-r{n}", vocab=vocab,
-                                          headers={"x-multi-turn-session-id": session})  # fmt: skip
+        out.prints[replica] = fingerprint(
+            driver, f"{isolation}-r{n}", vocab=vocab, headers={"x-multi-turn-session-id": session}
+        )
     return out
 
 
@@ -238,8 +240,10 @@ def continuation(driver: Driver, ids: list[int], headers: dict[str, str]) -> Con
     """Decode a few greedy tokens after `ids` with their logprobs; FingerprintError when the answer
     lacks them. Unlike an echo, this reads a cached prefix the way a rollout does (an engine may
     score prompts without its prefix cache)."""
-    s = driver.complete({"prompt": ids, "max_tokens": CONTINUED, "temperature": 0, "logprobs": True,
-                         "ignore_eos": True}, headers=headers)  # fmt: skip
+    s = driver.complete(
+        {"prompt": ids, "max_tokens": CONTINUED, "temperature": 0, "logprobs": True, "ignore_eos": True},
+        headers=headers,
+    )
     if not s.ok:
         raise FingerprintError(f"HTTP {s.status}: {s.body[:200]}")
     entries = s.entries

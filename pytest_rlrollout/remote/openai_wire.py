@@ -25,8 +25,15 @@ if TYPE_CHECKING:
 ISOLATION_HEADER = "x-prompt-cache-isolation-key"
 # Fireworks completion extensions with no vLLM binding: not sent (vLLM ignores unknown fields, and a
 # request must not look as if it had asked for something); the capability probes find them absent
-UNBOUND_FIELDS = ("include_routing_matrix", "raw_output", "perf_metrics_in_response", "echo_last",
-                  "prompt_cache_max_len", "prompt_cache_isolation_key", "routing_matrix_format")  # fmt: skip
+UNBOUND_FIELDS = (
+    "include_routing_matrix",
+    "raw_output",
+    "perf_metrics_in_response",
+    "echo_last",
+    "prompt_cache_max_len",
+    "prompt_cache_isolation_key",
+    "routing_matrix_format",
+)
 
 
 def as_list(value: Any) -> list[Any]:
@@ -135,8 +142,10 @@ def _choice_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     known = as_list(choice.get("prompt_token_ids")) + ids  # echo: the prompt's tokens come first
     known = known if len(known) == len(tokens) else ids if len(ids) == len(tokens) else []
-    return [{"token": t, "logprob": v, **({"token_id": known[i]} if known else {})}
-            for i, (t, v) in enumerate(zip(tokens, values, strict=True))]  # fmt: skip
+    return [
+        {"token": t, "logprob": v, **({"token_id": known[i]} if known else {})}
+        for i, (t, v) in enumerate(zip(tokens, values, strict=True))
+    ]
 
 
 def routed_experts(value: Any) -> np.ndarray | None:
@@ -185,8 +194,7 @@ def labelled_status(r: httpx.Response, route: str, replica: str) -> Status:
     if not isinstance(label, str):
         return Status(r, [], [f"{route}: weight_version is {label!r}, not a string"])
     state = {"stage": "ready", "target_snapshot_identity": label}
-    return Status(r, [{"name": replica, "readiness": True, "current_snapshot_identity": label,
-                       "loading_state": state}])  # fmt: skip
+    return Status(r, [{"name": replica, "readiness": True, "current_snapshot_identity": label, "loading_state": state}])
 
 
 def bound(body: dict[str, Any], headers: dict[str, str] | None) -> tuple[dict[str, Any], dict[str, str], str | None]:

@@ -99,8 +99,12 @@ class Reading:
 
     def choice_field(self, chunks: list[dict[str, Any]], name: str) -> Any:
         """The last non-null value of a choice's field across the chunks (None when absent)."""
-        values = [c[name] for chunk in chunks for c in _list(chunk.get("choices")) if isinstance(c, dict)
-                  and c.get(name) is not None]  # fmt: skip
+        values = [
+            c[name]
+            for chunk in chunks
+            for c in _list(chunk.get("choices"))
+            if isinstance(c, dict) and c.get(name) is not None
+        ]
         return values[-1] if values else None
 
     def chunk(self, doc: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:

@@ -117,8 +117,14 @@ class Priced:
     end: str = "served"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "uploaded": self.uploaded, "copied": self.copied, "linked": self.linked,
-                "written": self.written, "end": self.end}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "uploaded": self.uploaded,
+            "copied": self.copied,
+            "linked": self.linked,
+            "written": self.written,
+            "end": self.end,
+        }
 
     @property
     def swap(self) -> bool:
@@ -148,16 +154,26 @@ class TestPlan:
     def figures(self) -> dict[str, int]:
         """What the test loads in the figures a run's report compares with what it did: swaps,
         snapshots built and their `BYTES`."""
-        return {"swaps": self.swaps, "built": sum(p.kind != "reset" for p in self.loads),
-                **{k: sum(getattr(p, k) for p in self.loads) for k in BYTES}}  # fmt: skip
+        return {
+            "swaps": self.swaps,
+            "built": sum(p.kind != "reset" for p in self.loads),
+            **{k: sum(getattr(p, k) for p in self.loads) for k in BYTES},
+        }
 
     def totals(self, full_bytes: int) -> dict[str, int]:
-        return {**self.figures(), "signals": self.signals,
-                "full_uploads": sum(p.is_full_upload(full_bytes) for p in self.loads)}  # fmt: skip
+        return {
+            **self.figures(),
+            "signals": self.signals,
+            "full_uploads": sum(p.is_full_upload(full_bytes) for p in self.loads),
+        }
 
     def as_dict(self, full_bytes: int) -> dict[str, Any]:
-        return {"test": self.nodeid, "loads": [p.as_dict() for p in self.loads], **self.totals(full_bytes),
-                "declared": [load.as_dict() for load in self.declared]}  # fmt: skip
+        return {
+            "test": self.nodeid,
+            "loads": [p.as_dict() for p in self.loads],
+            **self.totals(full_bytes),
+            "declared": [load.as_dict() for load in self.declared],
+        }
 
 
 def totals(plans: list[TestPlan], full_bytes: int) -> dict[str, int]:
@@ -291,8 +307,11 @@ class Planner:
         from pytest_rlrollout.snapshot import broken
 
         case = self._case(load.variant or "")
-        return [*([served("base")] if broken.diffs_the_base(case, self.cases()) else []),
-                *([Load("reset")] if case.ledger_reset else []), load]  # fmt: skip
+        return [
+            *([served("base")] if broken.diffs_the_base(case, self.cases()) else []),
+            *([Load("reset")] if case.ledger_reset else []),
+            load,
+        ]
 
     def close(self) -> None:
         import shutil

@@ -70,9 +70,15 @@ class Built:
 
     def note(self, full_bytes: int) -> dict[str, Any]:
         """What building it cost, for the report."""
-        return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded_bytes,
-                "copied": self.copied_bytes, "linked": self.linked_bytes, "written": self.written_bytes,
-                "of_full": round(self.uploaded_bytes / max(full_bytes, 1), 6)}  # fmt: skip
+        return {
+            "identity": self.identity,
+            "kind": self.kind,
+            "uploaded": self.uploaded_bytes,
+            "copied": self.copied_bytes,
+            "linked": self.linked_bytes,
+            "written": self.written_bytes,
+            "of_full": round(self.uploaded_bytes / max(full_bytes, 1), 6),
+        }
 
 
 @dataclass
@@ -144,8 +150,11 @@ class SnapshotFactory:
         self.adapters: dict[str, Path] = {}  # LoRA identity -> its local directory (built by this process)
         self.full_bytes = sum((self.base / f).stat().st_size for f in self._headers)
         # every file of a snapshot derived from the base: weights, index, spec, config, tokenizer
-        self.files = [*self._headers, *(n for n in (INDEX, SPEC) if (self.base / n).is_file()),
-                      *build.carried_names(self.base)]  # fmt: skip
+        self.files = [
+            *self._headers,
+            *(n for n in (INDEX, SPEC) if (self.base / n).is_file()),
+            *build.carried_names(self.base),
+        ]
         self._base_held: bool | None = None
         self.pricing = False  # a plan's twin (`dry`): whole shards are sized, not written
 
@@ -204,8 +213,10 @@ class SnapshotFactory:
         final = [n for n in names if FINAL_NORM.search(n) and n != self.sentinel_tensor]
         if final and not kv:
             return {final[0]: ["scale", 1.0 if overlay.get(final[0]) == ["scale", 2.0] else 2.0]}
-        layers = sorted((n for n in names if LAYER_NORM.search(n) and "input" in n),
-                        key=lambda n: int(LAYER_NORM.search(n).group(1)))  # fmt: skip
+        layers = sorted(
+            (n for n in names if LAYER_NORM.search(n) and "input" in n),
+            key=lambda n: int(LAYER_NORM.search(n).group(1)),
+        )
         finals = [] if kv else [n for n in names if FINAL_NORM.search(n)]
         candidates = [n for n in [*finals, *layers] if n != self.sentinel_tensor]
         if not candidates:
@@ -238,10 +249,14 @@ class SnapshotFactory:
         `moved`: the final norm toggled (greedy tokens stay) and, where swaps are diffs, experts."""
         if name is None:
             return None
-        made = {"visible": lambda: self.visible_change(serving), "visible-kv": lambda: self.visible_change(serving, kv=True),
-                "routers": lambda: self.router_change(serving), "none": dict,
-                "away-kv": lambda: {**self.visible_change(serving, kv=True), **self._away_experts()},
-                "moved": lambda: {**self.visible_change(serving), **(self._away_experts() if self.incremental else {})}}  # fmt: skip
+        made = {
+            "visible": lambda: self.visible_change(serving),
+            "visible-kv": lambda: self.visible_change(serving, kv=True),
+            "routers": lambda: self.router_change(serving),
+            "none": dict,
+            "away-kv": lambda: {**self.visible_change(serving, kv=True), **self._away_experts()},
+            "moved": lambda: {**self.visible_change(serving), **(self._away_experts() if self.incremental else {})},
+        }
         if name not in made:
             raise ValueError(f"unknown change {name!r} (known: {', '.join(made)})")
         return made[name]()
@@ -370,8 +385,9 @@ class SnapshotFactory:
         self._remember(identity, overlay)
         return self._noted(Built(identity, kind, signal, local, sent, overlay))
 
-    def _put(self, local: Path, identity: str, kind: str, signal: dict, overlay: Overlay,
-             parent: str | None = None) -> Built:  # fmt: skip
+    def _put(
+        self, local: Path, identity: str, kind: str, signal: dict, overlay: Overlay, parent: str | None = None
+    ) -> Built:
         """Put a snapshot built in `local` (the files that differ from the base) and the base's
         other files in the bucket; the local build is removed once it is there."""
         written = {f.name: f for f in sorted(local.iterdir())}
@@ -510,8 +526,17 @@ class SnapshotFactory:
         done = self.bucket.copy(identity, self._checked(outer), inner=inner)
         self.uploaded.append(outer)
         self._built_by[outer] = self.test_key
-        self.notes.append({"identity": outer, "kind": "nested", "uploaded": 0, "copied": done.copied,
-                           "linked": done.linked, "written": 0, "of_full": 0.0})  # fmt: skip
+        self.notes.append(
+            {
+                "identity": outer,
+                "kind": "nested",
+                "uploaded": 0,
+                "copied": done.copied,
+                "linked": done.linked,
+                "written": 0,
+                "of_full": 0.0,
+            }
+        )
         return done
 
     def copy_in(self, local: Path, label: str, signal: Mapping[str, Any] | None = None) -> Built:

@@ -73,8 +73,11 @@ def write_layout(
     total = 0
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        st.write_file(dst / name, shard if fill is None else [fill(e) for e in shard],
-                      metadata if metadata is not None else {"format": "pt"})  # fmt: skip
+        st.write_file(
+            dst / name,
+            shard if fill is None else [fill(e) for e in shard],
+            metadata if metadata is not None else {"format": "pt"},
+        )
         for e in shard:
             weight_map[e.name] = name
             tensor_map[e.name] = {"shape": list(e.shape), "dtype": e.dtype}
@@ -347,8 +350,11 @@ def make_incremental(
     parent, target, out = Path(parent), Path(target), Path(out)
     pindex, tindex = (json.loads((d / INDEX).read_text()) for d in (parent, target))
     if pindex["weight_map"] != tindex["weight_map"]:
-        moved = sorted(k for k in set(pindex["weight_map"]) | set(tindex["weight_map"])
-                       if pindex["weight_map"].get(k) != tindex["weight_map"].get(k))  # fmt: skip
+        moved = sorted(
+            k
+            for k in set(pindex["weight_map"]) | set(tindex["weight_map"])
+            if pindex["weight_map"].get(k) != tindex["weight_map"].get(k)
+        )
         raise SnapshotError(f"SNAP-INC-1: the target's weight_map differs from the parent's for {moved[:5]}")
     files = sorted(set(pindex["weight_map"].values()))
     for file in files:
@@ -491,8 +497,10 @@ def quantize_fp8(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Pa
     of: dict[str, str] = {}  # an FP8 weight or its scale -> the base's weight it quantizes
     for e in sources.values():
         if ".mlp.experts." in e.name and e.name.endswith(EXPERT_WEIGHT) and len(e.shape) == 2:
-            planned += [st.Entry(e.name, "F8_E4M3", e.shape, e.source),
-                        st.Entry(f"{e.name}_scale_inv", "F32", fp8.scale_shape(e.shape), e.source)]  # fmt: skip
+            planned += [
+                st.Entry(e.name, "F8_E4M3", e.shape, e.source),
+                st.Entry(f"{e.name}_scale_inv", "F32", fp8.scale_shape(e.shape), e.source),
+            ]
             of[e.name] = of[f"{e.name}_scale_inv"] = e.name
         else:
             planned.append(e)
@@ -505,8 +513,12 @@ def quantize_fp8(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Pa
         if e.name not in of:
             return e
         codes, scale = quantized(of[e.name])
-        return st.Entry(e.name, e.dtype, e.shape, st.Tensor("F8_E4M3", e.shape, codes) if e.name == of[e.name]
-                        else st.Tensor.of(scale))  # fmt: skip
+        return st.Entry(
+            e.name,
+            e.dtype,
+            e.shape,
+            st.Tensor("F8_E4M3", e.shape, codes) if e.name == of[e.name] else st.Tensor.of(scale),
+        )
 
     cfg = json.loads((src / CONFIG).read_text())
     cfg["quantization_config"] = dict(QUANTIZATION_CONFIG)

@@ -45,12 +45,32 @@ BY_CODE = {d.code: d for d in _TABLE}
 
 # torch / numpy spellings found in model.weight.spec.json files (the docs' example uses "float16").
 _ALIASES = {
-    "float64": "F64", "double": "F64", "float32": "F32", "float": "F32", "float16": "F16", "half": "F16",
-    "bfloat16": "BF16", "int64": "I64", "long": "I64", "int32": "I32", "int": "I32", "int16": "I16",
-    "short": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8",
-    "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e4m3": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-    "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4", "float4_e2m1": "F4",
-}  # fmt: skip
+    "float64": "F64",
+    "double": "F64",
+    "float32": "F32",
+    "float": "F32",
+    "float16": "F16",
+    "half": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "long": "I64",
+    "int32": "I32",
+    "int": "I32",
+    "int16": "I16",
+    "short": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e4m3": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e8m0fnu": "F8_E8M0",
+    "float4_e2m1fn_x2": "F4",
+    "float4_e2m1": "F4",
+}
 
 
 @cache
@@ -73,8 +93,20 @@ def nbytes(code: str, shape: tuple[int, ...] | list[int]) -> int:
 
 def numpy_code(dtype: np.dtype) -> str:
     """The safetensors code for a numpy dtype (bf16 and fp8 have no numpy dtype: use `Tensor`)."""
-    table = {"f8": "F64", "f4": "F32", "f2": "F16", "i8": "I64", "i4": "I32", "i2": "I16", "i1": "I8",
-             "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL"}  # fmt: skip
+    table = {
+        "f8": "F64",
+        "f4": "F32",
+        "f2": "F16",
+        "i8": "I64",
+        "i4": "I32",
+        "i2": "I16",
+        "i1": "I8",
+        "u8": "U64",
+        "u4": "U32",
+        "u2": "U16",
+        "u1": "U8",
+        "b1": "BOOL",
+    }
     key = dtype.kind + str(dtype.itemsize)
     if key not in table:
         raise ValueError(f"numpy dtype {dtype} has no safetensors code")

@@ -31,8 +31,15 @@ SPEC = "model.weight.spec.json"
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = re.compile(r"^adapter_model(-[^/]*)?\.(safetensors|bin)$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "chat_template.jinja")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d{1,18})\.")  # 18 digits: int() stays cheap whatever the name
 

@@ -129,9 +129,15 @@ def _trained(vocab_size: int) -> dict[str, bytes]:
 # head_dim 32: vLLM's CPU attention needs >= 32) and the vocabulary the reference tokenizer's.
 LAYOUTS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "qwen3-30b-a3b": {"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": [],
-                      "max_window_layers": 48, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}},
-}  # fmt: skip
+    "qwen3-30b-a3b": {
+        "num_hidden_layers": 48,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "mlp_only_layers": [],
+        "max_window_layers": 48,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    },
+}
 
 
 def weights(cfg: dict[str, Any], seed: int = SEED) -> dict[str, Tensor]:

@@ -79,13 +79,21 @@ class Timed:
             raise ValueError("chunks arrive in order, after the request was sent")
 
     def to_json(self) -> dict[str, Any]:
-        return {"turn": self.turn.to_json(), "sent_at": self.sent_at, "chunk_at": list(self.chunk_at),
-                "chunk_tokens": list(self.chunk_tokens)}  # fmt: skip
+        return {
+            "turn": self.turn.to_json(),
+            "sent_at": self.sent_at,
+            "chunk_at": list(self.chunk_at),
+            "chunk_tokens": list(self.chunk_tokens),
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Timed:
-        return cls(Turn.from_json(doc["turn"]), float(doc["sent_at"]), tuple(map(float, doc["chunk_at"])),
-                   tuple(map(int, doc["chunk_tokens"])))  # fmt: skip
+        return cls(
+            Turn.from_json(doc["turn"]),
+            float(doc["sent_at"]),
+            tuple(map(float, doc["chunk_at"])),
+            tuple(map(int, doc["chunk_tokens"])),
+        )
 
 
 @dataclass
@@ -100,17 +108,32 @@ class Served:
     gap: Latencies = field(default_factory=Latencies)
 
     def merge(self, other: Served) -> Served:
-        return Served(self.turns + other.turns, self.tokens + other.tokens, self.errors + other.errors,
-                      self.ttft.merge(other.ttft), self.gap.merge(other.gap))  # fmt: skip
+        return Served(
+            self.turns + other.turns,
+            self.tokens + other.tokens,
+            self.errors + other.errors,
+            self.ttft.merge(other.ttft),
+            self.gap.merge(other.gap),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"turns": self.turns, "tokens": self.tokens, "errors": dict(sorted(self.errors.items())),
-                "ttft": self.ttft.to_json(), "gap": self.gap.to_json()}  # fmt: skip
+        return {
+            "turns": self.turns,
+            "tokens": self.tokens,
+            "errors": dict(sorted(self.errors.items())),
+            "ttft": self.ttft.to_json(),
+            "gap": self.gap.to_json(),
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Served:
-        return cls(int(doc["turns"]), int(doc["tokens"]), Counter(doc["errors"]), Latencies.from_json(doc["ttft"]),
-                   Latencies.from_json(doc["gap"]))  # fmt: skip
+        return cls(
+            int(doc["turns"]),
+            int(doc["tokens"]),
+            Counter(doc["errors"]),
+            Latencies.from_json(doc["ttft"]),
+            Latencies.from_json(doc["gap"]),
+        )
 
 
 @dataclass
@@ -164,31 +187,53 @@ class Figures:
             self.per_second[math.floor(at)] += n
 
     def merge(self, other: Figures) -> Figures:
-        return Figures(self.sessions | other.sessions, self.turns + other.turns, self.tokens + other.tokens,
-                       self.errors + other.errors, self.ttft.merge(other.ttft), self.gap.merge(other.gap),
-                       _merged(self.stall, other.stall), self.per_second + other.per_second,
-                       _merged(self.ttft_at, other.ttft_at), _merged(self.gap_at, other.gap_at),
-                       {r: self.replicas.get(r, Served()).merge(other.replicas.get(r, Served()))
-                        for r in sorted(self.replicas.keys() | other.replicas.keys())})  # fmt: skip
+        return Figures(
+            self.sessions | other.sessions,
+            self.turns + other.turns,
+            self.tokens + other.tokens,
+            self.errors + other.errors,
+            self.ttft.merge(other.ttft),
+            self.gap.merge(other.gap),
+            _merged(self.stall, other.stall),
+            self.per_second + other.per_second,
+            _merged(self.ttft_at, other.ttft_at),
+            _merged(self.gap_at, other.gap_at),
+            {
+                r: self.replicas.get(r, Served()).merge(other.replicas.get(r, Served()))
+                for r in sorted(self.replicas.keys() | other.replicas.keys())
+            },
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"sessions": sorted(self.sessions), "turns": self.turns, "tokens": self.tokens,
-                "errors": dict(sorted(self.errors.items())), "ttft": self.ttft.to_json(), "gap": self.gap.to_json(),
-                "stall": {str(e): v.to_json() for e, v in sorted(self.stall.items())},
-                "per_second": {str(s): n for s, n in sorted(self.per_second.items())},
-                "ttft_at": {str(b): v.to_json() for b, v in sorted(self.ttft_at.items())},
-                "gap_at": {str(b): v.to_json() for b, v in sorted(self.gap_at.items())},
-                "replicas": {r: v.to_json() for r, v in sorted(self.replicas.items())}}  # fmt: skip
+        return {
+            "sessions": sorted(self.sessions),
+            "turns": self.turns,
+            "tokens": self.tokens,
+            "errors": dict(sorted(self.errors.items())),
+            "ttft": self.ttft.to_json(),
+            "gap": self.gap.to_json(),
+            "stall": {str(e): v.to_json() for e, v in sorted(self.stall.items())},
+            "per_second": {str(s): n for s, n in sorted(self.per_second.items())},
+            "ttft_at": {str(b): v.to_json() for b, v in sorted(self.ttft_at.items())},
+            "gap_at": {str(b): v.to_json() for b, v in sorted(self.gap_at.items())},
+            "replicas": {r: v.to_json() for r, v in sorted(self.replicas.items())},
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Figures:
-        return cls(set(doc["sessions"]), int(doc["turns"]), int(doc["tokens"]), Counter(doc["errors"]),
-                   Latencies.from_json(doc["ttft"]), Latencies.from_json(doc["gap"]),
-                   {int(e): Latencies.from_json(v) for e, v in doc["stall"].items()},
-                   Counter({int(s): int(n) for s, n in doc["per_second"].items()}),
-                   {int(b): Latencies.from_json(v) for b, v in doc["ttft_at"].items()},
-                   {int(b): Latencies.from_json(v) for b, v in doc["gap_at"].items()},
-                   {str(r): Served.from_json(v) for r, v in doc["replicas"].items()})  # fmt: skip
+        return cls(
+            set(doc["sessions"]),
+            int(doc["turns"]),
+            int(doc["tokens"]),
+            Counter(doc["errors"]),
+            Latencies.from_json(doc["ttft"]),
+            Latencies.from_json(doc["gap"]),
+            {int(e): Latencies.from_json(v) for e, v in doc["stall"].items()},
+            Counter({int(s): int(n) for s, n in doc["per_second"].items()}),
+            {int(b): Latencies.from_json(v) for b, v in doc["ttft_at"].items()},
+            {int(b): Latencies.from_json(v) for b, v in doc["gap_at"].items()},
+            {str(r): Served.from_json(v) for r, v in doc["replicas"].items()},
+        )
 
 
 def _merged(a: dict[int, Latencies], b: dict[int, Latencies]) -> dict[int, Latencies]:

@@ -33,8 +33,12 @@ def terminal_lines(config: pytest.Config, prefix: str) -> Callable[[str], None]:
     return say
 
 
-def soaked(config: pytest.Config, rl_deployment: RLDeployment, factory: SnapshotFactory,
-           tmp_path_factory: pytest.TempPathFactory) -> Result:  # fmt: skip
+def soaked(
+    config: pytest.Config,
+    rl_deployment: RLDeployment,
+    factory: SnapshotFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Result:
     """The run's soak, with the settings it was given: its result, and soak.json beside the
     report (or in a temporary directory)."""
     factory.for_test("soak")

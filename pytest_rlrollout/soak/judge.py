@@ -85,8 +85,18 @@ class Turn:
     replica: str | None = None  # the replica that served it, where the deployment names it (a fleet: the engine)
 
     @classmethod
-    def seen(cls, stream: Stream, *, worker: str, session: str, index: int, sent: Heard, ended: Heard,
-             exchange: str = "", settled: tuple[int, ...] = ()) -> Turn:  # fmt: skip
+    def seen(
+        cls,
+        stream: Stream,
+        *,
+        worker: str,
+        session: str,
+        index: int,
+        sent: Heard,
+        ended: Heard,
+        exchange: str = "",
+        settled: tuple[int, ...] = (),
+    ) -> Turn:
         """The turn a worker saw in `stream`, a streamed completion as the remote client parsed it
         through its engine's reading: every chunk's snapshot (vLLM's spans mapped onto the chunks
         by the reading), the tokens its logprobs entries count (a soak always asks for logprobs),
@@ -95,9 +105,24 @@ class Turn:
         counted = usage.get("completion_tokens")
         spans = stream.spans
         problems = None if spans is None else tuple(uncovered(spans, len(stream.entries)))
-        return cls(worker, session, index, sent, ended, stream.status, tuple(stream.versions), stream.finish_reason,
-                   stream.done, len(stream.entries), counted if type(counted) is int else None, exchange,
-                   stream.cached, settled, problems, stream.replica)  # fmt: skip
+        return cls(
+            worker,
+            session,
+            index,
+            sent,
+            ended,
+            stream.status,
+            tuple(stream.versions),
+            stream.finish_reason,
+            stream.done,
+            len(stream.entries),
+            counted if type(counted) is int else None,
+            exchange,
+            stream.cached,
+            settled,
+            problems,
+            stream.replica,
+        )
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -110,9 +135,16 @@ class Turn:
         if set(doc) != known:
             raise ValueError(f"a turn record with fields {sorted(doc)}, not {sorted(known)}")
         problems = doc["span_problems"]
-        return cls(**{**doc, "sent": Heard(*doc["sent"]), "ended": Heard(*doc["ended"]),
-                      "identities": tuple(doc["identities"]), "settled": tuple(doc["settled"]),
-                      "span_problems": None if problems is None else tuple(problems)})  # fmt: skip
+        return cls(
+            **{
+                **doc,
+                "sent": Heard(*doc["sent"]),
+                "ended": Heard(*doc["ended"]),
+                "identities": tuple(doc["identities"]),
+                "settled": tuple(doc["settled"]),
+                "span_problems": None if problems is None else tuple(problems),
+            }
+        )
 
     def overlapped(self) -> range:
         """The swaps this stream overlapped: sent before every replica served them, ended after
@@ -142,8 +174,13 @@ class Verdict:
         if other.clause != self.clause:
             raise ValueError(f"cannot merge {other.clause} into {self.clause}")
         examples = (self.examples + other.examples)[:EXAMPLES]
-        return Verdict(self.clause, self.judged + other.judged, self.violations + other.violations, examples,
-                       self.uncounted + other.uncounted)  # fmt: skip
+        return Verdict(
+            self.clause,
+            self.judged + other.judged,
+            self.violations + other.violations,
+            examples,
+            self.uncounted + other.uncounted,
+        )
 
 
 class Judge:
@@ -192,9 +229,13 @@ class Judge:
         asynchronous = self.transition == "ASYNC"
         during = s.sent.signalled > s.sent.served  # sent while a swap was under way, as far as the worker knew
         if asynchronous and (during or s.status == 425):  # ASYNC queues (no drain timeout is sent)
-            self._rule("SWAP-ASYNC-3", s, s.status != 200,
-                       f"sent {'during swap ' + str(s.sent.signalled) if during else 'under ASYNC'}: "
-                       f"answered {s.status or 'nothing'}, not queued")  # fmt: skip
+            self._rule(
+                "SWAP-ASYNC-3",
+                s,
+                s.status != 200,
+                f"sent {'during swap ' + str(s.sent.signalled) if during else 'under ASYNC'}: "
+                f"answered {s.status or 'nothing'}, not queued",
+            )
         if s.status == 425:
             if not asynchronous:  # a worker hears of a swap only after it started: never held against SYNC
                 self._rule("SWAP-SYNC-2", s, False, "")
@@ -228,16 +269,22 @@ class Judge:
         if not epochs or len(epochs) != len(s.identities):
             return
         path = " -> ".join(self.loaded[e] for e in _runs(epochs))
-        self._rule("SWAP-NEW-1", s, epochs[0] < s.sent.served,
-                   f"sent after every replica served {self.loaded[s.sent.served]} (swap {s.sent.served}), "
-                   f"answered by {self.loaded[epochs[0]]} (swap {epochs[0]})")  # fmt: skip
+        self._rule(
+            "SWAP-NEW-1",
+            s,
+            epochs[0] < s.sent.served,
+            f"sent after every replica served {self.loaded[s.sent.served]} (swap {s.sent.served}), "
+            f"answered by {self.loaded[epochs[0]]} (swap {epochs[0]})",
+        )
         stale = next((i for i, (e, heard) in enumerate(zip(epochs, s.settled, strict=False)) if e < heard), None)
         back = any(b < a for a, b in moves)  # the snapshot went back along the stream
         if asynchronous and (crossed or stale is not None):
             why = f"the snapshot went back: {path}" if back else ""
             if stale is not None and not back:
-                why = (f"chunk {stale} of {len(epochs)} names {self.loaded[epochs[stale]]}, though its worker had heard "
-                       f"every replica served {self.loaded[s.settled[stale]]} before it came")  # fmt: skip
+                why = (
+                    f"chunk {stale} of {len(epochs)} names {self.loaded[epochs[stale]]}, though its worker had heard "
+                    f"every replica served {self.loaded[s.settled[stale]]} before it came"
+                )
             self._rule("SWAP-ASYNC-2", s, back or stale is not None, why)
         elif crossed:
             self._rule("SWAP-SYNC-1", s, bool(moves), f"a stream in flight at a swap changed snapshot: {path}")
@@ -257,9 +304,13 @@ class Judge:
         before, straddled = previous
         resets = [m for m in range(before + 1, epochs[0] + 1) if self.resets[m] == "all"]
         if resets and not any(m in straddled for m in resets):
-            self._rule("CACHE-MATRIX-ALL-SAME", s, s.cached > 0,
-                       f"{s.cached} prompt tokens served from the cache, though swap {resets[-1]} "
-                       f"({self.loaded[resets[-1]]}) reset it ('all') after the session's previous turn")  # fmt: skip
+            self._rule(
+                "CACHE-MATRIX-ALL-SAME",
+                s,
+                s.cached > 0,
+                f"{s.cached} prompt tokens served from the cache, though swap {resets[-1]} "
+                f"({self.loaded[resets[-1]]}) reset it ('all') after the session's previous turn",
+            )
 
     def _rule(self, clause: str, s: Turn, broken: bool, why: str) -> None:
         self.record(
@@ -294,8 +345,10 @@ def _whole(s: Turn) -> bool:
 
 
 def _how(s: Turn) -> str:
-    return (f"ended with finish_reason {s.finish_reason!r}, [DONE] {'read' if s.done else 'missing'}, "
-            f"{s.tokens} tokens streamed, usage {s.usage_tokens}")  # fmt: skip
+    return (
+        f"ended with finish_reason {s.finish_reason!r}, [DONE] {'read' if s.done else 'missing'}, "
+        f"{s.tokens} tokens streamed, usage {s.usage_tokens}"
+    )
 
 
 def _runs(epochs: Sequence[int]) -> list[int]:

@@ -70,12 +70,32 @@ class Locust:
 
     def __enter__(self) -> Locust:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        run = ["--headless", "-u", str(self.users), "-r", str(self.users), "--exit-code-on-error", "0",
-               "--stop-timeout", "5", "--only-summary", "--logfile", str(self.workdir / "hub.log")]  # fmt: skip
+        run = [
+            "--headless",
+            "-u",
+            str(self.users),
+            "-r",
+            str(self.users),
+            "--exit-code-on-error",
+            "0",
+            "--stop-timeout",
+            "5",
+            "--only-summary",
+            "--logfile",
+            str(self.workdir / "hub.log"),
+        ]
         if self.workers or self.remote:
-            run += ["--master", "--master-bind-host", "*" if self.remote else "127.0.0.1", "--master-bind-port", "0",
-                    "--expect-workers", str(self.workers + self.remote),
-                    "--expect-workers-max-wait", str(int(self.start_timeout))]  # fmt: skip
+            run += [
+                "--master",
+                "--master-bind-host",
+                "*" if self.remote else "127.0.0.1",
+                "--master-bind-port",
+                "0",
+                "--expect-workers",
+                str(self.workers + self.remote),
+                "--expect-workers-max-wait",
+                str(int(self.start_timeout)),
+            ]
         self.hub = self._start(_command(*run), "hub", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         threading.Thread(target=self._read, args=(self.hub.stdout,), name="rlrollout-soak-hub", daemon=True).start()
         if self.workers or self.remote:
@@ -84,15 +104,23 @@ class Locust:
                 raise LocustError(f"the master said {first} before its port{self._tail('hub')}")
             self.port = int(first["master"])
             for i in range(self.workers):
-                worker = _command("--worker", "--master-host", "127.0.0.1", "--master-port", str(self.port),
-                                  "--logfile", str(self.workdir / f"worker-{i}.log"))  # fmt: skip
+                worker = _command(
+                    "--worker",
+                    "--master-host",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(self.port),
+                    "--logfile",
+                    str(self.workdir / f"worker-{i}.log"),
+                )
                 self.worker_processes.append(self._start(worker, f"worker-{i}", stdout=subprocess.DEVNULL))
         return self
 
     def _start(self, command: list[str], name: str, **pipes: Any) -> subprocess.Popen[Any]:
         with open(self.workdir / f"{name}.err", "w") as err:
-            return subprocess.Popen(command, cwd=self.workdir, env=self.env, stderr=err, text=True,
-                                    start_new_session=True, **pipes)  # fmt: skip
+            return subprocess.Popen(
+                command, cwd=self.workdir, env=self.env, stderr=err, text=True, start_new_session=True, **pipes
+            )
 
     def _read(self, out: IO[str]) -> None:
         for line in out:
@@ -125,8 +153,11 @@ class Locust:
         self.hub.stdin.flush()
 
     def _tail(self, name: str, lines: int = 15) -> str:
-        text = "".join((self.workdir / f"{n}").read_text(errors="replace") for n in (f"{name}.err", f"{name}.log")
-                       if (self.workdir / n).exists())  # fmt: skip
+        text = "".join(
+            (self.workdir / f"{n}").read_text(errors="replace")
+            for n in (f"{name}.err", f"{name}.log")
+            if (self.workdir / n).exists()
+        )
         tail = "\n".join(text.strip().splitlines()[-lines:])
         return f"; its log ends:\n{tail}" if tail else ""
 

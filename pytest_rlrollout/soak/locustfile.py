@@ -139,8 +139,9 @@ class Rollouts:
             self.idle.clear()
             self.idle.wait(timeout=(self.plan.timeout if self.plan else 0) + 5)
         self.flush(runner)
-        runner.send_message("soak_final", {"worker": self.name, "figures": self.figures.to_json(),
-                                           "inflight": self.inflight})  # fmt: skip
+        runner.send_message(
+            "soak_final", {"worker": self.name, "figures": self.figures.to_json(), "inflight": self.inflight}
+        )
 
 
 class Hub:
@@ -242,8 +243,15 @@ class Rollout(User):
         p = ROLLOUTS.plan
         ROLLOUTS.users += 1
         self.number, self.rollouts = ROLLOUTS.users, 0
-        target = Target(p.deployment, p.base_url, p.model, os.environ.get(KEY_ENV, ""), inference_url=p.inference_url,
-                        engine=p.engine, members=p.members)  # type: ignore[arg-type]  # fmt: skip
+        target = Target(
+            p.deployment,
+            p.base_url,
+            p.model,
+            os.environ.get(KEY_ENV, ""),
+            inference_url=p.inference_url,
+            engine=p.engine,
+            members=p.members,
+        )  # type: ignore[arg-type]
         self.client = DeploymentClient(target, timeout=p.timeout)
         self.driver = driver_for(p.engine, self.client, bucket=p.bucket)  # type: ignore[arg-type]
         if p.discovery is not None:
@@ -260,8 +268,15 @@ class Rollout(User):
         assert p is not None
         self.rollouts += 1
         session = f"{ROLLOUTS.name}-u{self.number}-r{self.rollouts}"
-        t = Trajectory(session, zlib.crc32(f"{p.seed}/{session}".encode()), p.vocab, turns=p.turns,
-                       max_tokens=p.max_tokens, max_context=p.max_context, routing=p.routing)  # fmt: skip
+        t = Trajectory(
+            session,
+            zlib.crc32(f"{p.seed}/{session}".encode()),
+            p.vocab,
+            turns=p.turns,
+            max_tokens=p.max_tokens,
+            max_context=p.max_context,
+            routing=p.routing,
+        )
         think = random.Random(t.seed)
         while not t.done and not ROLLOUTS.draining:
             completion = self.turn(t)
@@ -298,15 +313,26 @@ class Rollout(User):
             tokens: tuple[int, ...] = ()
             chunk_at = []
         else:
-            turn = Turn.seen(stream, worker=ROLLOUTS.name, session=t.session, index=t.index, sent=sent, ended=ended,
-                             exchange=exchange, settled=tuple(settled))  # fmt: skip
+            turn = Turn.seen(
+                stream,
+                worker=ROLLOUTS.name,
+                session=t.session,
+                index=t.index,
+                sent=sent,
+                ended=ended,
+                exchange=exchange,
+                settled=tuple(settled),
+            )
             tokens = tuple(len(stream.reading.entries([c])) for c in stream.chunks)
         ROLLOUTS.record(Timed(turn, sent_at, tuple(chunk_at), tokens), self.environment.runner)
         self.environment.events.request.fire(
-            request_type="STREAM", name="turn", response_time=(ROLLOUTS.clock() - sent_at) * 1000,
-            response_length=turn.tokens, context={},
+            request_type="STREAM",
+            name="turn",
+            response_time=(ROLLOUTS.clock() - sent_at) * 1000,
+            response_length=turn.tokens,
+            context={},
             exception=None if turn.status == 200 else RuntimeError(f"answered {turn.status or 'nothing'}"),
-        )  # fmt: skip
+        )
         if stream is None or stream.status != 200:
             return None
         ids = [e.get("token_id") for e in stream.entries]

@@ -53,9 +53,15 @@ class Trajectory:
         """The body of the next turn's request (a streamed completion on token ids)."""
         if self.done:
             raise RuntimeError(f"{self.session}: the trajectory is over after {self.index} turns")
-        body: dict[str, Any] = {"prompt": list(self.prompt), "max_tokens": self.max_tokens, "stream": True,
-                                "logprobs": True, "temperature": 1.0, "seed": self._rng.randrange(2**31),
-                                "stream_options": {"include_usage": True}}  # fmt: skip
+        body: dict[str, Any] = {
+            "prompt": list(self.prompt),
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "logprobs": True,
+            "temperature": 1.0,
+            "seed": self._rng.randrange(2**31),
+            "stream_options": {"include_usage": True},
+        }
         if self.routing:
             body["include_routing_matrix"] = True
         return body

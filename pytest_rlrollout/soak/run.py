@@ -101,19 +101,34 @@ class Result:
         return functools.reduce(Figures.merge, self.workers.values(), Figures())
 
     def to_json(self) -> dict[str, Any]:
-        return {"transition": self.transition, "settings": asdict(self.settings), "seconds": self.seconds,
-                "verdicts": {c: {"judged": v.judged, "violations": v.violations, "examples": v.examples,
-                                 "uncounted": v.uncounted, "outcome": v.outcome.value} for c, v in sorted(self.verdicts.items())},
-                "figures": self.figures.to_json(), "workers": {w: f.to_json() for w, f in sorted(self.workers.items())},
-                "swaps": [asdict(s) for s in self.swaps], "exit_codes": self.exit_codes,
-                "tolerance": self.tolerance}  # fmt: skip
+        return {
+            "transition": self.transition,
+            "settings": asdict(self.settings),
+            "seconds": self.seconds,
+            "verdicts": {
+                c: {
+                    "judged": v.judged,
+                    "violations": v.violations,
+                    "examples": v.examples,
+                    "uncounted": v.uncounted,
+                    "outcome": v.outcome.value,
+                }
+                for c, v in sorted(self.verdicts.items())
+            },
+            "figures": self.figures.to_json(),
+            "workers": {w: f.to_json() for w, f in sorted(self.workers.items())},
+            "swaps": [asdict(s) for s in self.swaps],
+            "exit_codes": self.exit_codes,
+            "tolerance": self.tolerance,
+        }
 
 
 class Soak:
     """One soak of `dep`, swapping through `swapper` (whose factory builds the snapshots)."""
 
-    def __init__(self, dep: RLDeployment, swapper: Swapper, settings: Settings, workdir: Path,
-                 say: Callable[[str], None] = print):  # fmt: skip
+    def __init__(
+        self, dep: RLDeployment, swapper: Swapper, settings: Settings, workdir: Path, say: Callable[[str], None] = print
+    ):
         self.dep, self.swapper, self.settings, self.workdir, self.say = dep, swapper, settings, workdir, say
         found = dep.capabilities
         self.transition = (found.transition or dep.options.transition or "ASYNC").upper()
@@ -137,10 +152,25 @@ class Soak:
     def plan(self) -> Plan:
         s, t = self.settings, self.dep.target
         vocab = int((self.dep.base_config or {}).get("vocab_size", 512))
-        return Plan(t.engine, t.base_url, t.model, t.deployment, t.inference_url,
-                    getattr(self.dep.driver, "bucket", None), t.members, vocab=vocab, turns=s.turns, max_tokens=s.max_tokens,
-                    think=s.think, routing=self.dep.capabilities.has("routing_matrix"), seed=s.seed, grace=s.grace,
-                    timeout=self.dep.timeouts.request, t0=self.t0, discovery=self.dep.capabilities.as_dict())  # fmt: skip
+        return Plan(
+            t.engine,
+            t.base_url,
+            t.model,
+            t.deployment,
+            t.inference_url,
+            getattr(self.dep.driver, "bucket", None),
+            t.members,
+            vocab=vocab,
+            turns=s.turns,
+            max_tokens=s.max_tokens,
+            think=s.think,
+            routing=self.dep.capabilities.has("routing_matrix"),
+            seed=s.seed,
+            grace=s.grace,
+            timeout=self.dep.timeouts.request,
+            t0=self.t0,
+            discovery=self.dep.capabilities.as_dict(),
+        )
 
     # ----------------------------------------------------------------------- the soak
 
@@ -157,11 +187,19 @@ class Soak:
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan = self.plan().write(self.workdir / "plan.json")
         key = self.dep.target.api_key.reveal() if self.dep.target.api_key else None
-        with Locust(plan, users=s.users, workers=s.workers, workdir=self.workdir / "locust", api_key=key,
-                    remote=s.remote_workers) as loc:  # fmt: skip
+        with Locust(
+            plan,
+            users=s.users,
+            workers=s.workers,
+            workdir=self.workdir / "locust",
+            api_key=key,
+            remote=s.remote_workers,
+        ) as loc:
             if s.remote_workers:
-                self.say(f"waiting for {s.remote_workers} Locust workers from other machines; on each, run:\n"
-                         + remote_worker_command(socket.getfqdn(), loc.port or 0))  # fmt: skip
+                self.say(
+                    f"waiting for {s.remote_workers} Locust workers from other machines; on each, run:\n"
+                    + remote_worker_command(socket.getfqdn(), loc.port or 0)
+                )
             self._until(loc, "spawned", loc.start_timeout)
             if s.fingerprints:
                 self.last_sweep = self._sweep(0)
@@ -180,8 +218,17 @@ class Soak:
         if self.failure is not None:  # the trainer's own error (not a verdict): after Locust has ended
             raise self.failure
         self.say(self.progress())
-        return Result(self.transition, s, self.judge.verdicts, self.figures, self.workers, self.swaps, self.clock(),
-                      loc.exit_codes, self.dep.options.numerics.fingerprint_tolerance)  # fmt: skip
+        return Result(
+            self.transition,
+            s,
+            self.judge.verdicts,
+            self.figures,
+            self.workers,
+            self.swaps,
+            self.clock(),
+            loc.exit_codes,
+            self.dep.options.numerics.fingerprint_tolerance,
+        )
 
     def _until(self, loc: Locust, kind: str, timeout: float = 0.0) -> dict[str, Any]:
         """Take the hub's events until one of `kind`: within `timeout` or a request's timeout and a
@@ -209,9 +256,11 @@ class Soak:
     def progress(self) -> str:
         f, n = self.figures, len(self.swaps)
         broken = {c: v.violations for c, v in sorted(self.judge.verdicts.items()) if v.violations}
-        return (f"{self.clock():6.1f} s  swaps {n}/{self.settings.swaps}  sessions {len(f.sessions)}  turns {f.turns}  "
-                f"tokens {f.tokens}  errors {sum(f.errors.values())}  "
-                + (f"violations {broken}" if broken else "no violation"))  # fmt: skip
+        return (
+            f"{self.clock():6.1f} s  swaps {n}/{self.settings.swaps}  sessions {len(f.sessions)}  turns {f.turns}  "
+            f"tokens {f.tokens}  errors {sum(f.errors.values())}  "
+            + (f"violations {broken}" if broken else "no violation")
+        )
 
     # ----------------------------------------------------------------------- the trainer
 
@@ -236,8 +285,7 @@ class Soak:
         serving = self.judge.loaded[-1]
         change = factory.visible_change(serving)  # every swap moves every fingerprint
         full = s.full_every > 0 and n % s.full_every == 0
-        built = (factory.full(f"soak-{n}", change) if full
-                 else self.swapper.build(f"soak-{n}", change))  # fmt: skip
+        built = factory.full(f"soak-{n}", change) if full else self.swapper.build(f"soak-{n}", change)
         reset = s.resets[(n - 1) % len(s.resets)]
         with self.lock:
             epoch = self.judge.swapped(built.identity, reset)
@@ -248,7 +296,9 @@ class Soak:
         served = result.waited is not None and result.waited.ok
         why = f"swap {epoch} to {built.identity}: " + (
             f"the signal was answered {result.response.status_code}: {result.response.text[:200]}"
-            if result.waited is None else str(result.waited.error))  # fmt: skip
+            if result.waited is None
+            else str(result.waited.error)
+        )
         self._rule("HL-GET-2", not served, why)
         if not served:
             swap.error = why
@@ -263,9 +313,13 @@ class Soak:
                     if replica in after.prints:
                         d = after.prints[replica].distance(before)
                         swap.moved[replica] = d
-                        self._rule("FID-SWAP-1", d <= tol, f"swap {epoch} to {built.identity} (a norm vector "
-                                   f"scaled) served, yet {replica} scores the canaries as before (max |Δ| {d:.2g} "
-                                   f"<= tolerance {tol:g}): the label changed, the weights did not")  # fmt: skip
+                        self._rule(
+                            "FID-SWAP-1",
+                            d <= tol,
+                            f"swap {epoch} to {built.identity} (a norm vector "
+                            f"scaled) served, yet {replica} scores the canaries as before (max |Δ| {d:.2g} "
+                            f"<= tolerance {tol:g}): the label changed, the weights did not",
+                        )
                 self.last_sweep = after
         return True
 
@@ -273,8 +327,14 @@ class Soak:
         vocab = (self.dep.base_config or {}).get("vocab_size")
         sessions = self.last_sweep.sessions if self.last_sweep is not None else None
         try:
-            return sweep(self.dep.driver, self.replicas, self.dep.salted(f"soak-fp-{epoch}"), vocab=vocab,
-                         key=lambda i: self.dep.salted(f"soak-fp-session-{i}"), sessions=sessions)  # fmt: skip
+            return sweep(
+                self.dep.driver,
+                self.replicas,
+                self.dep.salted(f"soak-fp-{epoch}"),
+                vocab=vocab,
+                key=lambda i: self.dep.salted(f"soak-fp-session-{i}"),
+                sessions=sessions,
+            )
         except FingerprintError as e:  # no verdict: the NUM and R3 clauses judge what the answers lack
             self.say(f"fingerprints after swap {epoch} could not be read: {e}")
             return None

@@ -42,9 +42,12 @@ def summary(result: Result) -> SoakSummary:
     swaps = tuple(_swap(w, f.stall.get(w.epoch)) for w in result.swaps)
     series = {
         "tokens_per_s": rates(f.per_second, result.seconds),
-        **{f"{name}_{q}": tuple((b * BIN, lat.quantile(p) or 0.0) for b, lat in sorted(by.items()))
-           for name, by in (("ttft", f.ttft_at), ("gap", f.gap_at)) for q, p in (("p50", 0.5), ("p99", 0.99))},
-    }  # fmt: skip
+        **{
+            f"{name}_{q}": tuple((b * BIN, lat.quantile(p) or 0.0) for b, lat in sorted(by.items()))
+            for name, by in (("ttft", f.ttft_at), ("gap", f.gap_at))
+            for q, p in (("p50", 0.5), ("p99", 0.99))
+        },
+    }
     return SoakSummary(tuple(rows), swaps, series, replicas=replicas(result))
 
 
@@ -56,9 +59,20 @@ def replicas(result: Result) -> tuple[SoakReplica, ...]:
     for name in names:
         served = result.figures.replicas.get(name, Served())
         moves = [w.moved[name] for w in result.swaps if name in w.moved]
-        out.append(SoakReplica(name, served.turns, served.tokens, sum(served.errors.values()),
-                               served.ttft.quantile(0.5), served.ttft.quantile(0.99), served.gap.quantile(0.99),
-                               len(moves), sum(d > result.tolerance for d in moves), min(moves, default=None)))  # fmt: skip
+        out.append(
+            SoakReplica(
+                name,
+                served.turns,
+                served.tokens,
+                sum(served.errors.values()),
+                served.ttft.quantile(0.5),
+                served.ttft.quantile(0.99),
+                served.gap.quantile(0.99),
+                len(moves),
+                sum(d > result.tolerance for d in moves),
+                min(moves, default=None),
+            )
+        )
     return tuple(out)
 
 
@@ -66,10 +80,23 @@ def _swap(w: Swap, stall: Latencies | None) -> SoakSwap:
     served = None if w.served_at is None else round(w.served_at, 3)
     moved = min(w.moved.values()) if w.moved else None
     if stall is None or not stall.count:
-        return SoakSwap(w.epoch, w.identity, w.kind, w.reset, round(w.signalled_at, 3), served, moved=moved,
-                        error=w.error)  # fmt: skip
-    return SoakSwap(w.epoch, w.identity, w.kind, w.reset, round(w.signalled_at, 3), served, stall.count,
-                    stall.quantile(0.5), stall.quantile(0.99), stall.max, moved, w.error)  # fmt: skip
+        return SoakSwap(
+            w.epoch, w.identity, w.kind, w.reset, round(w.signalled_at, 3), served, moved=moved, error=w.error
+        )
+    return SoakSwap(
+        w.epoch,
+        w.identity,
+        w.kind,
+        w.reset,
+        round(w.signalled_at, 3),
+        served,
+        stall.count,
+        stall.quantile(0.5),
+        stall.quantile(0.99),
+        stall.max,
+        moved,
+        w.error,
+    )
 
 
 def rates(per_second: dict[int, int], seconds: float) -> tuple[tuple[float, float], ...]:

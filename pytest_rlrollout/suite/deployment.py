@@ -196,8 +196,7 @@ class RLDeployment:
         from pytest_rlrollout.suite.prompts import make_prompt
 
         ids = self.capabilities.has("token_id_prompts") and self.driver.prompts_in_ids
-        return make_prompt(self.salted(name), tokens, ids=ids,
-                           vocab=(self.base_config or {}).get("vocab_size"))  # fmt: skip
+        return make_prompt(self.salted(name), tokens, ids=ids, vocab=(self.base_config or {}).get("vocab_size"))
 
     def sessions_per_replica(self, name: str) -> dict[str, dict[str, str]]:
         """Session headers of this run reaching each replica, by the replica's name (the session
@@ -259,8 +258,15 @@ class RLDeployment:
         """Wait until every replica serves `identity`, a replica reports its load failed, the
         rollout stalls part-way, or the swap timeout passes."""
         t = self.timeouts
-        return self.driver.wait(identity, timeout=t.swap, poll=t.poll, lora=lora, progress=progress,
-                                stalled_after=t.stalled_after, first_poll=t.first_poll)  # fmt: skip
+        return self.driver.wait(
+            identity,
+            timeout=t.swap,
+            poll=t.poll,
+            lora=lora,
+            progress=progress,
+            stalled_after=t.stalled_after,
+            first_poll=t.first_poll,
+        )
 
     def settle(self) -> bool:
         """Poll until no replica is loading or swapping; False at the deadline or when no
@@ -358,8 +364,9 @@ def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment
     # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
     # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
     release = {"vllm_release": opts.local_vllm_release} if opts.local_vllm_release else {}
-    with reference_deployment(bucket, engine=engine, faults=opts.local_faults, transition=opts.transition,
-                              api_key=LOCAL_KEY, **release) as dep:  # fmt: skip
+    with reference_deployment(
+        bucket, engine=engine, faults=opts.local_faults, transition=opts.transition, api_key=LOCAL_KEY, **release
+    ) as dep:
         # a self-hosted server is addressed by its URL alone; a hosted deployment by its name
         # (accounts/<a>/deployments/<d>) or its UUID (its hot-loads name it)
         name = {"path": dep.name, "uuid": dep.settings.deployment_id, None: None}[spec(engine).names]
@@ -367,8 +374,9 @@ def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
             driver = driver_for(engine, client, bucket=str(bucket.resolve()))
-            yield RLDeployment(driver, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket),
-                               local=dep)  # fmt: skip
+            yield RLDeployment(
+                driver, opts, base_snapshot=bucket / tiny_moe.BASE_IDENTITY, bucket=Bucket(bucket), local=dep
+            )
 
 
 def timed(driver: Driver, opts: RLConfig) -> Driver:
@@ -386,9 +394,17 @@ def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | Non
     from pytest_rlrollout.remote.drivers import driver_for
 
     assert opts.base_url and opts.model and opts.api_key is not None
-    target = Target(opts.deployment, opts.base_url, opts.model, opts.api_key, inference_url=opts.inference_url or "",
-                    engine=engine, control_url=opts.control_url or "", control_key=opts.control_key,
-                    members=opts.fleet_urls)  # fmt: skip
+    target = Target(
+        opts.deployment,
+        opts.base_url,
+        opts.model,
+        opts.api_key,
+        inference_url=opts.inference_url or "",
+        engine=engine,
+        control_url=opts.control_url or "",
+        control_key=opts.control_key,
+        members=opts.fleet_urls,
+    )
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
         yield timed(driver_for(engine, client, bucket=served_path(opts.bucket_url)), opts)
 
@@ -422,8 +438,9 @@ def _replay(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeploymen
     bucket = tmp.mktemp("rl-replay-bucket")
     base = opts.base_snapshot or tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
     engine = opts.engine or DEFAULT
-    target = Target(opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key,
-                    engine=engine)  # fmt: skip
+    target = Target(
+        opts.replay_meta["deployment"], "http://replay.invalid", opts.replay_meta["model"], key, engine=engine
+    )
     with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
         # the path the engine was told to read snapshots from is part of the recorded requests
         driver = driver_for(engine, client, bucket=opts.replay_meta.get("served_bucket"))
@@ -458,9 +475,11 @@ def rl_deployment(
     default; recorded with `--rl-record DIR`, or replayed offline with `--rl-replay DIR`."""
     config = request.config
     opts = rl_config
-    opened = {"local": lambda: _local(opts, tmp_path_factory),
-              "live": lambda: _live(opts, preflighted(config).engine, config),
-              "replay": lambda: _replay(opts, tmp_path_factory)}[opts.mode]  # fmt: skip
+    opened = {
+        "local": lambda: _local(opts, tmp_path_factory),
+        "live": lambda: _live(opts, preflighted(config).engine, config),
+        "replay": lambda: _replay(opts, tmp_path_factory),
+    }[opts.mode]
     with opened() as dep:
         dep.discovery = config.stash[DISCOVERED] = discovered(config, dep)
         dep.run_id = run_id(config)
@@ -474,11 +493,17 @@ def rl_deployment(
         if cassettes is not None and cassettes.mode == "record":
             if getattr(dep.driver, "bucket", None) is not None:  # part of the recorded load requests
                 cassettes.session.meta["served_bucket"] = dep.driver.bucket
-            cassettes.session.meta.update(deployment=dep.target.deployment, model=dep.target.model,
-                                          recorded_mode=dep.mode, transition=dep.discovery.transition,
-                                          engine=dep.engine, discovery=dep.discovery.as_dict(),
-                                          run_id=dep.run_id, served_dtype=dep.options.numerics.dtype,
-                                          profile=dep.options.budget.profile)  # fmt: skip
+            cassettes.session.meta.update(
+                deployment=dep.target.deployment,
+                model=dep.target.model,
+                recorded_mode=dep.mode,
+                transition=dep.discovery.transition,
+                engine=dep.engine,
+                discovery=dep.discovery.as_dict(),
+                run_id=dep.run_id,
+                served_dtype=dep.options.numerics.dtype,
+                profile=dep.options.budget.profile,
+            )
             cassettes.session.write(dep.target.api_key)
 
 
@@ -564,8 +589,10 @@ def _restored_numbers(driver: Driver, found: Discovery | None, label: str, opts:
     tolerance = opts.numerics.fingerprint_tolerance
     if now.same(start, tolerance):
         return f"; the weights score as at the start ({now.describe(start)} <= {tolerance:g})"
-    return (f"; but the weights do not score as at the start: {now.describe(start)} > {tolerance:g} (the label "
-            f"is back, the start's weights are not)")  # fmt: skip
+    return (
+        f"; but the weights do not score as at the start: {now.describe(start)} > {tolerance:g} (the label "
+        f"is back, the start's weights are not)"
+    )
 
 
 def restore_start(config: pytest.Config, engine: Engine) -> None:
@@ -658,8 +685,10 @@ def _requirements(request: pytest.FixtureRequest, dep: RLDeployment) -> None:
     unbound = [c for c in clauses if not c.binds(dep.engine)]
     if unbound:  # the test's verdict is every clause's it is tagged with: each must mean something here
         bound = sorted({e for c in unbound for e in c.engines})
-        not_applicable(f"{', '.join(c.id for c in unbound)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
-                       f"the deployment's engine is {dep.engine} ({dep.capabilities.decided})")  # fmt: skip
+        not_applicable(
+            f"{', '.join(c.id for c in unbound)}: no {dep.engine} binding (bound on {', '.join(bound)}); "
+            f"the deployment's engine is {dep.engine} ({dep.capabilities.decided})"
+        )
     if request.node.get_closest_marker("rl_swaps") is not None and not dep.allow_hot_load:
         inconclusive("read-only: pass --rl-allow-hot-load to let this test hot-load snapshots")
     must = any(c.level == "MUST" for c in clauses)
@@ -697,11 +726,16 @@ def _require(item: pytest.Item, dep: RLDeployment, capability: str, *, must: boo
     if cap.observable:
         inconclusive(f"cannot observe this: the deployment does not offer {capability}, {cap.about} ({seen})")
     if must and cap.required(dep.engine):
-        fail_in_call(item, f"the deployment lacks {capability} ({cap.about}; probe: {seen}), which a {dep.engine} "
-                           "deployment must offer")  # fmt: skip
+        fail_in_call(
+            item,
+            f"the deployment lacks {capability} ({cap.about}; probe: {seen}), which a {dep.engine} "
+            "deployment must offer",
+        )
     elif (flag := cap.flag(dep.engine)) is not None:
-        unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen}); {dep.engine} "
-                    f"offers it with {flag}")  # fmt: skip
+        unsupported(
+            f"the deployment does not offer {capability}: {cap.about} (probe: {seen}); {dep.engine} "
+            f"offers it with {flag}"
+        )
     else:
         unsupported(f"the deployment does not offer {capability}: {cap.about} (probe: {seen})")
 
@@ -771,9 +805,11 @@ def _serving_before_it_breaks(dep: RLDeployment) -> None:
     except (httpx.TransportError, LimitExceeded) as e:
         why = str(e)
     if why is not None:
-        inconclusive(f"the deployment did not serve a one-token completion before this test ({why}): an earlier "
-                     "test that may break it (rl_breaks) left it unable to serve; judge this one on a deployment "
-                     "of its own (-k)")  # fmt: skip
+        inconclusive(
+            f"the deployment did not serve a one-token completion before this test ({why}): an earlier "
+            "test that may break it (rl_breaks) left it unable to serve; judge this one on a deployment "
+            "of its own (-k)"
+        )
 
 
 @contextlib.contextmanager

@@ -91,8 +91,11 @@ class Observed:
         swaps, snapshots built and their bytes as the factory noted them."""
         from pytest_rlrollout.runs.plan import BYTES
 
-        return {"swaps": self.swaps, "built": len(self.uploads),
-                **{k: sum(int(u.get(k) or 0) for u in self.uploads) for k in BYTES}}  # fmt: skip
+        return {
+            "swaps": self.swaps,
+            "built": len(self.uploads),
+            **{k: sum(int(u.get(k) or 0) for u in self.uploads) for k in BYTES},
+        }
 
     @property
     def anything(self) -> bool:

@@ -115,5 +115,12 @@ def _validate_given(config: pytest.Config) -> Any:
 
     o = options(config)
     assert o.snapshot is not None
-    return validate(o.snapshot, base=o.base_snapshot, parent=o.parent, signal=o.signal, base_model=o.base_models,
-                    ledger_reset=o.after_ledger_reset, hf_config=o.hf_config)  # fmt: skip
+    return validate(
+        o.snapshot,
+        base=o.base_snapshot,
+        parent=o.parent,
+        signal=o.signal,
+        base_model=o.base_models,
+        ledger_reset=o.after_ledger_reset,
+        hf_config=o.hf_config,
+    )

@@ -23,8 +23,14 @@ from pytest_rlrollout.contract.capabilities import CAPABILITIES
 
 # One column per report; outcomes read as the reports wrote them.
 OUTCOMES = [str(o) for o in reversed(SEVERITY)]
-SHORT = {"pass": "pass", "fail": "FAIL", "error": "ERROR", "inconclusive": "inconcl.", "unsupported": "unsupp.",
-         "not-applicable": "n/a"}  # fmt: skip
+SHORT = {
+    "pass": "pass",
+    "fail": "FAIL",
+    "error": "ERROR",
+    "inconclusive": "inconcl.",
+    "unsupported": "unsupp.",
+    "not-applicable": "n/a",
+}
 
 
 TITLE = 200  # characters of a cell's evidence shown on hover
@@ -87,11 +93,16 @@ def _column(path: Path, doc: dict[str, Any]) -> Column:
         flag = CAPABILITIES[cap["name"]].flag(name) if cap.get("name") in CAPABILITIES else None
         if flag is not None:
             on[flag] = on.get(flag, False) or bool(cap.get("has"))
-    return Column(name=path.stem, engine=name, version=version,
-                  flags=tuple(f"{flag}: {'on' if v else 'off'}" for flag, v in on.items()),
-                  date=str(provenance.get("finished") or "—")[:10], how=how,
-                  outcomes={str(cid): str(c["outcome"]) for cid, c in clauses.items()},
-                  evidence={str(cid): str(c.get("evidence") or "") for cid, c in clauses.items()})  # fmt: skip
+    return Column(
+        name=path.stem,
+        engine=name,
+        version=version,
+        flags=tuple(f"{flag}: {'on' if v else 'off'}" for flag, v in on.items()),
+        date=str(provenance.get("finished") or "—")[:10],
+        how=how,
+        outcomes={str(cid): str(c["outcome"]) for cid, c in clauses.items()},
+        evidence={str(cid): str(c.get("evidence") or "") for cid, c in clauses.items()},
+    )
 
 
 def load(paths: list[Path], page: Path | None = None) -> list[Column]:
@@ -110,8 +121,10 @@ def load(paths: list[Path], page: Path | None = None) -> list[Column]:
             raise MatrixError(f"{path}: not a report of the suite (--rl-report): not a JSON object")
         got = doc["contract"].get("version") if isinstance(doc.get("contract"), dict) else None
         if got != ours:
-            raise MatrixError(f"{path}: judged by contract version {got or '(none: an older report)'}, not "
-                              f"{ours} (this catalogue's); run the suite again to compare")  # fmt: skip
+            raise MatrixError(
+                f"{path}: judged by contract version {got or '(none: an older report)'}, not "
+                f"{ours} (this catalogue's); run the suite again to compare"
+            )
     return [column(path, doc, page) for path, doc in docs]
 
 
@@ -127,8 +140,12 @@ def markdown(columns: list[Column]) -> str:
     head = ["clause", *(f"{c.engine} ({c.name})" for c in columns)]
     lines = ["# RL-rollout engine conformance matrix", "", f"Contract version {catalogue().version}. {INTRO}", ""]
     lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for label, values in (("version", [c.version for c in columns]), ("flags", ["<br>".join(c.flags) or "—" for c in columns]),
-                          ("date", [c.date for c in columns]), ("run", [c.how for c in columns])):  # fmt: skip
+    for label, values in (
+        ("version", [c.version for c in columns]),
+        ("flags", ["<br>".join(c.flags) or "—" for c in columns]),
+        ("date", [c.date for c in columns]),
+        ("run", [c.how for c in columns]),
+    ):
         lines.append(f"| *{label}* | " + " | ".join(v.replace("|", "\\|") for v in values) + " |")
     cat = catalogue()
     for area, about in cat.areas.items():

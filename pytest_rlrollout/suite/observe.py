@@ -171,8 +171,10 @@ def not_cut_by_the_suite(error: BaseException | None, tokens: int, asked: int | 
     if not isinstance(error, LimitExceeded) or not error.bound.startswith(TIME_BOUNDS):
         return
     if asked is None or tokens <= asked:
-        inconclusive(f"the stream was cut by the suite's own bound after {tokens} of {asked or 'its'} tokens "
-                     f"({error}); raise rl_exchange_timeout or rl_test_timeout, or lower rl_long_stream_tokens")  # fmt: skip
+        inconclusive(
+            f"the stream was cut by the suite's own bound after {tokens} of {asked or 'its'} tokens "
+            f"({error}); raise rl_exchange_timeout or rl_test_timeout, or lower rl_long_stream_tokens"
+        )
 
 
 def observed(fn: Callable[..., T]) -> Callable[..., T]:
@@ -203,8 +205,14 @@ class Relay:
     Whether one more stream starts is the live clock's decision: a recording keeps it, and a
     replay starts the streams the recording started."""
 
-    def __init__(self, rl_deployment: RLDeployment, body: dict[str, Any], headers: dict[str, str] | None,
-                 on_arrival: Callable[[float, dict[str, Any]], None], hold: float | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rl_deployment: RLDeployment,
+        body: dict[str, Any],
+        headers: dict[str, str] | None,
+        on_arrival: Callable[[float, dict[str, Any]], None],
+        hold: float | None,
+    ) -> None:
         self.dep, self.body, self.headers, self.on_arrival, self.hold = rl_deployment, body, headers, on_arrival, hold
         self.streams: list[Crossing] = []
         self.threads: list[threading.Thread] = []
@@ -223,9 +231,19 @@ class Relay:
             if len(c.chunks) >= self.relayed_at:
                 self._next(k, passed)
 
-        self.threads.append(stream_in_background(self.dep, c, self.body, self.headers, on_arrival=arrived,
-                                                 on_end=lambda: self._next(k, passed), suffix=f"-{k}" if k else "",
-                                                 wait=wait, hold=self.hold))  # fmt: skip
+        self.threads.append(
+            stream_in_background(
+                self.dep,
+                c,
+                self.body,
+                self.headers,
+                on_arrival=arrived,
+                on_end=lambda: self._next(k, passed),
+                suffix=f"-{k}" if k else "",
+                wait=wait,
+                hold=self.hold,
+            )
+        )
         return c
 
     def _next(self, k: int, passed: threading.Event) -> None:
@@ -247,8 +265,14 @@ class Relay:
 def crossing_body(rl_deployment: RLDeployment, name: str) -> dict[str, Any]:
     """The request a stream across a swap sends: a greedy stream of `long_stream_tokens`, with its
     usage (which counts what was generated: a stream restarted by the swap shows)."""
-    return {"prompt": rl_deployment.prompt(name, 40).body, "max_tokens": rl_deployment.long_stream_tokens,
-            "temperature": 0, "logprobs": True, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    return {
+        "prompt": rl_deployment.prompt(name, 40).body,
+        "max_tokens": rl_deployment.long_stream_tokens,
+        "temperature": 0,
+        "logprobs": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 @observed
@@ -362,8 +386,15 @@ class Probes:
     then reached the deployment during the swap), else once a status poll (`progress`) shows the
     swap on `every` replica at once, or on any. No probes when no poll landed inside the swap."""
 
-    def __init__(self, rl_deployment: RLDeployment, timeline: Timeline, identity: str, n: int = 6,
-                 headers: dict[str, str] | None = None, every: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rl_deployment: RLDeployment,
+        timeline: Timeline,
+        identity: str,
+        n: int = 6,
+        headers: dict[str, str] | None = None,
+        every: bool = False,
+    ) -> None:
         self.dep, self.timeline, self.identity, self.n = rl_deployment, timeline, identity, n
         self.headers, self.every = headers or {}, every
         self.out = Probing(None, [])

@@ -62,10 +62,30 @@ class Timeouts:
 # The reference deployment swaps in milliseconds; a real one takes minutes to load 60 GB, and is
 # asked its status at most twice a second through it (rl_poll_interval), probes and waits alike.
 # A test waits for at most a few swaps: its deadline is a few swap timeouts.
-LOCAL = Timeouts(swap=3.0, poll=0.01, probe=0.01, stalled_after=0.5, retry=0.02, request=60.0, exchange=60.0,
-                 test=120.0, long_stream_tokens=64)  # fmt: skip
-LIVE = Timeouts(swap=900.0, poll=0.5, probe=0.5, stalled_after=120.0, retry=1.0, request=120.0, exchange=600.0,
-                test=5400.0, long_stream_tokens=256, hold=1.0, first_poll=0.5)  # fmt: skip
+LOCAL = Timeouts(
+    swap=3.0,
+    poll=0.01,
+    probe=0.01,
+    stalled_after=0.5,
+    retry=0.02,
+    request=60.0,
+    exchange=60.0,
+    test=120.0,
+    long_stream_tokens=64,
+)
+LIVE = Timeouts(
+    swap=900.0,
+    poll=0.5,
+    probe=0.5,
+    stalled_after=120.0,
+    retry=1.0,
+    request=120.0,
+    exchange=600.0,
+    test=5400.0,
+    long_stream_tokens=256,
+    hold=1.0,
+    first_poll=0.5,
+)
 
 
 @dataclass(frozen=True)
@@ -118,8 +138,15 @@ class Budget:
         return self.limited or self.musts_only
 
     def describe(self) -> str:
-        limits = [f"{k} = {v}" for k, v in (("rl_max_swaps", self.swaps), ("rl_max_upload_bytes", self.upload_bytes),
-                                             ("rl_max_full_uploads", self.full_uploads)) if v is not None]  # fmt: skip
+        limits = [
+            f"{k} = {v}"
+            for k, v in (
+                ("rl_max_swaps", self.swaps),
+                ("rl_max_upload_bytes", self.upload_bytes),
+                ("rl_max_full_uploads", self.full_uploads),
+            )
+            if v is not None
+        ]
         return f"profile {self.profile}" + (f", {', '.join(limits)}" if limits else "")
 
 
@@ -572,8 +599,9 @@ def read_options(config: pytest.Config) -> RLConfig:
 
 def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) -> RLConfig:
     # the deployment's further description (rl_inference_url, rl_control_url) is ini keys: left alone
-    given = _given(config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_local_vllm_release",
-                   "rl_engine")  # fmt: skip
+    given = _given(
+        config, "rl_deployment", "rl_base_url", "rl_bucket_url", "rl_local_faults", "rl_local_vllm_release", "rl_engine"
+    )
     if given:
         _usage(f"--rl-replay replays a recorded run and talks to no deployment; drop {', '.join(given)}")
     directory = cassette_dir(replay)
@@ -587,9 +615,20 @@ def _replay_options(config: pytest.Config, replay: str, common: dict[str, Any]) 
     common["numerics"] = _numerics(config, common["base_snapshot"], served=served)
     # the tests the recording ran, on the swaps it made: a core run's shared swaps are replayed shared
     budget = Budget(profile=meta.get("profile") or "full")
-    return RLConfig(mode="replay", deployment=meta["deployment"], base_url=None, inference_url=None,
-                     model=meta.get("model"), replay=directory, replay_meta=meta, allow_hot_load=True, budget=budget,
-                     engine=meta.get("engine", DEFAULT), timeouts=_timeouts(config, timeouts), **common)  # fmt: skip
+    return RLConfig(
+        mode="replay",
+        deployment=meta["deployment"],
+        base_url=None,
+        inference_url=None,
+        model=meta.get("model"),
+        replay=directory,
+        replay_meta=meta,
+        allow_hot_load=True,
+        budget=budget,
+        engine=meta.get("engine", DEFAULT),
+        timeouts=_timeouts(config, timeouts),
+        **common,
+    )
 
 
 def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
@@ -614,9 +653,20 @@ def _local_options(config: pytest.Config, common: dict[str, Any]) -> RLConfig:
         _usage(f"rl_local_vllm_release is the {vllm.ENGINE.title} dialect's: also pass --rl-engine={vllm.NAME}")
     budget = _budget(functools.partial(setting, config), allow=True)
     common["numerics"] = _numerics(config, common["base_snapshot"], served="float32")  # the reference's numpy engine
-    return RLConfig(mode="local", deployment=None, base_url=None, inference_url=None, model=None, local_faults=faults,
-                    local_vllm_release=release, allow_hot_load=True, budget=budget, engine=engine,
-                    timeouts=_timeouts(config, LOCAL), **common)  # fmt: skip
+    return RLConfig(
+        mode="local",
+        deployment=None,
+        base_url=None,
+        inference_url=None,
+        model=None,
+        local_faults=faults,
+        local_vllm_release=release,
+        allow_hot_load=True,
+        budget=budget,
+        engine=engine,
+        timeouts=_timeouts(config, LOCAL),
+        **common,
+    )
 
 
 def _live_options(config: pytest.Config, deployment: str | None, common: dict[str, Any]) -> RLConfig:
@@ -630,21 +680,31 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     if deployment is not None and not (
         _is_uuid(deployment) if named.names == "uuid" else _is_deployment_name(deployment)
     ):
-        _usage(f"--rl-deployment {deployment!r} is not "
-               + (f"a {named.title} deployment's UUID" if named.names == "uuid" else "accounts/<account>/deployments/<deployment>"))  # fmt: skip
+        _usage(
+            f"--rl-deployment {deployment!r} is not "
+            + (
+                f"a {named.title} deployment's UUID"
+                if named.names == "uuid"
+                else "accounts/<account>/deployments/<deployment>"
+            )
+        )
     if engine is not None and named.names == "path" and deployment is None:
         _usage(f"--rl-engine={engine}: also pass --rl-deployment=accounts/<a>/deployments/<d>")
     if get("rl_control_url") and not controlled:
         control_plane = with_control_plane()
-        _usage(f"rl_control_url is {control_plane.title}'s hot-load API: also pass --rl-engine={control_plane.name} "
-               "(or auto) and --rl-deployment=<the deployment's UUID>")  # fmt: skip
+        _usage(
+            f"rl_control_url is {control_plane.title}'s hot-load API: also pass --rl-engine={control_plane.name} "
+            "(or auto) and --rl-deployment=<the deployment's UUID>"
+        )
     control: dict[str, Any] = {}
     if controlled:  # its control plane and gateway are two hosts with keys of their own
         control = _control_plane(config, deployment)
     for local in ("rl_local_faults", "rl_local_vllm_release"):
         if get(local):
-            _usage(f"{local} configures the bundled reference deployment; it cannot apply to "
-                   f"{deployment or get('rl_base_url')}")  # fmt: skip
+            _usage(
+                f"{local} configures the bundled reference deployment; it cannot apply to "
+                f"{deployment or get('rl_base_url')}"
+            )
     model = get("rl_model")
     if not model:
         _usage(f"{'--rl-deployment' if deployment else '--rl-base-url'}: also pass --rl-model (the model it serves)")
@@ -658,8 +718,10 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     if allow and not bucket_url:
         _usage("--rl-allow-hot-load: also pass --rl-bucket-url (where the suite uploads the snapshots it swaps in)")
     if allow and common["base_snapshot"] is None:
-        _usage("--rl-allow-hot-load: also pass --rl-base-snapshot (a local copy of the served base, to build "
-               "the snapshots it swaps in)")  # fmt: skip
+        _usage(
+            "--rl-allow-hot-load: also pass --rl-base-snapshot (a local copy of the served base, to build "
+            "the snapshots it swaps in)"
+        )
     store = _store(get)
     if bucket_url:
         from pytest_rlrollout.remote.bucket import Bucket, BucketError
@@ -674,10 +736,23 @@ def _live_options(config: pytest.Config, deployment: str | None, common: dict[st
     base_url = (get("rl_base_url") or (fleet[0] if fleet else DEFAULT_BASE_URL)).rstrip("/")
     if fleet and base_url not in fleet:
         _usage(f"rl_fleet_urls names the fleet's engines; --rl-base-url {base_url} is none of them (pass the first)")
-    return RLConfig(mode="live", deployment=deployment, base_url=base_url, model=model, api_key=Secret(key or ""),
-                     inference_url=get("rl_inference_url"), allow_hot_load=bool(allow), bucket_url=bucket_url, budget=budget,
-                     store=store, engine=engine, timeouts=_timeouts(config, LIVE), fleet_urls=fleet, **control,
-                     **common)  # fmt: skip
+    return RLConfig(
+        mode="live",
+        deployment=deployment,
+        base_url=base_url,
+        model=model,
+        api_key=Secret(key or ""),
+        inference_url=get("rl_inference_url"),
+        allow_hot_load=bool(allow),
+        bucket_url=bucket_url,
+        budget=budget,
+        store=store,
+        engine=engine,
+        timeouts=_timeouts(config, LIVE),
+        fleet_urls=fleet,
+        **control,
+        **common,
+    )
 
 
 def _budget(get: Callable[[str], Any], *, allow: bool) -> Budget:
@@ -686,13 +761,21 @@ def _budget(get: Callable[[str], Any], *, allow: bool) -> Budget:
     plan = Path(get("rl_plan")) if get("rl_plan") else None
     profile = get("rl_profile") or ("full" if allow or plan is not None else "read-only")
     if profile != "read-only" and not allow and plan is None and get("rl_profile"):
-        _usage(f"rl_profile = {profile} changes what the deployment serves: also pass --rl-allow-hot-load "
-               "(or see what it would do with `rlrollout plan`)")  # fmt: skip
+        _usage(
+            f"rl_profile = {profile} changes what the deployment serves: also pass --rl-allow-hot-load "
+            "(or see what it would do with `rlrollout plan`)"
+        )
     for key in ("rl_max_swaps", "rl_max_full_uploads", "rl_max_upload_bytes"):
         if get(key) is not None and get(key) < 0:
             _usage(f"{key} is a count, not {get(key)}")
-    return Budget(profile=profile, swaps=get("rl_max_swaps"), upload_bytes=get("rl_max_upload_bytes"),
-                  full_uploads=get("rl_max_full_uploads"), swap_seconds=get("rl_swap_seconds"), plan=plan)  # fmt: skip
+    return Budget(
+        profile=profile,
+        swaps=get("rl_max_swaps"),
+        upload_bytes=get("rl_max_upload_bytes"),
+        full_uploads=get("rl_max_full_uploads"),
+        swap_seconds=get("rl_swap_seconds"),
+        plan=plan,
+    )
 
 
 def _store(get: Callable[[str], Any]) -> Store:
@@ -706,8 +789,12 @@ def _store(get: Callable[[str], Any]) -> Store:
             _usage(f'rl_bucket_options is not JSON ({e}): give an object, e.g. {{"requester_pays": true}}')
         if not isinstance(options, dict):
             _usage(f"rl_bucket_options is a JSON object of fsspec storage options, not {type(options).__name__}")
-    return Store(endpoint_url=get("rl_bucket_endpoint_url"), profile=get("rl_bucket_profile"),
-                 concurrency=get("rl_bucket_concurrency") or Store.concurrency, options=options)  # fmt: skip
+    return Store(
+        endpoint_url=get("rl_bucket_endpoint_url"),
+        profile=get("rl_bucket_profile"),
+        concurrency=get("rl_bucket_concurrency") or Store.concurrency,
+        options=options,
+    )
 
 
 def _control_plane(config: pytest.Config, deployment: str | None) -> dict[str, Any]:
@@ -716,8 +803,10 @@ def _control_plane(config: pytest.Config, deployment: str | None) -> dict[str, A
     process list, one in an ini file in git)."""
     control_plane = with_control_plane()
     if deployment is None:
-        _usage(f"--rl-engine={control_plane.name}: also pass --rl-deployment=<the deployment's UUID> (what its "
-               "hot-loads name)")  # fmt: skip
+        _usage(
+            f"--rl-engine={control_plane.name}: also pass --rl-deployment=<the deployment's UUID> (what its "
+            "hot-loads name)"
+        )
     what = (
         f"--rl-engine={control_plane.name}"
         if setting(config, "rl_engine") == control_plane.name
@@ -730,8 +819,10 @@ def _control_plane(config: pytest.Config, deployment: str | None) -> dict[str, A
         _usage(f"{what}: set COREWEAVE_API_KEY (the hot-load API's key)")
     if setting(config, "rl_record") and key != (setting(config, "rl_api_key") or ""):
         # a cassette keeps one key out of what it holds; two would leave one to chance
-        _usage("--rl-record: recording a CoreWeave deployment whose gateway and hot-load API have different keys "
-               "is not supported")  # fmt: skip
+        _usage(
+            "--rl-record: recording a CoreWeave deployment whose gateway and hot-load API have different keys "
+            "is not supported"
+        )
     url = (setting(config, "rl_control_url") or DEFAULT_CONTROL_URL).rstrip("/")
     return {"control_url": url, "control_key": Secret(key)}
 
@@ -749,8 +840,7 @@ def _given(config: pytest.Config, *keys: str) -> list[str]:
     """The settings among `keys` given for this run: an option typed on the command line (its
     ini key names the project's usual deployment, which a replay or a local run leaves alone), or
     an ini-only key with a value."""
-    return [SETTING[k].option or k for k in keys
-            if (config.getoption(k) if SETTING[k].option else setting(config, k))]  # fmt: skip
+    return [SETTING[k].option or k for k in keys if (config.getoption(k) if SETTING[k].option else setting(config, k))]
 
 
 def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
@@ -761,8 +851,14 @@ def _timeouts(config: pytest.Config, profile: Timeouts) -> Timeouts:
     swap, poll = get("rl_swap_timeout"), get("rl_poll_interval")
     stalled = None if swap is None else profile.stalled_after * swap / profile.swap
     polls = {} if poll is None else {"poll": poll, "probe": poll, "first_poll": min(profile.first_poll, poll)}
-    return profile.with_(swap=swap, long_stream_tokens=get("rl_long_stream_tokens"), stalled_after=stalled,
-                         exchange=get("rl_exchange_timeout"), test=get("rl_test_timeout"), **polls)  # fmt: skip
+    return profile.with_(
+        swap=swap,
+        long_stream_tokens=get("rl_long_stream_tokens"),
+        stalled_after=stalled,
+        exchange=get("rl_exchange_timeout"),
+        test=get("rl_test_timeout"),
+        **polls,
+    )
 
 
 def _numerics(config: pytest.Config, base: Path | None, served: str | None = None) -> Numerics:
@@ -779,9 +875,14 @@ def _numerics(config: pytest.Config, base: Path | None, served: str | None = Non
         dtype, said = served_dtype(json.loads((base / "config.json").read_text())), "the base's config.json"
     t = TOLERANCES[dtype_name(dtype or "float32")]  # every one named here has figures (the key's choices)
     source = f"{t.dtype} ({said if dtype else 'no dtype declared'}): {t.source}"
-    given = {"fingerprint_tolerance": get("rl_fingerprint_tolerance"), "logprob_tolerance": get("rl_logprob_tolerance"),
-             "min_route_agreement": get("rl_min_route_agreement"), "tokens": get("rl_numerics_tokens"),
-             "scorer": get("rl_scorer"), "scorer_device": get("rl_scorer_device")}  # fmt: skip
+    given = {
+        "fingerprint_tolerance": get("rl_fingerprint_tolerance"),
+        "logprob_tolerance": get("rl_logprob_tolerance"),
+        "min_route_agreement": get("rl_min_route_agreement"),
+        "tokens": get("rl_numerics_tokens"),
+        "scorer": get("rl_scorer"),
+        "scorer_device": get("rl_scorer_device"),
+    }
     if given["fingerprint_tolerance"] is not None or given["logprob_tolerance"] is not None:
         source += "; set by rl_*_tolerance where given"
     resolved = Numerics(fingerprint_tolerance=t.fingerprint, logprob_tolerance=t.logprob, dtype=t.dtype, source=source)
@@ -888,8 +989,9 @@ def meta_problems(meta: Any) -> list[str]:
     }
     required = ("run_id", "deployment", "model")
     problems = [f"meta.{k} is missing" for k in required if k not in meta]
-    problems += [f"meta.{k} is not allowed: {str(meta[k])[:80]!r}" for k, ok in checks.items() if k in meta
-                 and not ok(meta[k])]  # fmt: skip
+    problems += [
+        f"meta.{k} is not allowed: {str(meta[k])[:80]!r}" for k, ok in checks.items() if k in meta and not ok(meta[k])
+    ]
     engine = meta.get("engine") or DEFAULT
     if engine in ENGINES and spec(engine).names == "path" and meta.get("deployment") is None:
         problems.append("meta.deployment is missing: a Fireworks recording names its deployment")

@@ -54,9 +54,13 @@ def declared_loads(request: pytest.FixtureRequest, dep: RLDeployment) -> list[Lo
     from pytest_rlrollout.runs.plan import Context, declared
 
     callspec = getattr(request.node, "callspec", None)
-    context = Context(has=dep.capabilities.has, engine=str(dep.engine),
-                      spans_only=dep.driver.reading.spans_only, reset_policies=dep.driver.reset_policies,
-                      params=dict(callspec.params) if callspec is not None else {})  # fmt: skip
+    context = Context(
+        has=dep.capabilities.has,
+        engine=str(dep.engine),
+        spans_only=dep.driver.reading.spans_only,
+        reset_policies=dep.driver.reset_policies,
+        params=dict(callspec.params) if callspec is not None else {},
+    )
     return declared(list(request.node.iter_markers("rl_loads")), context)
 
 
@@ -64,8 +68,9 @@ def must_clauses_bound(item: pytest.Item, dep: RLDeployment) -> list[str]:
     from pytest_rlrollout.contract import catalogue
 
     cat = catalogue()
-    return [c for m in item.iter_markers("rl_clause") for c in m.args
-            if cat[c].level == "MUST" and cat[c].binds(dep.engine)]  # fmt: skip
+    return [
+        c for m in item.iter_markers("rl_clause") for c in m.args if cat[c].level == "MUST" and cat[c].binds(dep.engine)
+    ]
 
 
 class Spent:
@@ -97,13 +102,17 @@ def spent(config: pytest.Config, dep: RLDeployment) -> Spent:
 def over_budget(budget: Budget, plan: TestPlan, full_bytes: int, spent: dict[str, int]) -> str | None:
     """Why the test's plan does not fit what is left of the budget (None when it fits)."""
     full = plan.totals(full_bytes)
-    limits = (("rl_max_swaps", budget.swaps, "swaps", full["swaps"]),
-              ("rl_max_upload_bytes", budget.upload_bytes, "uploaded", full["uploaded"]),
-              ("rl_max_full_uploads", budget.full_uploads, "full_uploads", full["full_uploads"]))  # fmt: skip
+    limits = (
+        ("rl_max_swaps", budget.swaps, "swaps", full["swaps"]),
+        ("rl_max_upload_bytes", budget.upload_bytes, "uploaded", full["uploaded"]),
+        ("rl_max_full_uploads", budget.full_uploads, "full_uploads", full["full_uploads"]),
+    )
     for key, limit, what, needs in limits:
         if limit is not None and needs and spent.get(what, 0) + needs > limit:
-            return (f"left out by the run's budget: {key} = {limit}, {spent.get(what, 0)} spent, and this test "
-                    f"would take {needs} more ({what.replace('_', ' ')})")  # fmt: skip
+            return (
+                f"left out by the run's budget: {key} = {limit}, {spent.get(what, 0)} spent, and this test "
+                f"would take {needs} more ({what.replace('_', ' ')})"
+            )
     return None
 
 
@@ -131,8 +140,9 @@ def plan_or_leave_out(request: pytest.FixtureRequest, dep: RLDeployment) -> None
     if budget.profile == "read-only":
         _leave_out(request, "left out by the profile read-only (rl_profile): it changes what the deployment serves")
     if budget.musts_only and not must_clauses_bound(item, dep):
-        _leave_out(request, f"left out by the profile core (rl_profile): it judges no MUST clause that {dep.engine} "
-                            "binds")  # fmt: skip
+        _leave_out(
+            request, f"left out by the profile core (rl_profile): it judges no MUST clause that {dep.engine} binds"
+        )
     planning = budget.plan is not None
     if not (planning or budget.limited or dep.mode == "live"):
         return
@@ -260,23 +270,31 @@ def plan_lines(doc: dict[str, Any]) -> list[str]:
     """A plan (`PlanPrinter.document`) as text: a line per test, its loads, and the totals."""
     from pytest_rlrollout.suite.report.text import size
 
-    lines = [f"{doc['deployment']} (engine {doc['engine'] or 'not decided'}), profile {doc['profile']}; "
-             f"the base is {size(doc['base_bytes'])}"]  # fmt: skip
+    lines = [
+        f"{doc['deployment']} (engine {doc['engine'] or 'not decided'}), profile {doc['profile']}; "
+        f"the base is {size(doc['base_bytes'])}"
+    ]
     lines.append(
         f"{'swaps':>5} {'signals':>7} {'uploaded':>10} {'copied':>10} {'linked':>10} {'written':>10}  test: loads"
     )
     for t in doc["tests"]:
         loads = ", ".join(f"{p['kind']} {p['end']}" for p in t["loads"]) or "nothing built"
-        lines.append(f"{t['swaps']:>5} {t['signals']:>7} {size(t['uploaded']):>10} {size(t['copied']):>10} "
-                     f"{size(t['linked']):>10} {size(t['written']):>10}  {t['test']}: {loads}")  # fmt: skip
+        lines.append(
+            f"{t['swaps']:>5} {t['signals']:>7} {size(t['uploaded']):>10} {size(t['copied']):>10} "
+            f"{size(t['linked']):>10} {size(t['written']):>10}  {t['test']}: {loads}"
+        )
     s = doc["totals"]
-    lines.append(f"total: {len(doc['tests'])} tests, {s.get('swaps', 0)} swaps, {s.get('signals', 0)} signals, "
-                 f"{size(s.get('uploaded', 0))} uploaded ({s.get('full_uploads', 0)} whole snapshots), "
-                 f"{size(s.get('copied', 0))} copied inside the bucket, {size(s.get('linked', 0))} linked, "
-                 f"{size(s.get('written', 0))} written here")  # fmt: skip
+    lines.append(
+        f"total: {len(doc['tests'])} tests, {s.get('swaps', 0)} swaps, {s.get('signals', 0)} signals, "
+        f"{size(s.get('uploaded', 0))} uploaded ({s.get('full_uploads', 0)} whole snapshots), "
+        f"{size(s.get('copied', 0))} copied inside the bucket, {size(s.get('linked', 0))} linked, "
+        f"{size(s.get('written', 0))} written here"
+    )
     if doc["estimated_seconds"] is not None:
-        lines.append(f"estimated wall time of the swaps: {s.get('swaps', 0)} × {doc['swap_seconds']:g} s = "
-                     f"{doc['estimated_seconds'] / 60:.0f} min (rl_swap_seconds)")  # fmt: skip
+        lines.append(
+            f"estimated wall time of the swaps: {s.get('swaps', 0)} × {doc['swap_seconds']:g} s = "
+            f"{doc['estimated_seconds'] / 60:.0f} min (rl_swap_seconds)"
+        )
     else:
         lines.append("estimated wall time: set rl_swap_seconds (how long one swap takes on this deployment)")
     for what, key in (("left out", "left_out"), ("not priced", "unpriced")):

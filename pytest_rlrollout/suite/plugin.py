@@ -97,8 +97,9 @@ def _preflight(config: pytest.Config) -> Discovery:
         except PreflightError as e:
             raise pytest.UsageError(f"preflight: {e}") from None
         except (httpx.HTTPError, LimitExceeded) as e:
-            raise pytest.UsageError(f"preflight: the deployment stopped answering the capability probes "
-                                    f"({type(e).__name__}: {e})") from None  # fmt: skip
+            raise pytest.UsageError(
+                f"preflight: the deployment stopped answering the capability probes ({type(e).__name__}: {e})"
+            ) from None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -247,8 +248,10 @@ def _cut_by_the_suite(e: BaseException) -> str | None:
 
     if not isinstance(e, LimitExceeded) or not e.silent or not e.bound.startswith(TIME_BOUNDS):
         return None
-    return (f"{e}: no answer within the suite's own bound, which no clause sets (slow is not wrong; raise "
-            "rl_exchange_timeout or rl_test_timeout)")  # fmt: skip
+    return (
+        f"{e}: no answer within the suite's own bound, which no clause sets (slow is not wrong; raise "
+        "rl_exchange_timeout or rl_test_timeout)"
+    )
 
 
 def _assertion(call: pytest.CallInfo) -> str:

@@ -194,10 +194,16 @@ def _live_state(config: pytest.Config) -> dict[str, Any]:
     removed = sorted({i for c in cleanups for i in c.removed})
     kept = sorted({i for c in cleanups for i in c.kept} - set(removed))  # kept until the start was restored
     before, after = start.identities, end.identities
-    adapters = sorted({i for r in end.replicas for i in served_by(r)} - {i for r in start.replicas for i in served_by(r)}
-                      - set(after))  # fmt: skip
-    out: dict[str, Any] = {"served_at_start": before, "served_at_end": after, "uploaded_and_removed": removed,
-                           "uploaded_and_kept": kept, "adapters_left_loaded": adapters}  # fmt: skip
+    adapters = sorted(
+        {i for r in end.replicas for i in served_by(r)} - {i for r in start.replicas for i in served_by(r)} - set(after)
+    )
+    out: dict[str, Any] = {
+        "served_at_start": before,
+        "served_at_end": after,
+        "uploaded_and_removed": removed,
+        "uploaded_and_kept": kept,
+        "adapters_left_loaded": adapters,
+    }
     restored = state.restore
     if restored is not None:
         out["restored"] = restored.restored

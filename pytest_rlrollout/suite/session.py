@@ -37,16 +37,20 @@ class RLSession:
         import openai
 
         t = self.deployment.target
-        return openai.OpenAI(base_url=t.inference_base + "/v1", api_key=t.api_key.reveal(),
-                             default_headers=self.headers)  # fmt: skip
+        return openai.OpenAI(
+            base_url=t.inference_base + "/v1", api_key=t.api_key.reveal(), default_headers=self.headers
+        )
 
     def http(self) -> httpx.Client:
         """An httpx client for the inference API with auth and this session's header."""
         import httpx
 
         t = self.deployment.target
-        return httpx.Client(base_url=t.inference_base, headers=self.deployment.auth_headers() | self.headers,
-                            timeout=self.deployment.timeouts.request)  # fmt: skip
+        return httpx.Client(
+            base_url=t.inference_base,
+            headers=self.deployment.auth_headers() | self.headers,
+            timeout=self.deployment.timeouts.request,
+        )
 
 
 @pytest.fixture

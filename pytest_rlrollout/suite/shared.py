@@ -93,8 +93,13 @@ class Part:
 PARTS: dict[str, Part] = {}
 
 
-def part(name: str, before: Callable[[RLDeployment, str], Any],
-         after: Callable[[RLDeployment, Any, SwapResult], Any], *, first: bool = False) -> Part:  # fmt: skip
+def part(
+    name: str,
+    before: Callable[[RLDeployment, str], Any],
+    after: Callable[[RLDeployment, Any, SwapResult], Any],
+    *,
+    first: bool = False,
+) -> Part:
     """Register a part (a module that judges it does, at import; imported again, as pytester
     does, it registers it again). A part whose `after` must send the first requests once the
     swap is served (`first`: SWAP-NEW-1's) runs before the others."""
@@ -132,8 +137,9 @@ def share_of(item: pytest.Item) -> tuple[list[Share], tuple[str, ...]]:
     )
 
 
-def shared_loads(config: pytest.Config, item: pytest.Item, loads: Sequence[Load], sharing: bool,
-                 has: Callable[[str], bool]) -> list[Load]:  # fmt: skip
+def shared_loads(
+    config: pytest.Config, item: pytest.Item, loads: Sequence[Load], sharing: bool, has: Callable[[str], bool]
+) -> list[Load]:
     """A test's loads in the plan: each `Load("shared")` it declares is the swap of its next
     share (in the order `rl_shares` names them), built as the share builds it and ending as
     declared (served, or left unsignalled where the engine binds no such signal). Under the core
@@ -224,8 +230,9 @@ class SharedSwaps:
 
     def parts_of(self, share: Share) -> list[str]:
         """Every part that a test of the run judging `share` needs, in the order they were registered."""
-        needed = {p for item in self.request.session.items for s, parts in [share_of(item)] if share in s
-                  for p in parts}  # fmt: skip
+        needed = {
+            p for item in self.request.session.items for s, parts in [share_of(item)] if share in s for p in parts
+        }
         registered = sorted(PARTS, key=lambda p: not PARTS[p].first)  # (a stable sort: else as registered)
         return [p for p in [*OWN, *registered] if p in needed]
 
@@ -251,8 +258,15 @@ class SharedSwaps:
         try:
             if CROSSING in parts:
                 probes = 6 if PROBES in parts else 0
-                c = across_swap(dep, self.swap, self.seen, crossing_body(dep, naming(CROSSING)), change=change,
-                                probes=probes, **share.signal)  # fmt: skip
+                c = across_swap(
+                    dep,
+                    self.swap,
+                    self.seen,
+                    crossing_body(dep, naming(CROSSING)),
+                    change=change,
+                    probes=probes,
+                    **share.signal,
+                )
                 out.results |= {CROSSING: c, PROBES: c.probing}
                 swapped = c.result
             elif PROBES in parts:
@@ -268,8 +282,9 @@ class SharedSwaps:
             return out
         out.timeline = self.seen.timeline
         for p, before in befores.items():
-            out.results[p] = before if isinstance(before, BaseException) else _caught(PARTS[p].after, dep, before,
-                                                                                      swapped)  # fmt: skip
+            out.results[p] = (
+                before if isinstance(before, BaseException) else _caught(PARTS[p].after, dep, before, swapped)
+            )
         return out
 
     def _ledger_reset(self) -> int | None:

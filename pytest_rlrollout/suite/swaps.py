@@ -113,10 +113,16 @@ def _rl_snapshots(
         return
     config = request.config
     record = run_dir(config) / f"rl-record-{hashlib.sha256(rl_deployment.key.encode()).hexdigest()[:12]}.json"
-    made = SnapshotFactory(rl_deployment.base_snapshot, rl_deployment.bucket, tmp_path_factory.mktemp("rl-snapshots"),
-                           run_id(config), record, model=rl_deployment.target.model,
-                           incremental=rl_deployment.capabilities.has("incremental"),
-                           layout=catalogue()["SNAP-INDEX-2"].binds(rl_deployment.engine))  # fmt: skip
+    made = SnapshotFactory(
+        rl_deployment.base_snapshot,
+        rl_deployment.bucket,
+        tmp_path_factory.mktemp("rl-snapshots"),
+        run_id(config),
+        record,
+        model=rl_deployment.target.model,
+        incremental=rl_deployment.capabilities.has("incremental"),
+        layout=catalogue()["SNAP-INDEX-2"].binds(rl_deployment.engine),
+    )
     label = rl_deployment.driver.start_label()
     if label is not None and label in rl_deployment.served_identities():
         started = rl_deployment.driver.started_from()
@@ -173,8 +179,11 @@ def rl_snapshot_factory(
     from pytest_rlrollout.remote.cassette import portable_id
 
     if _rl_snapshots is None:
-        missing = [o for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot",
-                                  rl_deployment.base_snapshot)) if v is None]  # fmt: skip
+        missing = [
+            o
+            for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot", rl_deployment.base_snapshot))
+            if v is None
+        ]
         inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
     from pytest_rlrollout.suite.evidence import observed
 

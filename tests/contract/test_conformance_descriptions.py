@@ -15,8 +15,13 @@ def clause_tests():
         for f in ast.parse(path.read_text()).body:
             if not (isinstance(f, ast.FunctionDef) and f.name.startswith("test_")):
                 continue
-            ids = [a.value for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "clause"
-                   for a in d.args if isinstance(a, ast.Constant)]  # fmt: skip
+            ids = [
+                a.value
+                for d in f.decorator_list
+                if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "clause"
+                for a in d.args
+                if isinstance(a, ast.Constant)
+            ]
             if len(ids) == 1:
                 yield path.name, f.name, ids[0], ast.get_docstring(f)
 
@@ -28,13 +33,20 @@ def words(text: str | None) -> str:
 def test_every_conformance_test_says_its_clauses_rule():
     rules = {c.id: c.rule for c in catalogue()}
     found = list(clause_tests())
-    wrong = [f"{module}::{test} ({cid}): {words(doc)[:80]!r}" for module, test, cid, doc in found
-             if words(doc) != words(rules[cid])]  # fmt: skip
+    wrong = [
+        f"{module}::{test} ({cid}): {words(doc)[:80]!r}"
+        for module, test, cid, doc in found
+        if words(doc) != words(rules[cid])
+    ]
     assert len(found) >= 100 and not wrong, "docstrings that are not their clause's rule:\n" + "\n".join(wrong)
 
 
 def test_the_capability_gate_is_spelt_one_way():
     """`requires(...)` from suite.marks, never the mark it stands for spelt out (or renamed)."""
-    spelt = [f"{p.name}:{n}" for p in sorted(CONFORMANCE.glob("test_*.py"))
-             for n, line in enumerate(p.read_text().splitlines(), 1) if "rl_requires" in line]  # fmt: skip
+    spelt = [
+        f"{p.name}:{n}"
+        for p in sorted(CONFORMANCE.glob("test_*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "rl_requires" in line
+    ]
     assert not spelt, f"the capability gate spelt out: {spelt}"

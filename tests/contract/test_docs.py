@@ -37,8 +37,13 @@ def test_docs_engines_is_the_matrix_of_the_reports_beside_it():
     from pytest_rlrollout.suite.matrix import html, load, markdown
 
     columns = load(sorted(ENGINES.glob("*.json")), page=DOC.parent)
-    assert {c.name for c in columns} >= {"coreweave-reference", "fireworks-reference", "vllm-reference",
-                                         "vllm-0.32-cpu", "openai-transformers-serve"}  # fmt: skip
+    assert {c.name for c in columns} >= {
+        "coreweave-reference",
+        "fireworks-reference",
+        "vllm-reference",
+        "vllm-0.32-cpu",
+        "openai-transformers-serve",
+    }
     stale = "is stale: python -m tests.engines.publish (or rlrollout matrix docs/engines/*.json --out docs/engines)"
     assert (DOC.parent / "engines.md").read_text() == markdown(columns), f"docs/engines.md {stale}"
     assert (DOC.parent / "engines.html").read_text() == html(columns), f"docs/engines.html {stale}"

@@ -15,11 +15,18 @@ def clauses(name, doc):
         {"identity": "step-1"},
         {"identity": "step-1", "reset_prompt_cache": True},  # what the SDK sends
         {"identity": "step-1", "reset_prompt_cache": "new_session"},
-        {"identity": "step-2", "reset_prompt_cache": "none", "incremental_snapshot_metadata": {
-            "previous_snapshot_identity": "step-1", "compression_format": "arc_v2", "checksum_format": "alder32"}},
+        {
+            "identity": "step-2",
+            "reset_prompt_cache": "none",
+            "incremental_snapshot_metadata": {
+                "previous_snapshot_identity": "step-1",
+                "compression_format": "arc_v2",
+                "checksum_format": "alder32",
+            },
+        },
         {"identity": "step-3", "validation": {"extra_fields_ignore": ["rope_scaling"]}},
     ],
-)  # fmt: skip
+)
 def test_sdk_bodies_are_accepted(body):
     assert clauses("hot-load-request", body) == []
 
@@ -27,32 +34,60 @@ def test_sdk_bodies_are_accepted(body):
 @pytest.mark.parametrize(
     ("body", "clause", "words"),
     [
-        ({"identity": "x", "reset_prompt_cache": True, "force": 1}, "HL-POST-2", "Extra inputs are not permitted, field: 'force'"),
+        (
+            {"identity": "x", "reset_prompt_cache": True, "force": 1},
+            "HL-POST-2",
+            "Extra inputs are not permitted, field: 'force'",
+        ),
         ({"identity": "x", "reset_prompt_cache": "sometimes"}, "HL-POST-3", "reset_prompt_cache"),
         ({"identity": "a/b"}, "SNAP-ID-1", "one path segment"),
         ({"identity": ".."}, "SNAP-ID-1", "one path segment"),
-        ({"identity": "x", "incremental_snapshot_metadata": {"previous_snapshot_identity": "p",
-          "compression_format": 2, "checksum_format": "alder32"}}, "SNAP-INC-4", "compression_format"),
+        (
+            {
+                "identity": "x",
+                "incremental_snapshot_metadata": {
+                    "previous_snapshot_identity": "p",
+                    "compression_format": 2,
+                    "checksum_format": "alder32",
+                },
+            },
+            "SNAP-INC-4",
+            "compression_format",
+        ),
         ({"identity": "x", "validation": {"extra_fields_ignore": "rope"}}, "HL-CONFIG-2", "extra_fields_ignore"),
         ({"reset_prompt_cache": "all"}, "HL-POST-2", "'identity' is a required property"),
     ],
-)  # fmt: skip
+)
 def test_rejections_carry_their_clause(body, clause, words):
     found = clauses("hot-load-request", body)
     assert any(c == clause and words in m for c, m in found), found
 
 
 def test_status_schema():
-    ok = {"replicas": [{"readiness": True, "current_snapshot_identity": "s1",
-                        "loading_state": {"stage": "done", "target_snapshot_identity": "s1"},
-                        "loaded_adapters": [{"identity": "lora-1", "status": "loaded"}]}]}  # fmt: skip
+    ok = {
+        "replicas": [
+            {
+                "readiness": True,
+                "current_snapshot_identity": "s1",
+                "loading_state": {"stage": "done", "target_snapshot_identity": "s1"},
+                "loaded_adapters": [{"identity": "lora-1", "status": "loaded"}],
+            }
+        ]
+    }
     assert clauses("hot-load-status", ok) == []
     assert clauses("hot-load-status", {"replicas": [{"readiness": False, "current_snapshot_identity": None}]}) == []
     assert [c for c, _ in clauses("hot-load-status", {"status": "ok"})] == ["HL-GET-1"]
     null_state = {"replicas": [{"readiness": True, "current_snapshot_identity": "s", "loading_state": None}]}
     assert [c for c, _ in clauses("hot-load-status", null_state)] == ["HL-GET-1a"]
-    null_target = {"replicas": [{"readiness": True, "current_snapshot_identity": "s",
-                                 "loading_state": {"stage": "loading", "target_snapshot_identity": None}}]}  # fmt: skip
+    null_target = {
+        "replicas": [
+            {
+                "readiness": True,
+                "current_snapshot_identity": "s",
+                "loading_state": {"stage": "loading", "target_snapshot_identity": None},
+            }
+        ]
+    }
     assert [c for c, _ in clauses("hot-load-status", null_target)] == ["HL-GET-1a"]
 
 

@@ -47,8 +47,23 @@ PAGE = ROOT / "docs" / "engines"  # the page's stem: docs/engines.md and docs/en
 def suite(report: Path, *args: str) -> None:
     """The whole installed suite, in a process of its own, writing `report` (its verdicts are the
     point: a failing run is not an error here)."""
-    subprocess.run([sys.executable, "-m", "pytest", str(CONFORMANCE), "-p", "no:randomly", "-p", "no:cacheprovider",
-                    "-q", f"--rl-report={report}", *args], cwd=report.parent, check=False)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(CONFORMANCE),
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--rl-report={report}",
+            *args,
+        ],
+        cwd=report.parent,
+        check=False,
+    )
     if not report.is_file():
         raise SystemExit(f"the run wrote no report ({report})")
 
@@ -62,10 +77,22 @@ def real_vllm(report: Path, base: Path) -> None:
 
     bucket = base.parent
     with vllm_server(base, report.parent / "vllm.log") as server:
-        suite(report, f"--rl-base-url={server.url}", f"--rl-model={server.model}", f"--rl-api-key={server.key}",
-              "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}",
-              "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", "-o", "rl_exchange_timeout=20",
-              "-o", f"rl_served_dtype={DTYPE}")  # fmt: skip
+        suite(
+            report,
+            f"--rl-base-url={server.url}",
+            f"--rl-model={server.model}",
+            f"--rl-api-key={server.key}",
+            "--rl-engine=auto",
+            "--rl-allow-hot-load",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={base}",
+            "-o",
+            f"rl_long_stream_tokens={STREAM_TOKENS}",
+            "-o",
+            "rl_exchange_timeout=20",
+            "-o",
+            f"rl_served_dtype={DTYPE}",
+        )
 
 
 def real_vllm_fleet(report: Path, base: Path) -> None:
@@ -75,11 +102,25 @@ def real_vllm_fleet(report: Path, base: Path) -> None:
 
     bucket, logs = base.parent, report.parent
     each = [(base, logs / f"vllm-{i}.log", ()) for i in range(2)]
-    with vllm_servers(each, key=None) as servers, smg_gateway([s.url for s in servers], backend="vllm",
-                                                               log=logs / "smg.log") as gateway:  # fmt: skip
-        suite(report, f"--rl-base-url={gateway.url}", "--rl-model=tiny", "--rl-engine=auto", "--rl-allow-hot-load",
-              f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}",
-              "-o", "rl_exchange_timeout=20", "-o", f"rl_served_dtype={DTYPE}")  # fmt: skip
+    with (
+        vllm_servers(each, key=None) as servers,
+        smg_gateway([s.url for s in servers], backend="vllm", log=logs / "smg.log") as gateway,
+    ):
+        suite(
+            report,
+            f"--rl-base-url={gateway.url}",
+            "--rl-model=tiny",
+            "--rl-engine=auto",
+            "--rl-allow-hot-load",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={base}",
+            "-o",
+            f"rl_long_stream_tokens={STREAM_TOKENS}",
+            "-o",
+            "rl_exchange_timeout=20",
+            "-o",
+            f"rl_served_dtype={DTYPE}",
+        )
 
 
 @contextlib.contextmanager
@@ -91,8 +132,11 @@ def transformers_serve(base: Path, log: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([command, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                                 str(base)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [command, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", str(base)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:

@@ -43,11 +43,35 @@ pytestmark = pytest.mark.xdist_group("vllm")  # one server at a time on a 2-core
 # Clauses each to be judged pass or fail against vLLM: the HL, CTL, FID, INF and NUM clauses the
 # engine has bindings for, and every swap a stream or a request must meet in flight.
 MUST_JUDGE = {
-    "HL-POST-1", "HL-GET-1", "HL-GET-2", "VER-SPAN-1", "CTL-PAUSE-1", "CTL-PAUSE-2", "CTL-PAUSE-3", "CTL-PAUSE-4",
-    "CTL-PAUSE-5", "CTL-LABEL-1", "CTL-CACHE-1", "CACHE-ISO-1", "FID-SAME-1", "FID-SWAP-1", "FID-CACHE-1",
-    "FID-DECODE-1", "NUM-LOGPROB-1", "INF-SSE-1", "INF-LOGPROBS-1", "INF-USAGE-1", "INF-TOKENIDS-1", "INF-ERR-1",
-    "SWAP-ASYNC-1", "SWAP-ASYNC-2", "SWAP-ASYNC-3", "SWAP-KV-1", "SWAP-NEW-1", "HL-AUTH-1",
-}  # fmt: skip
+    "HL-POST-1",
+    "HL-GET-1",
+    "HL-GET-2",
+    "VER-SPAN-1",
+    "CTL-PAUSE-1",
+    "CTL-PAUSE-2",
+    "CTL-PAUSE-3",
+    "CTL-PAUSE-4",
+    "CTL-PAUSE-5",
+    "CTL-LABEL-1",
+    "CTL-CACHE-1",
+    "CACHE-ISO-1",
+    "FID-SAME-1",
+    "FID-SWAP-1",
+    "FID-CACHE-1",
+    "FID-DECODE-1",
+    "NUM-LOGPROB-1",
+    "INF-SSE-1",
+    "INF-LOGPROBS-1",
+    "INF-USAGE-1",
+    "INF-TOKENIDS-1",
+    "INF-ERR-1",
+    "SWAP-ASYNC-1",
+    "SWAP-ASYNC-2",
+    "SWAP-ASYNC-3",
+    "SWAP-KV-1",
+    "SWAP-NEW-1",
+    "HL-AUTH-1",
+}
 # vLLM 0.32's findings (see the module docstring for the second observation of each)
 FAILS = {"HL-AUTH-1", "CTL-LABEL-1", "NUM-LOGPROB-1", "FID-SAME-1"}
 # ...but FID-SAME-1, once the start-up load is gone (see the module docstring)
@@ -60,8 +84,16 @@ UNSUPPORTED = {f"R3-{x}" for x in ("SHAPE-1", "RANGE-1", "COMP-1", "DET-1", "CAC
 
 SCORED = list(range(10, 42))  # a prompt whose logprobs tell weights apart
 # the soak's verdicts on vLLM (pause/resume swaps under load)
-SOAK_VERDICTS = {"SWAP-NEW-1": "pass", "SWAP-ASYNC-1": "pass", "SWAP-ASYNC-2": "pass", "INF-SSE-1": "pass",
-                 "HL-GET-2": "pass", "FID-SWAP-1": "pass", "CACHE-MATRIX-ALL-SAME": "pass", "VER-SPAN-1": "pass"}  # fmt: skip
+SOAK_VERDICTS = {
+    "SWAP-NEW-1": "pass",
+    "SWAP-ASYNC-1": "pass",
+    "SWAP-ASYNC-2": "pass",
+    "INF-SSE-1": "pass",
+    "HL-GET-2": "pass",
+    "FID-SWAP-1": "pass",
+    "CACHE-MATRIX-ALL-SAME": "pass",
+    "VER-SPAN-1": "pass",
+}
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +116,23 @@ def fresh(vllm) -> list[float]:
 def conformance(pytester, vllm, report: str, *extra: str) -> dict:
     server, bucket, base = vllm
     pytester.runpytest_inprocess(
-        str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={server.url}", f"--rl-model={server.model}",
-        f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-        f"--rl-base-snapshot={base}", f"--rl-report={report}", "-o", f"rl_long_stream_tokens={STREAM_TOKENS}",
-        "-o", f"rl_served_dtype={DTYPE}", *extra,
-    )  # fmt: skip
+        str(CONFORMANCE),
+        "-p",
+        "no:randomly",
+        f"--rl-base-url={server.url}",
+        f"--rl-model={server.model}",
+        f"--rl-api-key={server.key}",
+        "--rl-engine=auto",
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={base}",
+        f"--rl-report={report}",
+        "-o",
+        f"rl_long_stream_tokens={STREAM_TOKENS}",
+        "-o",
+        f"rl_served_dtype={DTYPE}",
+        *extra,
+    )
     return json.loads((pytester.path / report).read_text())
 
 
@@ -98,8 +142,12 @@ def verdicts(doc: dict) -> dict[str, str]:
 
 def score(server, ids: list[int], timeout: float = 60) -> list[float]:
     """The prompt's logprobs as vLLM scores them (prompt_logprobs)."""
-    r = httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {server.key}"}, timeout=timeout,
-                   json={"model": server.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})  # fmt: skip
+    r = httpx.post(
+        server.url + "/v1/completions",
+        headers={"Authorization": f"Bearer {server.key}"},
+        timeout=timeout,
+        json={"model": server.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
+    )
     rows = r.json()["choices"][0]["prompt_logprobs"]
     return [row[str(t)]["logprob"] for t, row in zip(ids[1:], rows[1:], strict=True)]
 
@@ -111,8 +159,25 @@ def test_numerics_compares_the_fresh_server_with_its_weights(vllm, fresh, tmp_pa
 
     server, _, base = vllm
     out = tmp_path / "numerics"
-    code = main(["numerics", "--base-url", server.url, "--model", server.model, "--api-key", server.key,
-                 "--snapshot", str(base), "--prompts", "4", "--tokens", "16", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "numerics",
+            "--base-url",
+            server.url,
+            "--model",
+            server.model,
+            "--api-key",
+            server.key,
+            "--snapshot",
+            str(base),
+            "--prompts",
+            "4",
+            "--tokens",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
     printed, err = capsys.readouterr()
     assert code == 0, printed + err
     assert "engine vllm (auto: GET /version answers vLLM 0.32" in err
@@ -154,8 +219,12 @@ def test_a_reload_of_the_start_directory_changes_the_numbers(vllm, fresh):
 
     server, _, base = vllm
     local = [float(x) for x in local_scorer(base, "numpy").score(SCORED).logprobs[1:]]
-    r = httpx.post(server.url + "/collective_rpc", headers={"Authorization": f"Bearer {server.key}"}, timeout=60,
-                   json={"method": "reload_weights", "kwargs": {"weights_path": str(base)}})  # fmt: skip
+    r = httpx.post(
+        server.url + "/collective_rpc",
+        headers={"Authorization": f"Bearer {server.key}"},
+        timeout=60,
+        json={"method": "reload_weights", "kwargs": {"weights_path": str(base)}},
+    )
     assert r.status_code == 200, r.text[:300]
     reloaded = score(server, SCORED)
     assert max(abs(a - b) for a, b in zip(fresh, local, strict=True)) < 1e-4
@@ -176,13 +245,32 @@ def test_a_soak_with_pause_resume_swaps_reports_its_figures(pytester, vllm):
     keep, reload_weights, a new label, the prefix cache reset, resume), every turn judged."""
     server, bucket, base = vllm
     pytester.runpytest_inprocess(
-        str(CONFORMANCE / "test_soak.py"), "-p", "no:randomly", f"--rl-base-url={server.url}",
-        f"--rl-model={server.model}", f"--rl-api-key={server.key}", "--rl-engine=auto", "--rl-allow-hot-load",
-        f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", "--rl-report=soak.json", "-o", "rl_soak=true",
-        "-o", f"rl_served_dtype={DTYPE}",
-        "-o", "rl_soak_seconds=90", "-o", "rl_soak_swaps=3", "-o", "rl_soak_every=2.5", "-o", "rl_soak_users=8",
-        "-o", "rl_soak_full_every=2",
-    )  # fmt: skip
+        str(CONFORMANCE / "test_soak.py"),
+        "-p",
+        "no:randomly",
+        f"--rl-base-url={server.url}",
+        f"--rl-model={server.model}",
+        f"--rl-api-key={server.key}",
+        "--rl-engine=auto",
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={base}",
+        "--rl-report=soak.json",
+        "-o",
+        "rl_soak=true",
+        "-o",
+        f"rl_served_dtype={DTYPE}",
+        "-o",
+        "rl_soak_seconds=90",
+        "-o",
+        "rl_soak_swaps=3",
+        "-o",
+        "rl_soak_every=2.5",
+        "-o",
+        "rl_soak_users=8",
+        "-o",
+        "rl_soak_full_every=2",
+    )
     doc = json.loads((pytester.path / "soak.json").read_text())
     rows = dict(doc["soak"]["rows"])
     assert rows["swaps"] == 3 and rows["turns"] > 0 and rows["tokens/s"] > 0, rows
@@ -210,7 +298,18 @@ def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm, tmp_path):
         score(server, list(range(10, 20)), timeout=10)
     base = tiny_moe.make_base(tmp_path / "bucket" / tiny_moe.BASE_IDENTITY)
     with vllm_server(base, tmp_path / "vllm.log") as fresh_server:
-        alone = verdicts(conformance(pytester, (fresh_server, base.parent, base), "alone.json", "-m", "rl_breaks",
-                                     "-k", THEN_ALONE, "-o", "rl_exchange_timeout=10"))  # fmt: skip
+        alone = verdicts(
+            conformance(
+                pytester,
+                (fresh_server, base.parent, base),
+                "alone.json",
+                "-m",
+                "rl_breaks",
+                "-k",
+                THEN_ALONE,
+                "-o",
+                "rl_exchange_timeout=10",
+            )
+        )
     assert {c for c, o in alone.items() if o == "fail"} == {"HL-POST-5", THEN_ALONE}, alone
     assert {c for c, o in got.items() if o == "fail"} | {c for c, o in alone.items() if o == "fail"} == BREAKING_FAILS

@@ -43,18 +43,32 @@ def fleet(tmp_path_factory):
     bucket = root / "bucket"
     base = tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
     each = [(base, root / "vllm-0.log", ()), (base, root / "vllm-1.log", OWN_MOUNTS)]
-    with vllm_servers(each, key=None) as servers, smg_gateway([s.url for s in servers], backend="vllm",
-                                                               log=root / "smg.log") as gateway:  # fmt: skip
+    with (
+        vllm_servers(each, key=None) as servers,
+        smg_gateway([s.url for s in servers], backend="vllm", log=root / "smg.log") as gateway,
+    ):
         yield servers, gateway, bucket, base
 
 
 def conformance(pytester, fleet, report: str, *extra: str) -> dict:
     _, gateway, bucket, base = fleet
     pytester.runpytest_inprocess(
-        str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={gateway.url}", "--rl-model=tiny", "--rl-engine=auto",
-        "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}", f"--rl-report={report}",
-        "-o", f"rl_long_stream_tokens={STREAM_TOKENS}", "-o", f"rl_served_dtype={DTYPE}", *extra,
-    )  # fmt: skip
+        str(CONFORMANCE),
+        "-p",
+        "no:randomly",
+        f"--rl-base-url={gateway.url}",
+        "--rl-model=tiny",
+        "--rl-engine=auto",
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={base}",
+        f"--rl-report={report}",
+        "-o",
+        f"rl_long_stream_tokens={STREAM_TOKENS}",
+        "-o",
+        f"rl_served_dtype={DTYPE}",
+        *extra,
+    )
     return json.loads((pytester.path / report).read_text())
 
 
@@ -80,14 +94,35 @@ def test_an_engine_that_cannot_load_leaves_the_fleet_mixed(pytester, fleet, tmp_
     servers, _, bucket, base = fleet
     only_base = tmp_path / "only-the-base"
     shutil.copytree(base, only_base / base.name)
-    subprocess.run(["nsenter", "--target", str(servers[1].process.pid), "--mount", "--", "mount", "--bind",
-                    str(only_base), str(bucket)], check=True)  # fmt: skip
-    doc = conformance(pytester, fleet, "mixed.json", "-k", "test_every_replica_reaches_the_new_identity",
-                      "-o", "rl_exchange_timeout=60")  # fmt: skip
+    subprocess.run(
+        [
+            "nsenter",
+            "--target",
+            str(servers[1].process.pid),
+            "--mount",
+            "--",
+            "mount",
+            "--bind",
+            str(only_base),
+            str(bucket),
+        ],
+        check=True,
+    )
+    doc = conformance(
+        pytester,
+        fleet,
+        "mixed.json",
+        "-k",
+        "test_every_replica_reaches_the_new_identity",
+        "-o",
+        "rl_exchange_timeout=60",
+    )
     [test] = [t for t in doc["clauses"]["HL-GET-2"]["tests"] if t["outcome"] == "fail"]
     reason = test["reason"]
-    assert f"got 207: the load failed on {servers[1].url} (HTTP 500), 1 of 2 engines, and the fleet now serves " \
-           "mixed snapshots: " in reason, reason  # fmt: skip
+    assert (
+        f"got 207: the load failed on {servers[1].url} (HTTP 500), 1 of 2 engines, and the fleet now serves "
+        "mixed snapshots: " in reason
+    ), reason
     assert servers[0].url not in reason.split(", and the fleet")[0], reason
     assert servers[1].url in reason.split("; ")[1] and "answered" in reason.split("; ")[1], reason
     # the gateway's own per-engine answer follows

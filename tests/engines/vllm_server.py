@@ -53,11 +53,17 @@ CONTEXT = 6144
 STREAM_TOKENS = 1000
 DTYPE = "float32"  # what the server computes in: the suite's tolerances follow it (rl_served_dtype)
 FLAGS = (
-    "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--dtype", DTYPE,
+    "--served-model-name",
+    MODEL,
+    "--max-model-len",
+    str(CONTEXT),
+    "--dtype",
+    DTYPE,
     "--enable-scale-out",  # weight_versions spans on /inference/v1/generate (VER-SPAN-1, policy versions)
     "--enable-prompt-tokens-details",  # cached tokens in usage (CACHE)
-    "--distributed-executor-backend", "uni",  # the model runs in the engine-core process (see TWO_CORES)
-)  # fmt: skip
+    "--distributed-executor-backend",
+    "uni",  # the model runs in the engine-core process (see TWO_CORES)
+)
 # How vLLM is laid out on a 2-core machine. By default the CPU build runs the model in a worker
 # process of its own, with an OpenMP thread spinning on each core, beside the engine core and the
 # API server: the API server then answered a POST /pause sent 0.1 s into a 5000-token stream
@@ -83,22 +89,46 @@ def vllm_server(model_dir: Path, log: Path, *, key: str | None = KEY, prefix: Se
 def vllm_servers(each: Sequence[tuple[Path, Path, Sequence[str]]], *, key: str | None = KEY) -> Iterator[list[Server]]:
     """Several vLLM servers (model dir, log, command prefix), started together and waited for
     together (a fleet's engines start in about the time of one); all stopped at exit."""
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **TWO_CORES}  # fmt: skip
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **TWO_CORES,
+    }
     servers: list[Server] = []
     try:
         for model_dir, log, prefix in each:
             port = free_port()
-            command = [*prefix, str(ensure_venv()), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-                       "--port", str(port), "--model", str(model_dir), *(["--api-key", key] if key else []),
-                       *FLAGS]  # fmt: skip
+            command = [
+                *prefix,
+                str(ensure_venv()),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                str(model_dir),
+                *(["--api-key", key] if key else []),
+                *FLAGS,
+            ]
             with open(log, "wb") as out:
-                process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)  # fmt: skip
+                process = subprocess.Popen(
+                    command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
             servers.append(Server(f"http://127.0.0.1:{port}", MODEL, key or "", log, process))
         for server in servers:
-            wait_until(lambda s=server: _ready(s), timeout=READY_WITHIN, interval=0.5, what=f"vLLM at {server.url} "
-                       f"({server.log})")  # fmt: skip
+            wait_until(
+                lambda s=server: _ready(s),
+                timeout=READY_WITHIN,
+                interval=0.5,
+                what=f"vLLM at {server.url} ({server.log})",
+            )
         yield servers
     finally:
         for server in servers:

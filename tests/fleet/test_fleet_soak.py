@@ -23,12 +23,32 @@ def soaked(pytester, tmp_path, fleet, bucket) -> tuple[dict, dict]:
     report = tmp_path / "report.json"
     urls = [] if fleet.gateway is not None else ["-o", f"rl_fleet_urls={' '.join(fleet.urls)}"]
     pytester.inline_run(
-        str(CONFORMANCE / "test_soak.py"), f"--rl-base-url={fleet.base_url}", *urls, "--rl-model=tiny",
-        "--rl-engine=auto", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-        f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "-o", "rl_served_dtype=float32",
-        "-o", "rl_soak=true", "-o", f"rl_soak_swaps={SWAPS}", "-o", "rl_soak_every=0.5", "-o", "rl_soak_seconds=90",
-        "-o", "rl_soak_users=8", "-p", "no:randomly", "-p", "no:cacheprovider", f"--rl-report={report}",
-    )  # fmt: skip
+        str(CONFORMANCE / "test_soak.py"),
+        f"--rl-base-url={fleet.base_url}",
+        *urls,
+        "--rl-model=tiny",
+        "--rl-engine=auto",
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+        "-o",
+        "rl_served_dtype=float32",
+        "-o",
+        "rl_soak=true",
+        "-o",
+        f"rl_soak_swaps={SWAPS}",
+        "-o",
+        "rl_soak_every=0.5",
+        "-o",
+        "rl_soak_seconds=90",
+        "-o",
+        "rl_soak_users=8",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        f"--rl-report={report}",
+    )
     return json.loads(report.read_text()), json.loads((tmp_path / "soak" / "soak.json").read_text())
 
 

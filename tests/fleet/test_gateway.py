@@ -18,8 +18,12 @@ from pytest_rlrollout.suite.options import CONFORMANCE
 SWAP_SECONDS = SERVED_PACE["load_delay"] + SERVED_PACE["swap_delay"]
 # the clauses smg 1.13 cannot carry over vLLM 0.32, each for a reason the report gives:
 POLICY_VERSIONS = {  # spans come only on /inference/v1/generate, a route the gateway does not route
-    "SWAP-ASYNC-2", "SWAP-NEW-1", "VER-NONSTREAM-1", "VER-SPAN-1", "CTL-PAUSE-3",
-}  # fmt: skip
+    "SWAP-ASYNC-2",
+    "SWAP-NEW-1",
+    "VER-NONSTREAM-1",
+    "VER-SPAN-1",
+    "CTL-PAUSE-3",
+}
 ROUTING = {c.id for c in catalogue().area("R3")} | {"NUM-ROUTE-1"}  # routed_experts: a GPU runner's flag
 
 
@@ -43,11 +47,26 @@ def judged(pytester, fleet, bucket, *plugins) -> dict:
     """The suite, in this process, against the fleet (its gateway, else its engines): the report."""
     urls = [] if fleet.gateway is not None else ["-o", f"rl_fleet_urls={' '.join(fleet.urls)}"]
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE), f"--rl-base-url={fleet.base_url}", *urls, "--rl-model=tiny", "--rl-engine=auto",
-        "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
-        "-o", f"rl_swap_seconds={SWAP_SECONDS}", "-o", "rl_served_dtype=float32", "-p", "no:randomly",
-        "-p", "no:cacheprovider", "--tb=native", "--rl-report=r.json", plugins=list(plugins),
-    )  # fmt: skip
+        str(CONFORMANCE),
+        f"--rl-base-url={fleet.base_url}",
+        *urls,
+        "--rl-model=tiny",
+        "--rl-engine=auto",
+        "--rl-allow-hot-load",
+        f"--rl-bucket-url={bucket}",
+        f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+        "-o",
+        f"rl_swap_seconds={SWAP_SECONDS}",
+        "-o",
+        "rl_served_dtype=float32",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "--tb=native",
+        "--rl-report=r.json",
+        plugins=list(plugins),
+    )
     report = pytester.path / "r.json"
     assert report.is_file(), "\n".join(result.outlines[-30:])
     return json.loads(report.read_text())
@@ -78,8 +97,11 @@ def test_a_fleet_behind_the_gateway_is_recognised_and_judged_on_every_engine(pyt
     assert unjudged == dict.fromkeys((POLICY_VERSIONS | ROUTING | {"HL-AUTH-1"}) & vllm, "unsupported"), unjudged
     assert got["SESS-1"] == "pass"  # smg binds it: the routing key sticks to one engine
     for cid in POLICY_VERSIONS & vllm:
-        assert all("/inference/v1/generate" in t["reason"] or "spans: None" in t["reason"] for t in doc["clauses"][cid]["tests"]
-                   if t["outcome"] == "unsupported"), doc["clauses"][cid]  # fmt: skip
+        assert all(
+            "/inference/v1/generate" in t["reason"] or "spans: None" in t["reason"]
+            for t in doc["clauses"][cid]["tests"]
+            if t["outcome"] == "unsupported"
+        ), doc["clauses"][cid]
     # the status the suite judges is each engine's own, one replica per engine
     assert doc["clauses"]["HL-GET-2"]["evidence"].startswith("observed: 2 replicas ready"), doc["clauses"]["HL-GET-2"]
 
@@ -120,8 +142,9 @@ def test_a_fault_on_one_engine_fails_its_clause_naming_that_engine(pytester, buc
 def one_engine_fails(pytester, bucket, engine: str, switch: str, *, gateway: bool) -> None:
     """Two engines of `engine`'s dialect, the second with the fault `switch`: exactly its clause
     fails, and each failure's sentence names the faulty engine, never the sound one."""
-    with reference_fleet(bucket, 2, engine=engine, faults={1: frozenset({switch})}, gateway=gateway,
-                         **SERVED_PACE) as fleet:  # fmt: skip
+    with reference_fleet(
+        bucket, 2, engine=engine, faults={1: frozenset({switch})}, gateway=gateway, **SERVED_PACE
+    ) as fleet:
         doc = judged(pytester, fleet, bucket, OnlyClauses({switch}))
         faulty, sound = fleet.urls[1], fleet.urls[0]
     got = outcomes(doc)

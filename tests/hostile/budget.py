@@ -87,9 +87,15 @@ class Budget:
 
     def _write_row(self) -> None:
         ROWS.mkdir(parents=True, exist_ok=True)
-        row = {"target": self.target, "case": self.case, "inputs": self.inputs, "seconds": round(self.elapsed, 3),
-               "cpu_seconds": round(self.cpu, 3),
-               "rss_mb": round(self.peak_mb, 1), "pid": os.getpid()}  # fmt: skip
+        row = {
+            "target": self.target,
+            "case": self.case,
+            "inputs": self.inputs,
+            "seconds": round(self.elapsed, 3),
+            "cpu_seconds": round(self.cpu, 3),
+            "rss_mb": round(self.peak_mb, 1),
+            "pid": os.getpid(),
+        }
         (ROWS / f"{uuid.uuid4().hex}.json").write_text(json.dumps(row))
 
 
@@ -111,10 +117,14 @@ def assemble(rows: Path = ROWS) -> dict | None:
             t["worst_rss_mb"], t["hungriest"] = r["rss_mb"], r["case"]
     doc = {"targets": targets, "inputs": sum(t["inputs"] for t in targets.values())}
     (rows.parent / "hostile.json").write_text(json.dumps(doc, indent=2))
-    lines = ["| target | cases | inputs | worst time (s) | slowest case | worst RSS growth (MB) | hungriest case |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| target | cases | inputs | worst time (s) | slowest case | worst RSS growth (MB) | hungriest case |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, t in sorted(targets.items()):
-        lines.append(f"| {name} | {t['cases']} | {t['inputs']} | {t['worst_seconds']} | {t['slowest']} | "
-                     f"{t['worst_rss_mb']} | {t['hungriest']} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {t['cases']} | {t['inputs']} | {t['worst_seconds']} | {t['slowest']} | "
+            f"{t['worst_rss_mb']} | {t['hungriest']} |"
+        )
     (rows.parent / "hostile.md").write_text("\n".join(lines) + "\n")
     return doc

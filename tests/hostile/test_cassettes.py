@@ -49,8 +49,12 @@ pytestmark = pytest.mark.usefixtures("heap_returned")
 
 def key_of(method: str, path: str, body: Any = None, **headers: str) -> str:
     content = json.dumps(body).encode() if body is not None else b""
-    request = httpx.Request(method, f"http://replay.invalid{path}", content=content,
-                            headers={"Authorization": f"Bearer {KEY.reveal()}", **headers})  # fmt: skip
+    request = httpx.Request(
+        method,
+        f"http://replay.invalid{path}",
+        content=content,
+        headers={"Authorization": f"Bearer {KEY.reveal()}", **headers},
+    )
     return request_key(request, KEY)
 
 
@@ -64,16 +68,28 @@ def valid() -> dict[str, Any]:
     chunk = json.dumps({"choices": [{"index": 0, "text": "x", "finish_reason": "stop"}], "model": "m@snap"})
     return {
         "interactions": [
-            {"key": key_of("GET", STATUS, **{"fireworks-model": "m"}), "t": 0.01,
-             "response": {"status": 200, "headers": {"content-type": "application/json"},
-                          "body": json.dumps({"replicas": [{"readiness": True, "current_snapshot_identity": "snap"}]})}},
-            {"key": key_of("POST", COMPLETIONS, PROMPT), "t": 0.02,
-             "response": {"status": 200, "headers": {"content-type": "text/event-stream"},
-                          "events": [{"t": 0.03, "data": f"data: {chunk}\n\n"}, {"t": 0.04, "data": "data: [DONE]\n\n"}]}},
+            {
+                "key": key_of("GET", STATUS, **{"fireworks-model": "m"}),
+                "t": 0.01,
+                "response": {
+                    "status": 200,
+                    "headers": {"content-type": "application/json"},
+                    "body": json.dumps({"replicas": [{"readiness": True, "current_snapshot_identity": "snap"}]}),
+                },
+            },
+            {
+                "key": key_of("POST", COMPLETIONS, PROMPT),
+                "t": 0.02,
+                "response": {
+                    "status": 200,
+                    "headers": {"content-type": "text/event-stream"},
+                    "events": [{"t": 0.03, "data": f"data: {chunk}\n\n"}, {"t": 0.04, "data": "data: [DONE]\n\n"}],
+                },
+            },
         ],
         "marks": {"swap": [0.5, 1.5]},
         "meta": {"test": "test_x.py::test_y", "run_id": "abc"},
-    }  # fmt: skip
+    }
 
 
 def written(directory: Path, doc: Any, name: str = "c.json") -> Path:
@@ -153,65 +169,111 @@ SHAPES: dict[str, tuple[bytes, str]] = {
     "an interaction a number": (change(lambda d: d["interactions"].append(7)), "interactions[2] is an integer"),
     "a missing response": (change(lambda d: d["interactions"][0].pop("response")), "interactions[0] has no 'response'"),
     "a missing key": (change(lambda d: d["interactions"][1].pop("key")), "interactions[1] has no 'key'"),
-    "a key that is a list": (change(lambda d: d["interactions"][0].update(key=["GET"])),
-                             "interactions[0].key is an array, not a string"),
+    "a key that is a list": (
+        change(lambda d: d["interactions"][0].update(key=["GET"])),
+        "interactions[0].key is an array, not a string",
+    ),
     "t a string": (change(lambda d: d["interactions"][0].update(t="0.1")), "interactions[0].t is a string"),
     "t NaN": (json.dumps(valid()).replace('"t": 0.01', '"t": NaN').encode(), "NaN is not a number JSON allows"),
-    "t Infinity": (json.dumps(valid()).replace('"t": 0.01', '"t": -Infinity').encode(),
-                   "-Infinity is not a number JSON allows"),
-    "t 1e999 (infinite once read)": (json.dumps(valid()).replace('"t": 0.01', '"t": 1e999').encode(),
-                                     "interactions[0].t is a number, not a finite number"),
-    "a status of 5,000 digits": (json.dumps(valid()).replace('"status": 200', '"status": ' + "9" * 5000).encode(),
-                                 "not JSON"),
-    "a status that is a string": (change(lambda d: body(d).update(status="200")), "response.status is not an HTTP status"),
+    "t Infinity": (
+        json.dumps(valid()).replace('"t": 0.01', '"t": -Infinity').encode(),
+        "-Infinity is not a number JSON allows",
+    ),
+    "t 1e999 (infinite once read)": (
+        json.dumps(valid()).replace('"t": 0.01', '"t": 1e999').encode(),
+        "interactions[0].t is a number, not a finite number",
+    ),
+    "a status of 5,000 digits": (
+        json.dumps(valid()).replace('"status": 200', '"status": ' + "9" * 5000).encode(),
+        "not JSON",
+    ),
+    "a status that is a string": (
+        change(lambda d: body(d).update(status="200")),
+        "response.status is not an HTTP status",
+    ),
     "a status that is true": (change(lambda d: body(d).update(status=True)), "response.status is not an HTTP status"),
     "a status of 99": (change(lambda d: body(d).update(status=99)), "response.status is not an HTTP status"),
     "a status of 1000": (change(lambda d: body(d).update(status=1000)), "response.status is not an HTTP status"),
     "a status of 200.0": (change(lambda d: body(d).update(status=200.0)), "response.status is not an HTTP status"),
     "a status of 10**30": (change(lambda d: body(d).update(status=10**30)), "response.status is not an HTTP status"),
-    "headers a list": (change(lambda d: body(d).update(headers=[["a", "b"]])),
-                       "interactions[0].response.headers is an array, not an object"),
-    "a header value that is not ASCII": (change(lambda d: body(d)["headers"].update({"x-a": "caf\u00e9"})),
-                                         "headers['x-a'] is not an ASCII string without line breaks"),
-    "a header value with a line break": (change(lambda d: body(d)["headers"].update({"x-a": "a\r\nSet-Cookie: b"})),
-                                         "headers['x-a'] is not an ASCII string"),
-    "a header value that is a number": (change(lambda d: body(d)["headers"].update({"x-a": 5})),
-                                        "headers['x-a'] is not an ASCII string"),
-    "a header name with a newline": (change(lambda d: body(d)["headers"].update({"x\nevil": "1"})),
-                                     "a name that is not an HTTP token: 'x\\nevil'"),
-    "a header name with a space": (change(lambda d: body(d)["headers"].update({"x evil": "1"})),
-                                   "a name that is not an HTTP token"),
-    "an empty header name": (change(lambda d: body(d)["headers"].update({"": "1"})), "a name that is not an HTTP token"),
+    "headers a list": (
+        change(lambda d: body(d).update(headers=[["a", "b"]])),
+        "interactions[0].response.headers is an array, not an object",
+    ),
+    "a header value that is not ASCII": (
+        change(lambda d: body(d)["headers"].update({"x-a": "caf\u00e9"})),
+        "headers['x-a'] is not an ASCII string without line breaks",
+    ),
+    "a header value with a line break": (
+        change(lambda d: body(d)["headers"].update({"x-a": "a\r\nSet-Cookie: b"})),
+        "headers['x-a'] is not an ASCII string",
+    ),
+    "a header value that is a number": (
+        change(lambda d: body(d)["headers"].update({"x-a": 5})),
+        "headers['x-a'] is not an ASCII string",
+    ),
+    "a header name with a newline": (
+        change(lambda d: body(d)["headers"].update({"x\nevil": "1"})),
+        "a name that is not an HTTP token: 'x\\nevil'",
+    ),
+    "a header name with a space": (
+        change(lambda d: body(d)["headers"].update({"x evil": "1"})),
+        "a name that is not an HTTP token",
+    ),
+    "an empty header name": (
+        change(lambda d: body(d)["headers"].update({"": "1"})),
+        "a name that is not an HTTP token",
+    ),
     "a body that is a number": (change(lambda d: body(d).update(body=5)), "response.body is an integer, not a string"),
     "a body that is null": (change(lambda d: body(d).update(body=None)), "response.body is null, not a string"),
-    "a body that is an object": (change(lambda d: body(d).update(body={"replicas": []})),
-                                 "response.body is an object, not a string"),
-    "a body with a lone surrogate": (json.dumps(valid()).replace('"body": "', '"body": "\\ud800').encode(),
-                                     "body holds a lone surrogate"),
+    "a body that is an object": (
+        change(lambda d: body(d).update(body={"replicas": []})),
+        "response.body is an object, not a string",
+    ),
+    "a body with a lone surrogate": (
+        json.dumps(valid()).replace('"body": "', '"body": "\\ud800').encode(),
+        "body holds a lone surrogate",
+    ),
     "both body and events": (change(lambda d: body(d).update(events=[])), "holds both 'body' and 'events'"),
     "neither body nor events": (change(lambda d: body(d).pop("body")), "holds neither 'body' nor 'events'"),
-    "an unknown response field": (change(lambda d: body(d).update(cookies=[])),
-                                  "response has an unknown field 'cookies'"),
+    "an unknown response field": (
+        change(lambda d: body(d).update(cookies=[])),
+        "response has an unknown field 'cookies'",
+    ),
     "events an object": (change(lambda d: events(d).update(events={})), "response.events is an object, not an array"),
-    "an event that is a string": (change(lambda d: events(d).update(events=["data: x\n\n"])),
-                                  "events[0] is a string, not an object"),
+    "an event that is a string": (
+        change(lambda d: events(d).update(events=["data: x\n\n"])),
+        "events[0] is a string, not an object",
+    ),
     "an event without data": (change(lambda d: events(d)["events"][0].pop("data")), "events[0] has no 'data'"),
-    "an event whose data is a list": (change(lambda d: events(d)["events"][1].update(data=["x"])),
-                                      "events[1] is not {t: a finite number, data: a string}"),
-    "an event whose t is null": (change(lambda d: events(d)["events"][0].update(t=None)),
-                                 "events[0] is not {t: a finite number"),
-    "an event with a lone surrogate": (json.dumps(valid()).replace('"data": "', '"data": "\\udbff', 1).encode(),
-                                       "data holds a lone surrogate"),
+    "an event whose data is a list": (
+        change(lambda d: events(d)["events"][1].update(data=["x"])),
+        "events[1] is not {t: a finite number, data: a string}",
+    ),
+    "an event whose t is null": (
+        change(lambda d: events(d)["events"][0].update(t=None)),
+        "events[0] is not {t: a finite number",
+    ),
+    "an event with a lone surrogate": (
+        json.dumps(valid()).replace('"data": "', '"data": "\\udbff', 1).encode(),
+        "data holds a lone surrogate",
+    ),
     "marks a list": (change(lambda d: d.update(marks=[1])), "marks is an array, not an object"),
-    "a mark of strings": (change(lambda d: d["marks"].update(swap=["soon"])),
-                          "marks['swap'] is not an array of finite numbers"),
+    "a mark of strings": (
+        change(lambda d: d["marks"].update(swap=["soon"])),
+        "marks['swap'] is not an array of finite numbers",
+    ),
     "a mark that is a number": (change(lambda d: d["marks"].update(swap=1.0)), "marks['swap'] is not an array"),
     "a mark of booleans": (change(lambda d: d["marks"].update(swap=[True])), "marks['swap'] is not an array"),
-    "JSON that parses to 20 times its size": (b'{"interactions": [], "marks": {}, "meta": {"a": [' + b"[]," * (8 * MB)
-                                              + b"[]]}}", "would take about"),
-    "content shown only as an excerpt": (change(lambda d: body(d).update(status="x" * 100_000)),
-                                         "response.status is not an HTTP status"),
-}  # fmt: skip
+    "JSON that parses to 20 times its size": (
+        b'{"interactions": [], "marks": {}, "meta": {"a": [' + b"[]," * (8 * MB) + b"[]]}}",
+        "would take about",
+    ),
+    "content shown only as an excerpt": (
+        change(lambda d: body(d).update(status="x" * 100_000)),
+        "response.status is not an HTTP status",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", SHAPES)
@@ -261,8 +323,10 @@ def unix_socket(path: Path) -> socket.socket:
 
 FILES: dict[str, tuple[Callable[[Path, Path], object], str]] = {
     # case: (make the hostile `c.json` in the directory, given the test's tmp_path; what the message says)
-    "a link to a file outside": (lambda d, t: (d / "c.json").symlink_to(outside_file(t)),
-                                 "a link out of the cassette directory"),
+    "a link to a file outside": (
+        lambda d, t: (d / "c.json").symlink_to(outside_file(t)),
+        "a link out of the cassette directory",
+    ),
     "a relative link out": (lambda d, t: relative_link_out(d, t), "a link out of the cassette directory"),
     "a link to /etc/passwd": (lambda d, t: (d / "c.json").symlink_to("/etc/passwd"), "a link out"),
     "a link to /dev/zero": (lambda d, t: (d / "c.json").symlink_to("/dev/zero"), "a link out"),
@@ -275,7 +339,7 @@ FILES: dict[str, tuple[Callable[[Path, Path], object], str]] = {
     "a socket": (lambda d, t: unix_socket(d / "c.json"), "cannot be opened"),
     "a 3 GB sparse file": (lambda d, t: sparse(d / "c.json", 3 * 2**30), "3,221,225,472 bytes, more than a cassette"),
     "one byte past the bound": (lambda d, t: sparse(d / "c.json", MAX_FILE + 1), "more than a cassette may hold"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", FILES)
@@ -496,21 +560,39 @@ def stream(c: DeploymentClient) -> Any:
 
 REPLAYS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[DeploymentClient], Any], str]] = {
     # case: (what the cassette holds, what the client asks, what comes of it)
-    "an event past Limits.event": (lambda d: events(d)["events"].insert(0, {"t": 0, "data": "data: " + "x" * (17 * MB)}),
-                                   stream, "Limits.event"),
-    "more events than Limits.events": (lambda d: events(d).update(events=[{"t": 0, "data": "data: {}\n\n"}] * 20_001),
-                                       stream, "Limits.events"),
+    "an event past Limits.event": (
+        lambda d: events(d)["events"].insert(0, {"t": 0, "data": "data: " + "x" * (17 * MB)}),
+        stream,
+        "Limits.event",
+    ),
+    "more events than Limits.events": (
+        lambda d: events(d).update(events=[{"t": 0, "data": "data: {}\n\n"}] * 20_001),
+        stream,
+        "Limits.events",
+    ),
     "a body past Limits.body": (lambda d: body(d).update(body="x" * (33 * MB)), DeploymentClient.status, "Limits.body"),
-    "a body that parses to 20 times its size": (lambda d: body(d).update(body="[" + "[]," * (8 * MB) + "[]]"),
-                                                DeploymentClient.status, "Limits.memory"),
-    "a gzip header on a body that is not gzip": (lambda d: body(d)["headers"].update({"content-encoding": "gzip"}),
-                                                 DeploymentClient.status, "does not decode"),
-    "a brotli header": (lambda d: body(d)["headers"].update({"content-encoding": "br"}), DeploymentClient.status,
-                        "'br'-encoded answer"),
+    "a body that parses to 20 times its size": (
+        lambda d: body(d).update(body="[" + "[]," * (8 * MB) + "[]]"),
+        DeploymentClient.status,
+        "Limits.memory",
+    ),
+    "a gzip header on a body that is not gzip": (
+        lambda d: body(d)["headers"].update({"content-encoding": "gzip"}),
+        DeploymentClient.status,
+        "does not decode",
+    ),
+    "a brotli header": (
+        lambda d: body(d)["headers"].update({"content-encoding": "br"}),
+        DeploymentClient.status,
+        "'br'-encoded answer",
+    ),
     "an event of bytes that are not UTF-8": (
-        lambda d: events(d)["events"].insert(0, {"t": 0, "data": 'data: {"x": "\udcff"}\n\n'}), stream, "not UTF-8"),
+        lambda d: events(d)["events"].insert(0, {"t": 0, "data": 'data: {"x": "\udcff"}\n\n'}),
+        stream,
+        "not UTF-8",
+    ),
     "a status of 101": (lambda d: body(d).update(status=101), DeploymentClient.replicas, "[]"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", REPLAYS)
@@ -530,8 +612,9 @@ def test_bytes_that_are_not_utf8_replay_as_they_were_recorded(tmp_path):
     """The recorder keeps them (as escapes), so the replay finds the same fault the live run
     found; before, they were replaced and the replay passed what the live run failed."""
     raw = b'data: {"choices": [{"text": "\xff"}]}\n\ndata: [DONE]\n\n'
-    answer = httpx.MockTransport(lambda r: httpx.Response(200, headers={"content-type": "text/event-stream"},
-                                                          content=raw))  # fmt: skip
+    answer = httpx.MockTransport(
+        lambda r: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=raw)
+    )
     recorded = Cassette(tmp_path / "c.json")
     with Budget("cassettes", "replay: bytes that are not UTF-8, recorded and replayed", seconds=3, rss_mb=50):
         recorder = CassetteTransport("record", KEY, tmp_path, recorded, inner=answer)

@@ -97,8 +97,9 @@ class HostileDeployment:
                 return False
             data += got
         head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                       if line.startswith(b"content-length:")), 0)  # fmt: skip
+        length = next(
+            (int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")), 0
+        )
         while len(body) < length:
             got = conn.recv(65536)
             if not got:
@@ -203,22 +204,46 @@ TIME_CASES: dict[str, tuple[Behaviour, Callable[[DeploymentClient], object], str
     # case: (the deployment, what the client asks, what the message says it did, the server reads)
     "an endless fast stream": (endless(SSE_HEAD, chunk(CHUNK * 200)), stream, "the stream was still sending", True),
     "an endless stream of keep-alive comments": (
-        endless(SSE_HEAD, chunk(b": keep-alive\n\n" * 200)), stream, "the stream was still sending", True),
-    "an endless stream of blank lines": (endless(SSE_HEAD, chunk(b"\n" * 65536)), stream,
-                                         "the stream was still sending", True),
-    "a stream of one byte every 0.2 s": (trickle(head("200 OK", *SSE, *CLOSE), b":", 0.2), stream,
-                                         "the stream was still sending", True),
-    "a status body of one byte every 0.2 s": (trickle(head("200 OK", *CLOSE), b" ", 0.2), DeploymentClient.status,
-                                              "the answer's body was still arriving", True),
+        endless(SSE_HEAD, chunk(b": keep-alive\n\n" * 200)),
+        stream,
+        "the stream was still sending",
+        True,
+    ),
+    "an endless stream of blank lines": (
+        endless(SSE_HEAD, chunk(b"\n" * 65536)),
+        stream,
+        "the stream was still sending",
+        True,
+    ),
+    "a stream of one byte every 0.2 s": (
+        trickle(head("200 OK", *SSE, *CLOSE), b":", 0.2),
+        stream,
+        "the stream was still sending",
+        True,
+    ),
+    "a status body of one byte every 0.2 s": (
+        trickle(head("200 OK", *CLOSE), b" ", 0.2),
+        DeploymentClient.status,
+        "the answer's body was still arriving",
+        True,
+    ),
     "silence after the headers": (sends(SSE_HEAD), stream, "no byte of the body arrived", True),
-    "a status that is silent after its headers": (sends(head("200 OK", "content-length: 10")),
-                                                  DeploymentClient.status, "no byte of the body arrived", True),
+    "a status that is silent after its headers": (
+        sends(head("200 OK", "content-length: 10")),
+        DeploymentClient.status,
+        "no byte of the body arrived",
+        True,
+    ),
     "no answer at all": (sends(), stream, "no answer came", True),
     "headers one byte every 0.1 s": (trickle(b"", b"H", 0.1), DeploymentClient.status, "no answer came", True),
     "100 Continue, then nothing": (sends(head("100 Continue")), DeploymentClient.status, "no answer came", True),
-    "a request never read": (sends(), lambda c: c.post_inference(b" " * (32 * MB)),
-                             "the deployment took no more of the request", False),
-}  # fmt: skip
+    "a request never read": (
+        sends(),
+        lambda c: c.post_inference(b" " * (32 * MB)),
+        "the deployment took no more of the request",
+        False,
+    ),
+}
 
 
 @pytest.mark.parametrize("case", TIME_CASES)
@@ -287,9 +312,11 @@ def bombs() -> dict[str, bytes]:
     """gzip and zlib streams of a GiB of zeros, and a gzip stream of 256 MiB of blank SSE lines
     (made once, outside any budget; compressing each block, 10 s per xdist worker, was the
     slowest set-up of the run)."""
-    return {"gzip": repeated(bytes(16 * MB), ZEROS // (16 * MB), 31),
-            "deflate": repeated(bytes(16 * MB), ZEROS // (16 * MB), 15),
-            "gzip-sse": repeated(b"data: {}\n\n" * (MB // 10), 256 // 10 * 10, 31)}  # fmt: skip
+    return {
+        "gzip": repeated(bytes(16 * MB), ZEROS // (16 * MB), 31),
+        "deflate": repeated(bytes(16 * MB), ZEROS // (16 * MB), 15),
+        "gzip-sse": repeated(b"data: {}\n\n" * (MB // 10), 256 // 10 * 10, 31),
+    }
 
 
 def compressed(bombs: dict[str, bytes], name: str, *fields: str) -> Behaviour:
@@ -305,50 +332,93 @@ def compressed(bombs: dict[str, bytes], name: str, *fields: str) -> Behaviour:
 ASTRAL = "\U0001f600".encode() * (MB // 4)
 MEMORY_CASES: dict[str, tuple[Callable[[dict[str, bytes]], Behaviour], Callable[[DeploymentClient], object], str]] = {
     # case: (the deployment, given the bombs; what the client asks; the bound it meets)
-    "a fast endless stream of small chunks": (lambda b: endless(SSE_HEAD, chunk(CHUNK * 1000)), stream,
-                                              "Limits.events"),
+    "a fast endless stream of small chunks": (
+        lambda b: endless(SSE_HEAD, chunk(CHUNK * 1000)),
+        stream,
+        "Limits.events",
+    ),
     "a fast endless stream of 1 MB chunks": (
-        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + b"x" * MB + b'"}\n\n')), stream, "Limits.memory"),
+        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + b"x" * MB + b'"}\n\n')),
+        stream,
+        "Limits.memory",
+    ),
     "a fast endless stream of 4-byte characters": (
-        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + ASTRAL + b'"}\n\n')), stream, "Limits.memory"),
+        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + ASTRAL + b'"}\n\n')),
+        stream,
+        "Limits.memory",
+    ),
     "a fast endless stream of escaped astral characters": (
-        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + b"a" * MB + b'\\ud83d\\ude00"}\n\n')), stream,
-        "Limits.memory"),
+        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": "' + b"a" * MB + b'\\ud83d\\ude00"}\n\n')),
+        stream,
+        "Limits.memory",
+    ),
     "a fast endless stream of JSON that parses to 20x its size": (
-        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": [' + b"[]," * (MB // 3) + b"[]]}\n\n")), stream,
-        "Limits.memory"),
+        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": [' + b"[]," * (MB // 3) + b"[]]}\n\n")),
+        stream,
+        "Limits.memory",
+    ),
     "a fast endless stream of floats": (
-        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": [' + b"0.0," * (MB // 4) + b"0.0]}\n\n")), stream,
-        "Limits.memory"),
+        lambda b: endless(SSE_HEAD, chunk(b'data: {"t": [' + b"0.0," * (MB // 4) + b"0.0]}\n\n")),
+        stream,
+        "Limits.memory",
+    ),
     "an endless line": (lambda b: endless(SSE_HEAD, chunk(b"x" * 65536)), stream, "Limits.event"),
-    "an endless event of short lines": (lambda b: endless(SSE_HEAD, chunk("€\n".encode() * 16384)), stream,
-                                        "Limits.event"),
+    "an endless event of short lines": (
+        lambda b: endless(SSE_HEAD, chunk("€\n".encode() * 16384)),
+        stream,
+        "Limits.event",
+    ),
     "an endless event of comments": (lambda b: endless(SSE_HEAD, chunk(b":\n" * 32768)), stream, "Limits.event"),
-    "an endless stream without chunked framing": (lambda b: endless(head("200 OK", *SSE, *CLOSE), b"x" * 65536),
-                                                  stream, "Limits.event"),
-    "a 200 MB body with its Content-Length": (lambda b: body_of(200 * MB, framing="length"), DeploymentClient.status,
-                                              "Limits.body"),
-    "a 200 MB body to the end of the connection": (lambda b: body_of(200 * MB, framing="close"),
-                                                   DeploymentClient.status, "Limits.body"),
+    "an endless stream without chunked framing": (
+        lambda b: endless(head("200 OK", *SSE, *CLOSE), b"x" * 65536),
+        stream,
+        "Limits.event",
+    ),
+    "a 200 MB body with its Content-Length": (
+        lambda b: body_of(200 * MB, framing="length"),
+        DeploymentClient.status,
+        "Limits.body",
+    ),
+    "a 200 MB body to the end of the connection": (
+        lambda b: body_of(200 * MB, framing="close"),
+        DeploymentClient.status,
+        "Limits.body",
+    ),
     "a 200 MB chunked body": (lambda b: body_of(200 * MB, framing="chunked"), DeploymentClient.status, "Limits.body"),
-    "a 130 MB status (replicas)": (lambda b: body_of(130 * MB, framing="chunked"), DeploymentClient.replicas,
-                                   "Limits.body"),
-    "a 200 MB non-streamed completion": (lambda b: body_of(200 * MB, framing="close"),
-                                         lambda c: c.complete({"prompt": "hi"}), "Limits.body"),
-    "a 200 MB error answer to a stream": (lambda b: body_of(200 * MB, framing="chunked", status="500 Oops"), stream,
-                                          "Limits.body"),
-    "a 200 MB hot-load answer": (lambda b: body_of(200 * MB, framing="close"), lambda c: c.hot_load({}),
-                                 "Limits.body"),
-    "a gzip bomb (a GiB of zeros) as a status": (lambda b: compressed(b, "gzip"), DeploymentClient.status,
-                                                 "Limits.body"),
-    "a deflate bomb (a GiB of zeros) as a status": (lambda b: compressed(b, "deflate"), DeploymentClient.status,
-                                                    "Limits.body"),
+    "a 130 MB status (replicas)": (
+        lambda b: body_of(130 * MB, framing="chunked"),
+        DeploymentClient.replicas,
+        "Limits.body",
+    ),
+    "a 200 MB non-streamed completion": (
+        lambda b: body_of(200 * MB, framing="close"),
+        lambda c: c.complete({"prompt": "hi"}),
+        "Limits.body",
+    ),
+    "a 200 MB error answer to a stream": (
+        lambda b: body_of(200 * MB, framing="chunked", status="500 Oops"),
+        stream,
+        "Limits.body",
+    ),
+    "a 200 MB hot-load answer": (lambda b: body_of(200 * MB, framing="close"), lambda c: c.hot_load({}), "Limits.body"),
+    "a gzip bomb (a GiB of zeros) as a status": (
+        lambda b: compressed(b, "gzip"),
+        DeploymentClient.status,
+        "Limits.body",
+    ),
+    "a deflate bomb (a GiB of zeros) as a status": (
+        lambda b: compressed(b, "deflate"),
+        DeploymentClient.status,
+        "Limits.body",
+    ),
     "a gzip bomb (a GiB of zeros) as a stream": (lambda b: compressed(b, "gzip", *SSE), stream, "Limits.event"),
     "a gzip bomb of events as a stream": (lambda b: compressed(b, "gzip-sse", *SSE), stream, "Limits.events"),
     "a status of JSON that parses to 20x its size": (
         lambda b: sends(head("200 OK", *CLOSE) + b'{"replicas": [' + b"[]," * (10 * MB) + b"[]]}", then_wait=False),
-        DeploymentClient.replicas, "Limits.memory"),
-}  # fmt: skip
+        DeploymentClient.replicas,
+        "Limits.memory",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", MEMORY_CASES)
@@ -410,8 +480,9 @@ def split_seconds(size: int, read: int) -> float:
 def test_splitting_a_line_costs_time_in_proportion_to_its_length(read, small, large):
     """8 times the line, about 8 times the time, however it is split into reads (quadratic
     splitting would take 64 times)."""
-    with Budget("client", f"sse: lines of {small:,} and {large:,} bytes in {read}-byte reads", seconds=12,
-                rss_mb=200, inputs=2):  # fmt: skip
+    with Budget(
+        "client", f"sse: lines of {small:,} and {large:,} bytes in {read}-byte reads", seconds=12, rss_mb=200, inputs=2
+    ):
         ratio = split_seconds(large, read) / split_seconds(small, read)
     assert ratio < 24, ratio
 
@@ -454,37 +525,69 @@ BROKEN: dict[str, tuple[Behaviour, Callable[[DeploymentClient], object], str]] =
     "a chunk longer than announced": (cut_after(SSE_HEAD, b"2\r\ndata: x\n\n\r\n"), stream, "broken HTTP"),
     "a chunk cut short": (cut_after(SSE_HEAD, b"ff\r\ndata: {"), stream, "broken HTTP"),
     "a stream cut mid-event": (cut_after(SSE_HEAD, chunk(CHUNK), chunk(b'data: {"choi')), stream, "broken HTTP"),
-    "a body shorter than its Content-Length": (cut_after(head("200 OK", "content-length: 100"), b"{}"),
-                                               DeploymentClient.status, "broken HTTP"),
+    "a body shorter than its Content-Length": (
+        cut_after(head("200 OK", "content-length: 100"), b"{}"),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
     "a garbage status line": (cut_after(b"HELLO THERE\r\n\r\n"), DeploymentClient.status, "broken HTTP"),
     "binary garbage": (cut_after(bytes(range(256)) * 4), DeploymentClient.status, "broken HTTP"),
     "HTTP/0.9 (a body without a head)": (cut_after(b'{"replicas": []}'), DeploymentClient.status, "broken HTTP"),
-    "a status code of letters": (cut_after(b"HTTP/1.1 2OO OK\r\ncontent-length: 0\r\n\r\n"), DeploymentClient.status,
-                                 "broken HTTP"),
-    "a header line of 200 KB": (cut_after(head("200 OK", "x-junk: " + "a" * 200_000, "content-length: 0")),
-                                DeploymentClient.status, "broken HTTP"),
-    "20,000 headers": (cut_after(head("200 OK", *[f"x-{i}: y" for i in range(20_000)], "content-length: 0")),
-                       DeploymentClient.status, "broken HTTP"),
-    "an endless head": (endless(b"HTTP/1.1 200 OK\r\nx-junk: ", b"a" * 65536), DeploymentClient.status,
-                        "broken HTTP"),
-    "a header without a colon": (cut_after(head("200 OK", "no colon here", "content-length: 0")),
-                                 DeploymentClient.status, "broken HTTP"),
-    "a header name with a space": (cut_after(head("200 OK", "bad name: x", "content-length: 0")),
-                                   DeploymentClient.status, "broken HTTP"),
-    "two different Content-Lengths": (cut_after(head("200 OK", "content-length: 2", "content-length: 5"), b"{}"),
-                                      DeploymentClient.status, "broken HTTP"),
-    "a Content-Length that is no number": (cut_after(head("200 OK", "content-length: lots"), b"{}"),
-                                           DeploymentClient.status, "broken HTTP"),
+    "a status code of letters": (
+        cut_after(b"HTTP/1.1 2OO OK\r\ncontent-length: 0\r\n\r\n"),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "a header line of 200 KB": (
+        cut_after(head("200 OK", "x-junk: " + "a" * 200_000, "content-length: 0")),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "20,000 headers": (
+        cut_after(head("200 OK", *[f"x-{i}: y" for i in range(20_000)], "content-length: 0")),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "an endless head": (endless(b"HTTP/1.1 200 OK\r\nx-junk: ", b"a" * 65536), DeploymentClient.status, "broken HTTP"),
+    "a header without a colon": (
+        cut_after(head("200 OK", "no colon here", "content-length: 0")),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "a header name with a space": (
+        cut_after(head("200 OK", "bad name: x", "content-length: 0")),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "two different Content-Lengths": (
+        cut_after(head("200 OK", "content-length: 2", "content-length: 5"), b"{}"),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
+    "a Content-Length that is no number": (
+        cut_after(head("200 OK", "content-length: lots"), b"{}"),
+        DeploymentClient.status,
+        "broken HTTP",
+    ),
     "a connection closed before any answer": (cut_after(), DeploymentClient.status, "broken HTTP"),
     "a connection reset before any answer": (reset_after(), DeploymentClient.status, "broke the connection"),
     "a connection reset mid-stream": (reset_after(SSE_HEAD, chunk(CHUNK)), stream, "broke the connection"),
-    "a brotli answer": (cut_after(head("200 OK", "content-encoding: br", "content-length: 2"), b"{}"),
-                        DeploymentClient.status, "'br'-encoded answer"),
-    "a gzip answer that is not gzip": (cut_after(head("200 OK", "content-encoding: gzip", "content-length: 9"),
-                                                 b"not gzip!"), DeploymentClient.status, "does not decode"),
-    "a stream gzip-encoded twice": (cut_after(head("200 OK", *SSE, "content-encoding: gzip, gzip", *CLOSE), b"x"),
-                                    stream, "'gzip, gzip'-encoded answer"),
-}  # fmt: skip
+    "a brotli answer": (
+        cut_after(head("200 OK", "content-encoding: br", "content-length: 2"), b"{}"),
+        DeploymentClient.status,
+        "'br'-encoded answer",
+    ),
+    "a gzip answer that is not gzip": (
+        cut_after(head("200 OK", "content-encoding: gzip", "content-length: 9"), b"not gzip!"),
+        DeploymentClient.status,
+        "does not decode",
+    ),
+    "a stream gzip-encoded twice": (
+        cut_after(head("200 OK", *SSE, "content-encoding: gzip, gzip", *CLOSE), b"x"),
+        stream,
+        "'gzip, gzip'-encoded answer",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", BROKEN)
@@ -507,21 +610,27 @@ def events_of(*events: bytes, tail: bytes = b"data: [DONE]\n\n") -> Behaviour:
 DEEP = b"[" * 100_000 + b"]" * 100_000
 PROBLEMS: dict[str, tuple[Behaviour, str]] = {
     # case: (the deployment, what Stream.problems says)
-    "a stream of text/html": (cut_after(head("200 OK", "content-type: text/html", *CLOSE), CHUNK, b"data: [DONE]\n\n"),
-                              "content-type is 'text/html'"),
-    "a stream without a content-type": (cut_after(head("200 OK", *CLOSE), CHUNK, b"data: [DONE]\n\n"),
-                                        "content-type is ''"),
+    "a stream of text/html": (
+        cut_after(head("200 OK", "content-type: text/html", *CLOSE), CHUNK, b"data: [DONE]\n\n"),
+        "content-type is 'text/html'",
+    ),
+    "a stream without a content-type": (
+        cut_after(head("200 OK", *CLOSE), CHUNK, b"data: [DONE]\n\n"),
+        "content-type is ''",
+    ),
     "data that is not JSON": (events_of(b"data: <html>oops</html>\n\n"), "is not a JSON object"),
     "data that is a JSON array": (events_of(b"data: [1, 2]\n\n"), "is not a JSON object"),
     "data that is a JSON string": (events_of(b'data: "x"\n\n'), "is not a JSON object"),
     "data that is NaN": (events_of(b"data: NaN\n\n"), "is not a JSON object"),
     "JSON nested 100,000 deep": (events_of(b'data: {"choices": ' + DEEP + b"}\n\n"), "is not a JSON object"),
-    "an object nested 100,000 deep": (events_of(b"data: " + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n\n"),
-                                      "is not a JSON object"),
+    "an object nested 100,000 deep": (
+        events_of(b"data: " + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n\n"),
+        "is not a JSON object",
+    ),
     "bytes that are not UTF-8": (events_of(b'data: {"choices": [{"text": "\xff\xfe\xc3"}]}\n\n'), "not UTF-8"),
     "an overlong UTF-8 encoding": (events_of(b'data: {"choices": [{"text": "\xc0\xaf"}]}\n\n'), "not UTF-8"),
     "a UTF-8 surrogate": (events_of(b'data: {"choices": [{"text": "\xed\xa0\x80"}]}\n\n'), "not UTF-8"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", PROBLEMS)
@@ -536,19 +645,27 @@ def test_a_stream_that_does_not_parse_is_a_problem_not_an_exception(case):
 
 ODD_BUT_LEGAL: dict[str, Behaviour] = {
     "CR line endings": cut_after(head("200 OK", *SSE, *CLOSE), CHUNK.replace(b"\n", b"\r") * 3, b"data: [DONE]\r\r"),
-    "CRLF line endings": cut_after(head("200 OK", *SSE, *CLOSE), CHUNK.replace(b"\n", b"\r\n") * 3,
-                                   b"data: [DONE]\r\n\r\n"),
-    "CR and LF split across reads": cut_after(head("200 OK", *SSE, *CHUNKED), *[chunk(CHUNK.replace(b"\n", b"\r")[:-1]),
-                                              chunk(b"\r"), chunk(b"\n")] * 3, chunk(b"data: [DONE]\r\n\r\n"),
-                                              b"0\r\n\r\n"),
-    "a stream a byte per chunk": cut_after(SSE_HEAD, *[chunk(bytes((b,))) for b in CHUNK * 3 + b"data: [DONE]\n\n"],
-                                           b"0\r\n\r\n"),
-    "comments between events": cut_after(head("200 OK", *SSE, *CLOSE), (b": ping\n\n" + CHUNK) * 3,
-                                         b"data: [DONE]\n\n"),
-    "a data field split over lines": cut_after(head("200 OK", *SSE, *CLOSE),
-                                               b'data: {"choices": [{"index": 0,\ndata:  "text": "x"}]}\n\n' * 3,
-                                               b"data: [DONE]\n\n"),
-}  # fmt: skip
+    "CRLF line endings": cut_after(
+        head("200 OK", *SSE, *CLOSE), CHUNK.replace(b"\n", b"\r\n") * 3, b"data: [DONE]\r\n\r\n"
+    ),
+    "CR and LF split across reads": cut_after(
+        head("200 OK", *SSE, *CHUNKED),
+        *[chunk(CHUNK.replace(b"\n", b"\r")[:-1]), chunk(b"\r"), chunk(b"\n")] * 3,
+        chunk(b"data: [DONE]\r\n\r\n"),
+        b"0\r\n\r\n",
+    ),
+    "a stream a byte per chunk": cut_after(
+        SSE_HEAD, *[chunk(bytes((b,))) for b in CHUNK * 3 + b"data: [DONE]\n\n"], b"0\r\n\r\n"
+    ),
+    "comments between events": cut_after(
+        head("200 OK", *SSE, *CLOSE), (b": ping\n\n" + CHUNK) * 3, b"data: [DONE]\n\n"
+    ),
+    "a data field split over lines": cut_after(
+        head("200 OK", *SSE, *CLOSE),
+        b'data: {"choices": [{"index": 0,\ndata:  "text": "x"}]}\n\n' * 3,
+        b"data: [DONE]\n\n",
+    ),
+}
 
 
 def test_a_header_of_100_kb_is_still_http():
@@ -601,17 +718,23 @@ def test_a_status_of_the_wrong_shape_reads_as_no_replicas_never_raises(case):
 def test_a_non_streamed_completion_that_does_not_parse_is_a_problem():
     cases = [b"<html>oops</html>", DEEP, b"[1]", b'"x"', b"\xff\xfe"]
     with Budget("client", "completion: bodies that are not JSON objects", seconds=5, rss_mb=50, inputs=len(cases)):
-        got = [ask(cut_after(head("200 OK", f"content-length: {len(b)}"), b), lambda c: c.complete({"prompt": "x"}),
-                   LIMITS) for b in cases]  # fmt: skip
+        got = [
+            ask(
+                cut_after(head("200 OK", f"content-length: {len(b)}"), b), lambda c: c.complete({"prompt": "x"}), LIMITS
+            )
+            for b in cases
+        ]
     assert all(isinstance(s, Stream) and s.status == 200 and not s.ok for s in got), got
     assert all("is not a JSON object" in s.problems[0] for s in got), [s.problems for s in got]
 
 
 def test_odd_chunks_never_raise_from_a_streams_accessors():
     """Chunks of the wrong shape (choices an integer, usage details a list) read as empty."""
-    events = [b'data: {"choices": 5, "usage": {"prompt_tokens_details": [1]}}\n\n',
-              b'data: {"choices": [{"logprobs": {"content": 3}}, 7], "model": 9}\n\n',
-              b'data: {"choices": "abc", "perf_metrics": []}\n\n']  # fmt: skip
+    events = [
+        b'data: {"choices": 5, "usage": {"prompt_tokens_details": [1]}}\n\n',
+        b'data: {"choices": [{"logprobs": {"content": 3}}, 7], "model": 9}\n\n',
+        b'data: {"choices": "abc", "perf_metrics": []}\n\n',
+    ]
     with Budget("client", "stream: chunks of the wrong shape", seconds=3, rss_mb=50, inputs=len(events)):
         got = ask(events_of(*events), stream, LIMITS)
     assert isinstance(got, Stream) and got.ok, got

@@ -19,8 +19,12 @@ MODEL = "hostile-model"
 
 
 def chunk(text: str) -> bytes:
-    doc = {"id": "c", "object": "text_completion", "model": MODEL,
-           "choices": [{"index": 0, "text": text, "finish_reason": None}]}  # fmt: skip
+    doc = {
+        "id": "c",
+        "object": "text_completion",
+        "model": MODEL,
+        "choices": [{"index": 0, "text": text, "finish_reason": None}],
+    }
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
@@ -39,9 +43,15 @@ class Hostile(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         probe = body.get("prompt") in (PROBE_TEXT, PROBE_IDS)
         if not body.get("stream"):
-            answer = json.dumps({"id": "c", "object": "text_completion", "model": MODEL,
-                                 "choices": [{"index": 0, "text": " a", "finish_reason": "length"}],
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})  # fmt: skip
+            answer = json.dumps(
+                {
+                    "id": "c",
+                    "object": "text_completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "text": " a", "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            )
             self._send(200, "application/json", answer.encode())
             return
         self.send_response(200)
@@ -93,9 +103,16 @@ def hostile(request) -> Iterator[str]:
 
 def run(pytester, url: str, *args: str):
     return pytester.runpytest_inprocess(
-        str(CONFORMANCE / "test_inference.py"), "-k", "test_streams_are_well_formed_sse or test_usage_matches",
-        "-p", "no:randomly", f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-report=r.json", *args,
-    )  # fmt: skip
+        str(CONFORMANCE / "test_inference.py"),
+        "-k",
+        "test_streams_are_well_formed_sse or test_usage_matches",
+        "-p",
+        "no:randomly",
+        f"--rl-base-url={url}",
+        f"--rl-model={MODEL}",
+        "--rl-report=r.json",
+        *args,
+    )
 
 
 @pytest.mark.parametrize(

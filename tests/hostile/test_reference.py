@@ -60,9 +60,11 @@ def dep(tmp_path_factory):
     with reference_deployment(bucket, token_delay=0.002, body_timeout=BODY_TIMEOUT) as running:
         with httpx.Client(base_url=running.base_url, headers=auth(running), timeout=30) as c:
             # first uses compile schemas and templates and import modules: not a cost of any case
-            for path, body in ((COMPLETIONS, {"model": MODEL, "prompt": 5}), (CHAT, {"model": MODEL, "messages": []}),
-                               (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                       "max_tokens": 1})):  # fmt: skip
+            for path, body in (
+                (COMPLETIONS, {"model": MODEL, "prompt": 5}),
+                (CHAT, {"model": MODEL, "messages": []}),
+                (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+            ):
                 c.post(path, json=body)
         yield running
 
@@ -136,8 +138,16 @@ class Victim:
 
     def __init__(self, dep, max_tokens: int = 300, session: str | None = None, **fields: object):
         self.max_tokens = max_tokens
-        self.body = {"model": MODEL, "prompt": "a victim's prompt", "max_tokens": max_tokens, "temperature": 0,
-                     "ignore_eos": True, "logprobs": True, "stream": True, **fields}  # fmt: skip
+        self.body = {
+            "model": MODEL,
+            "prompt": "a victim's prompt",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": True,
+            "stream": True,
+            **fields,
+        }
         self.headers = auth(dep) | ({"x-session-affinity": session} if session else {})
         self.dep = dep
         self.status: int | None = None
@@ -189,8 +199,10 @@ class Victim:
         assert (self.tokens, self.finish, self.done) == (self.max_tokens, "length", True), self.report()
 
     def report(self) -> str:
-        return (f"status {self.status}, {self.tokens}/{self.max_tokens} tokens, finish {self.finish}, "
-                f"[DONE] {self.done}, error {self.error}, failure {self.failure!r}")  # fmt: skip
+        return (
+            f"status {self.status}, {self.tokens}/{self.max_tokens} tokens, finish {self.finish}, "
+            f"[DONE] {self.done}, error {self.error}, failure {self.failure!r}"
+        )
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -238,8 +250,10 @@ def schema_fields(name: str) -> list[str]:
 
 
 def wrong_types() -> Iterator[Case]:
-    for name, path, base in (("completion-request", COMPLETIONS, completion()),
-                             ("chat-completion-request", CHAT, chat([{"role": "user", "content": "hi"}]))):  # fmt: skip
+    for name, path, base in (
+        ("completion-request", COMPLETIONS, completion()),
+        ("chat-completion-request", CHAT, chat([{"role": "user", "content": "hi"}])),
+    ):
         for field in schema_fields(name):
             for value in WRONG:
                 body = base | {field: value}
@@ -250,40 +264,72 @@ def wrong_types() -> Iterator[Case]:
 def parameters() -> Iterator[Case]:
     """Values of the right type out of range: each is a 400 before the request reaches a replica."""
     out_of_range = {
-        "top_k": [10**30, 1048577, -1, 2**63], "temperature": [5e-324, 1e-4, -0.5, 2.0001, 1e308],
-        "top_p": [0, -1e-300, 1.0000001], "seed": [-1, 2**63, 2**64, 10**30], "n": [2, 0, 10**9, -1],
-        "max_tokens": [-1, 2**31, 10**30, 2048, 5000], "logprobs": [21, -1, 10**30], "echo_last": [-1, 2**31],
-        "prompt_cache_max_len": [-1, 10**20], "stop": [["a"] * 17, ["a"] * 100_000, "", "x" * 257, [""], ["x" * 257]],
-        "model": ["x" * 513], "prompt_cache_isolation_key": ["k" * 257],
-    }  # fmt: skip
+        "top_k": [10**30, 1048577, -1, 2**63],
+        "temperature": [5e-324, 1e-4, -0.5, 2.0001, 1e308],
+        "top_p": [0, -1e-300, 1.0000001],
+        "seed": [-1, 2**63, 2**64, 10**30],
+        "n": [2, 0, 10**9, -1],
+        "max_tokens": [-1, 2**31, 10**30, 2048, 5000],
+        "logprobs": [21, -1, 10**30],
+        "echo_last": [-1, 2**31],
+        "prompt_cache_max_len": [-1, 10**20],
+        "stop": [["a"] * 17, ["a"] * 100_000, "", "x" * 257, [""], ["x" * 257]],
+        "model": ["x" * 513],
+        "prompt_cache_isolation_key": ["k" * 257],
+    }
     for field, values in out_of_range.items():
         for value in values:
             yield case(f"completion {field}={brief(value)}", COMPLETIONS, completion(**{field: value}))
-    prompts = ["", [], [-1], [10**30], [2**31], [1.5], ["a"], [None], [1] * 2049, [1] * 131_073, "x" * 1_000_000,
-               "\U0001f600" * 26_000, "ab " * 8_000]  # fmt: skip
+    prompts = [
+        "",
+        [],
+        [-1],
+        [10**30],
+        [2**31],
+        [1.5],
+        ["a"],
+        [None],
+        [1] * 2049,
+        [1] * 131_073,
+        "x" * 1_000_000,
+        "\U0001f600" * 26_000,
+        "ab " * 8_000,
+    ]
     for prompt in prompts:
         yield case(f"completion prompt={brief(prompt)}", COMPLETIONS, completion(prompt))
     yield case("completion prompt of token ids past the vocabulary", COMPLETIONS, completion([1, 2, 10**6]))
     yield case("completion model not served", COMPLETIONS, completion(model="accounts/x/models/y"), 404)
     yield case("completion routing_matrix_format", COMPLETIONS, completion(routing_matrix_format="parquet_v1"))
     for value in ("nan", "-1", "inf", "1e999", "soon", "-0.5"):
-        yield case(f"drain timeout header {value}", COMPLETIONS, completion(), 400,
-                   {"x-fireworks-hot-load-drain-timeout": value})  # fmt: skip
+        yield case(
+            f"drain timeout header {value}",
+            COMPLETIONS,
+            completion(),
+            400,
+            {"x-fireworks-hot-load-drain-timeout": value},
+        )
 
 
 def messages() -> Iterator[Case]:
     user = {"role": "user", "content": "hi"}
     broken = {
-        "none": [], "a dict": user, "a string": "hello", "strings": ["hello"], "no role": [{"content": "hi"}],
-        "no content": [{"role": "user"}], "role 5": [{"role": 5, "content": "hi"}],
-        "content 5": [{"role": "user", "content": 5}], "content null": [{"role": "user", "content": None}],
+        "none": [],
+        "a dict": user,
+        "a string": "hello",
+        "strings": ["hello"],
+        "no role": [{"content": "hi"}],
+        "no content": [{"role": "user"}],
+        "role 5": [{"role": 5, "content": "hi"}],
+        "content 5": [{"role": "user", "content": 5}],
+        "content null": [{"role": "user", "content": None}],
         "content parts": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        "role of 65 characters": [{"role": "r" * 65, "content": "hi"}], "4097 messages": [user] * 4097,
+        "role of 65 characters": [{"role": "r" * 65, "content": "hi"}],
+        "4097 messages": [user] * 4097,
         "30,000 messages": [{"role": "", "content": ""}] * 30_000,
         "a conversation longer than the context": [{"role": "user", "content": "x" * 30_000}],
         "4096 empty messages": [{"role": "user", "content": ""}] * 4096,
         "a lone surrogate in content": [{"role": "user", "content": "\udcff"}],
-    }  # fmt: skip
+    }
     for name, value in broken.items():
         yield case(f"chat messages: {name}", CHAT, chat(value))
 
@@ -292,18 +338,30 @@ def bodies() -> Iterator[Case]:
     """What is not a JSON object of valid UTF-8 at all, sent to every endpoint that takes a body."""
     valid = encoded(completion())
     raw = {
-        "empty": b"", "a space": b" ", "null": b"null", "a list": b"[]", "a number": b"1", "a string": b'"s"',
-        "truncated": valid[:-3], "a trailing comma": b'{"model": "a",}', "trailing garbage": valid + b" x",
-        "NUL bytes": b"\x00" * 64, "UTF-16": json.dumps(completion()).encode("utf-16"),
-        "invalid UTF-8": valid.replace(b"hello", b"\xff\xfe"), "overlong UTF-8": valid.replace(b"hello", b"\xc0\xaf"),
-        "a lone surrogate": valid.replace(b"hello", b"\\udcff"), "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
+        "empty": b"",
+        "a space": b" ",
+        "null": b"null",
+        "a list": b"[]",
+        "a number": b"1",
+        "a string": b'"s"',
+        "truncated": valid[:-3],
+        "a trailing comma": b'{"model": "a",}',
+        "trailing garbage": valid + b" x",
+        "NUL bytes": b"\x00" * 64,
+        "UTF-16": json.dumps(completion()).encode("utf-16"),
+        "invalid UTF-8": valid.replace(b"hello", b"\xff\xfe"),
+        "overlong UTF-8": valid.replace(b"hello", b"\xc0\xaf"),
+        "a lone surrogate": valid.replace(b"hello", b"\\udcff"),
+        "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
         "objects nested 50,000 deep": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
         "stop nested 990 deep": valid[:-1] + b', "stop": ' + b"[" * 990 + b"]" * 990 + b"}",
-        "NaN": valid[:-1] + b', "temperature": NaN}', "Infinity": valid[:-1] + b', "top_p": Infinity}',
-        "-Infinity": valid[:-1] + b', "temperature": -Infinity}', "1e999": valid[:-1] + b', "max_tokens": 1e999}',
+        "NaN": valid[:-1] + b', "temperature": NaN}',
+        "Infinity": valid[:-1] + b', "top_p": Infinity}',
+        "-Infinity": valid[:-1] + b', "temperature": -Infinity}',
+        "1e999": valid[:-1] + b', "max_tokens": 1e999}',
         "NaN token id": encoded(completion()).replace(b'"hello"', b"[1, NaN]"),
         "a 5,000-digit integer": valid[:-1] + b', "seed": ' + b"9" * 5000 + b"}",
-    }  # fmt: skip
+    }
     for name, content in raw.items():
         for path in (COMPLETIONS, CHAT, HOT_LOAD, HINT):
             yield case(f"{path} body {name}", path, content)
@@ -320,7 +378,7 @@ def oversized() -> Iterator[Case]:
         "300,000 messages": lambda: encoded(chat([{"role": "user", "content": "hi"}] * 300_000)),
         "a stop list of 300,000": lambda: encoded(completion(stop=["s"] * 300_000)),
         "48 MB of prompt": lambda: encoded(completion("x" * 48_000_000)),
-    }  # fmt: skip
+    }
     for name, make in big.items():
         yield case(f"oversized: {name}", CHAT if "messages" in name else COMPLETIONS, make, 413)
     yield case("oversized: a hot-load signal of 2 MiB", HOT_LOAD, lambda: encoded({"identity": "x" * (2 << 20)}), 413)
@@ -328,35 +386,67 @@ def oversized() -> Iterator[Case]:
 
 def signals() -> Iterator[Case]:
     identities = [
-        "a" * 256, "\u00e9" * 128, "/etc", "../../../../etc", "..", ".", "", "a\x00b", "a\nb", "a\\b", "a\x7f",
-        "escape", "missing", 5, None, [], {}, True, "x" * 100_000,
-    ]  # fmt: skip
+        "a" * 256,
+        "\u00e9" * 128,
+        "/etc",
+        "../../../../etc",
+        "..",
+        ".",
+        "",
+        "a\x00b",
+        "a\nb",
+        "a\\b",
+        "a\x7f",
+        "escape",
+        "missing",
+        5,
+        None,
+        [],
+        {},
+        True,
+        "x" * 100_000,
+    ]
     for identity in identities:
         yield case(f"signal identity={brief(identity)}", HOT_LOAD, {"identity": identity})
     yield case("signal identity lone surrogate", HOT_LOAD, b'{"identity": "\\udcff"}')
     for name, body in {
-        "an unknown field": {"identity": "x", "extra": 1}, "reset_prompt_cache bogus": {"identity": "x", "reset_prompt_cache": "bogus"},
+        "an unknown field": {"identity": "x", "extra": 1},
+        "reset_prompt_cache bogus": {"identity": "x", "reset_prompt_cache": "bogus"},
         "reset_prompt_cache 5": {"identity": "x", "reset_prompt_cache": 5},
         "metadata 5": {"identity": "x", "incremental_snapshot_metadata": 5},
         "metadata a list": {"identity": "x", "incremental_snapshot_metadata": []},
-        "metadata out of the bucket": {"identity": "x", "incremental_snapshot_metadata": {"previous_snapshot_identity": "../x"}},
+        "metadata out of the bucket": {
+            "identity": "x",
+            "incremental_snapshot_metadata": {"previous_snapshot_identity": "../x"},
+        },
         "validation 5": {"identity": "x", "validation": 5},
-    }.items():  # fmt: skip
+    }.items():
         yield case(f"signal {name}", HOT_LOAD, body)
 
 
 def hints() -> Iterator[Case]:
-    pairs = [("/etc", "shadow"), ("/etc", "no-such-file"), ("../../../../etc", "passwd"), ("..", "x"),
-             (".", "config.json"), ("escape", "passwd"), ("escape", "no-such-file"), ("a" * 300, "x"), ("", "x"),
-             ("a\x00b", "x")]  # fmt: skip
+    pairs = [
+        ("/etc", "shadow"),
+        ("/etc", "no-such-file"),
+        ("../../../../etc", "passwd"),
+        ("..", "x"),
+        (".", "config.json"),
+        ("escape", "passwd"),
+        ("escape", "no-such-file"),
+        ("a" * 300, "x"),
+        ("", "x"),
+        ("a\x00b", "x"),
+    ]
     for identity, file in pairs:
         yield case(f"hint {identity[:20]!r} {file!r}", HINT, {"identity": identity, "file": file})
     # a name the bucket could hold: looked up (inside the bucket only), and not there
     yield case("hint 'missing' 'config.json'", HINT, {"identity": "missing", "file": "config.json"}, 404)
     for name, body in {
-        "identity 5": {"identity": 5, "file": "x"}, "no file": {"identity": "x"}, "a list": [],
+        "identity 5": {"identity": 5, "file": "x"},
+        "no file": {"identity": "x"},
+        "a list": [],
         "an unknown field": {"identity": tiny_moe.BASE_IDENTITY, "file": "config.json", "x": 1},
-    }.items():  # fmt: skip
+    }.items():
         yield case(f"hint {name}", HINT, body)
     yield case("hint identity lone surrogate", HINT, b'{"identity": "\\udcff", "file": "x"}')
     for file in ("../../../../etc/passwd", "/etc/passwd", "a" * 300, "x\x00y", "..", ""):
@@ -439,8 +529,14 @@ def test_bad_parameters_are_refused_while_a_victim_in_the_same_batch_streams_on(
         for bad in ({"top_k": 10**30}, {"temperature": 5e-324}, {"seed": -1}, {"top_k": 10**6 + 2**20}, {"n": 10**9}):
             r = http.post(COMPLETIONS, json=completion(**bad))
             assert r.status_code == 400, (bad, r.text)
-        edges = [{"top_k": 1_000_000, "temperature": 1}, {"top_k": 1048576, "temperature": 2}, {"temperature": 0.001},
-                 {"top_p": 5e-324, "temperature": 1}, {"seed": 2**63 - 1, "temperature": 1}, {"top_k": 1, "temperature": 1}]  # fmt: skip
+        edges = [
+            {"top_k": 1_000_000, "temperature": 1},
+            {"top_k": 1048576, "temperature": 2},
+            {"temperature": 0.001},
+            {"top_p": 5e-324, "temperature": 1},
+            {"seed": 2**63 - 1, "temperature": 1},
+            {"top_k": 1, "temperature": 1},
+        ]
         mates = [Victim(dep, max_tokens=16, session=session, **edge) for edge in edges]
         for mate in mates:
             mate.whole()
@@ -584,8 +680,10 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 
 def post_head(dep, path: str, extra: str = "") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {dep.api_key}\r\n"
-            f"Content-Type: application/json\r\n{extra}\r\n").encode("latin-1")  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {dep.api_key}\r\n"
+        f"Content-Type: application/json\r\n{extra}\r\n"
+    ).encode("latin-1")
 
 
 def test_a_declared_length_past_the_limit_is_refused_before_the_body(dep):
@@ -649,8 +747,10 @@ def test_a_body_cut_short_by_the_client_costs_nothing(dep):
     assert r.status_code == 200, r.text
 
 
-HUGE_HEADERS = {"a header of 300 KB": "x-big: " + "a" * 300_000 + "\r\n",
-                "5000 headers": "".join(f"x-h{i}: v\r\n" for i in range(5000))}  # fmt: skip
+HUGE_HEADERS = {
+    "a header of 300 KB": "x-big: " + "a" * 300_000 + "\r\n",
+    "5000 headers": "".join(f"x-h{i}: v\r\n" for i in range(5000)),
+}
 
 
 @pytest.mark.parametrize("name", sorted(HUGE_HEADERS))
@@ -818,8 +918,13 @@ def test_a_validator_that_dies_is_a_400(dep):
         return n[0]
 
     answer: list[httpx.Response] = []
-    poster = threading.Thread(target=lambda: answer.append(httpx.post(dep.base_url + HOT_LOAD, json={"identity": "thin-header"},
-                                                                       headers=dep.hot_load_headers(), timeout=60)))  # fmt: skip
+    poster = threading.Thread(
+        target=lambda: answer.append(
+            httpx.post(
+                dep.base_url + HOT_LOAD, json={"identity": "thin-header"}, headers=dep.hot_load_headers(), timeout=60
+            )
+        )
+    )
     try:
         with Budget("reference", "a validator killed with a job", seconds=30, rss_mb=RSS_MB):
             poster.start()

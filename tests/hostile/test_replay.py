@@ -32,8 +32,9 @@ def spoil_meta(recording, **changes):
 
 
 def replay(pytester, recording, *args):
-    return pytester.runpytest_inprocess(str(CONFORMANCE / "test_session.py"), f"--rl-replay={recording}",
-                                        "-p", "no:randomly", *args)  # fmt: skip
+    return pytester.runpytest_inprocess(
+        str(CONFORMANCE / "test_session.py"), f"--rl-replay={recording}", "-p", "no:randomly", *args
+    )
 
 
 def one_usage_error(result, *words):
@@ -56,8 +57,12 @@ def test_a_traversal_run_id_writes_nothing_outside(pytester, recording, tmp_path
 
 
 JUNK_META = {"run_id": 5, "deployment": [], "model": None}
-JUNK_DISCOVERY = {"run_id": "abc", "deployment": "accounts/a/deployments/d", "model": "m",
-                  "discovery": {"capabilities": 1}}  # fmt: skip
+JUNK_DISCOVERY = {
+    "run_id": "abc",
+    "deployment": "accounts/a/deployments/d",
+    "model": "m",
+    "discovery": {"capabilities": 1},
+}
 SESSIONS = {
     "a list": "[1, 2]",
     "no meta": json.dumps({"interactions": [], "marks": {}}),

@@ -55,16 +55,29 @@ def test_a_failing_conformance_run_shows_the_key_nowhere(pytester, bucket):
     with (
         Budget(
             "secrets", "failing live run with -l --tb=long, junit, report and recording", seconds=240, rss_mb=1500
-        ) as budget,  # fmt: skip
+        ) as budget,
         reference_deployment(bucket, api_key=key, faults={"INF-USAGE-1", "HL-POST-2"}) as dep,
     ):
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE / "test_inference.py"), str(CONFORMANCE / "test_hot_load.py"), "test_user.py",
-            "-p", "no:randomly",
-            "-l", "--tb=long", "-rA", "--junitxml=j.xml", "--rl-report=r.json", "--rl-record=rec",
-            f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-            f"--rl-api-key={key}", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={base}",
-        )  # fmt: skip
+            str(CONFORMANCE / "test_inference.py"),
+            str(CONFORMANCE / "test_hot_load.py"),
+            "test_user.py",
+            "-p",
+            "no:randomly",
+            "-l",
+            "--tb=long",
+            "-rA",
+            "--junitxml=j.xml",
+            "--rl-report=r.json",
+            "--rl-record=rec",
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={key}",
+            "--rl-allow-hot-load",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={base}",
+        )
     terminal = "\n".join(result.outlines + result.errlines)
     assert result.ret == 1, terminal[-3000:]  # the faults fail their clauses
     report = json.loads((pytester.path / "r.json").read_text())
@@ -116,8 +129,17 @@ def test_auth_headers_show_nothing_but_send_the_key():
         request = c.http.build_request("GET", "http://x/", headers=headers)
     assert seen == [f"Bearer {key}"]
     assert isinstance(headers["Authorization"], Redacted)
-    shown = [repr(headers), str(headers), f"{headers['Authorization']}", "%s" % headers["Authorization"],  # noqa: UP031
-             repr(request), repr(request.headers), repr(c.exchanges), repr(c.target), repr(c)]  # fmt: skip
+    shown = [
+        repr(headers),
+        str(headers),
+        f"{headers['Authorization']}",
+        "%s" % headers["Authorization"],  # noqa: UP031
+        repr(request),
+        repr(request.headers),
+        repr(c.exchanges),
+        repr(c.target),
+        repr(c),
+    ]
     assert leaks(key, *shown) == [], shown
 
 
@@ -174,8 +196,9 @@ def test_a_failed_exchange_shows_no_key_in_a_long_traceback_with_locals(kind, tm
 def test_a_request_key_never_holds_the_key():
     key = Secret(fresh_key())
     with Budget("secrets", "a cassette's request key", seconds=2, rss_mb=20):
-        request = httpx.Request("POST", "http://x/v1", headers={"Authorization": f"Bearer {key.reveal()}"},
-                                json={"prompt": key.reveal()})  # fmt: skip
+        request = httpx.Request(
+            "POST", "http://x/v1", headers={"Authorization": f"Bearer {key.reveal()}"}, json={"prompt": key.reveal()}
+        )
         matched = request_key(request, key)
     assert key.reveal() not in matched and '"key"' in matched and "<scrubbed>" in matched
 
@@ -207,8 +230,11 @@ def test_a_deployment_that_echoes_the_key_never_gets_it_shown():
         DeploymentClient(target, transport=httpx.MockTransport(echoing)) as c,
     ):
         status = c.status()
-        answers = [c.complete({"prompt": "hi"}), c.complete({"prompt": "hi", "stream": True}),
-                   c.complete({"prompt": "refuse", "stream": True})]  # fmt: skip
+        answers = [
+            c.complete({"prompt": "hi"}),
+            c.complete({"prompt": "hi", "stream": True}),
+            c.complete({"prompt": "refuse", "stream": True}),
+        ]
         exchanges = "\n".join(e.text() for e in c.exchanges)
     assert status.status_code == 401 and status.json()["error"] == "bad key Bearer <key>"
     assert answers[1].chunks[0]["choices"][0]["text"] == "Bearer <key>" and answers[2].status == 500

@@ -919,8 +919,14 @@ def test_a_crash_is_exit_3_with_one_line(error, reference, capsys, monkeypatch):
 def test_hostile_json_is_bounded_in_the_library_too():
     """The bounded parser itself: refusals, not RecursionError or MemoryError, for every shape
     (unbalanced, escaped quotes hiding brackets, brackets inside strings); the limit itself parses."""
-    hostile = [deep(10**6), b'{"a":' * 10**5, b"[" + b"0," * 3_000_000 + b"0]", b'"\\' * 10**5,
-               b'["\\"' + b"[" * 100 + b'"' + b"]" * 100, b'["' + b"[" * 10**6 + b'"' + b"[" * 65]  # fmt: skip
+    hostile = [
+        deep(10**6),
+        b'{"a":' * 10**5,
+        b"[" + b"0," * 3_000_000 + b"0]",
+        b'"\\' * 10**5,
+        b'["\\"' + b"[" * 100 + b'"' + b"]" * 100,
+        b'["' + b"[" * 10**6 + b'"' + b"[" * 65,
+    ]
     with Budget("validator", "untrusted.loads on nested and oversized JSON", seconds=3, rss_mb=100, inputs=6):
         for raw in hostile:
             with pytest.raises(untrusted.BadJSON):

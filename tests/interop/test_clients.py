@@ -98,8 +98,13 @@ class PolicyClient:
 
 def test_weight_syncer_over_several_steps(mgr, dep, bucket, tmp_path):
     policy = PolicyClient(bucket, tmp_path)
-    syncer = sdk.WeightSyncer(policy_client=policy, deploy_mgr=mgr, deployment_id=dep.settings.deployment_id,
-                              base_model=dep.model, warmup_max_retries=1)  # fmt: skip
+    syncer = sdk.WeightSyncer(
+        policy_client=policy,
+        deploy_mgr=mgr,
+        deployment_id=dep.settings.deployment_id,
+        base_model=dep.model,
+        warmup_max_retries=1,
+    )
     outputs = []
     for step in range(4):
         syncer.save_and_hotload(f"step-{step}")
@@ -115,8 +120,16 @@ def test_sampler_stream_with_routing_echo_and_logprobs(dep):
     prompt = list(range(5, 37))
 
     async def go():
-        return await sampler.async_completions_stream(prompt, max_tokens=6, temperature=0.0, logprobs=True, echo=True,
-                                                      include_routing_matrix=True, raw_output=True, hotload_retry_interval=0.01)  # fmt: skip
+        return await sampler.async_completions_stream(
+            prompt,
+            max_tokens=6,
+            temperature=0.0,
+            logprobs=True,
+            echo=True,
+            include_routing_matrix=True,
+            raw_output=True,
+            hotload_retry_interval=0.01,
+        )
 
     result, metrics = asyncio.run(go())
     [choice] = result["choices"]
@@ -171,8 +184,7 @@ def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr,
 
     d, m, replicas = dep.settings.deployment_id, dep.model, dep.settings.replicas
     policy = PolicyClient(bucket, tmp_path)
-    syncer = sdk.WeightSyncer(policy_client=policy, deploy_mgr=mgr, deployment_id=d, base_model=m,
-                              warmup_max_retries=1)  # fmt: skip
+    syncer = sdk.WeightSyncer(policy_client=policy, deploy_mgr=mgr, deployment_id=d, base_model=m, warmup_max_retries=1)
     with DeploymentClient(Target(dep.name, dep.base_url, m, dep.api_key)) as c:
 
         def prints(name, sessions=None):  # every replica, each reached by the session key that reached it first

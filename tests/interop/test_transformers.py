@@ -17,10 +17,20 @@ transformers = LazyModule("transformers")
 
 def tiny_qwen3_moe():
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=512, hidden_size=64, moe_intermediate_size=32, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        norm_topk_prob=True, tie_word_embeddings=False, mlp_only_layers=[0],
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=64,
+        moe_intermediate_size=32,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        mlp_only_layers=[0],
+    )
     torch.manual_seed(0)
     return transformers.Qwen3MoeForCausalLM(cfg).eval()
 

@@ -43,8 +43,11 @@ def transformers_serve(tmp_path_factory, base_snapshot):
         pytest.skip("transformers serve is not installed (pip install 'transformers[serving]')")
     port = free_port()
     log = (tmp_path_factory.mktemp("transformers-serve") / "serve.log").open("w")
-    proc = subprocess.Popen([command, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                             str(base_snapshot)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [command, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", str(base_snapshot)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy():
@@ -65,8 +68,9 @@ def transformers_serve(tmp_path_factory, base_snapshot):
 def test_the_suite_judges_transformers_serve_as_an_openai_server(pytester, transformers_serve):
     url, model = transformers_serve
     started = time.monotonic()
-    result = pytester.runpytest_inprocess(str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={url}",
-                                          f"--rl-model={model}", "--rl-report=r.json")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={url}", f"--rl-model={model}", "--rl-report=r.json"
+    )
     took = time.monotonic() - started
     assert took <= 60, f"{took:.0f} s"
     result.stdout.fnmatch_lines(

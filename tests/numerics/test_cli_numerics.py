@@ -23,8 +23,21 @@ def _no_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _args(dep, bucket: Path, *extra: str) -> list[str]:
-    return ["numerics", "--deployment", dep.name, "--base-url", dep.base_url, "--model", dep.model,
-            "--api-key", dep.api_key, "--snapshot", str(bucket / tiny_moe.BASE_IDENTITY), *FAST, *extra]  # fmt: skip
+    return [
+        "numerics",
+        "--deployment",
+        dep.name,
+        "--base-url",
+        dep.base_url,
+        "--model",
+        dep.model,
+        "--api-key",
+        dep.api_key,
+        "--snapshot",
+        str(bucket / tiny_moe.BASE_IDENTITY),
+        *FAST,
+        *extra,
+    ]
 
 
 def _figure(out: str, label: str) -> str:
@@ -44,8 +57,11 @@ def test_the_reference_deployment_matches_its_own_weights(start, bucket, tmp_pat
     assert dep.api_key not in out + err
     doc = json.loads((tmp_path / "out" / "numerics.json").read_text())
     assert doc["crossed"] == [] and doc["figures"]["route_agreement"] == 1.0 and doc["figures"]["tokens"] == 64
-    assert sorted(doc["pictures"]) == ["numerics-delta-by-position.png", "numerics-delta-histogram.png",
-                                       "numerics-routing-by-layer.png"]  # fmt: skip
+    assert sorted(doc["pictures"]) == [
+        "numerics-delta-by-position.png",
+        "numerics-delta-histogram.png",
+        "numerics-routing-by-layer.png",
+    ]
     assert all((tmp_path / "out" / name).read_bytes().startswith(PNG) for name in doc["pictures"])
 
 
@@ -99,7 +115,7 @@ def test_a_wrong_key_is_one_line_that_never_shows_the_key(start, bucket, capsys)
         ({"--api-key": ""}, "FIREWORKS_API_KEY"),
         ({"--min-route-agreement": "90"}, "a fraction in [0, 1]"),
     ],
-)  # fmt: skip
+)
 def test_usage_and_connection_errors_exit_2_with_one_line(change, says, start, bucket, tmp_path, capsys) -> None:
     dep = start()
     args = _args(dep, bucket)

@@ -13,8 +13,9 @@ from pytest_rlrollout.numerics.workflow import NumericsError, Thresholds, deploy
 
 
 def _figures(k3_kl: float = 0.0, max_abs: float = 0.0, route_agreement: float | None = None) -> Figures:
-    return Figures(tokens=4, mean_abs=0.0, max_abs=max_abs, k3_kl=k3_kl, ratio_outside=0.0,
-                   route_agreement=route_agreement)  # fmt: skip
+    return Figures(
+        tokens=4, mean_abs=0.0, max_abs=max_abs, k3_kl=k3_kl, ratio_outside=0.0, route_agreement=route_agreement
+    )
 
 
 def test_thresholds_name_each_figure_crossed_and_a_nan_crosses() -> None:

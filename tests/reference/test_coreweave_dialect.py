@@ -44,8 +44,13 @@ def test_a_full_hot_load_by_number_completes_on_every_replica(cw):
     r = create(cw, identity="step-1", type=1, hotLoadId=chosen, promptCachePolicy=1)
     assert r.status_code == 200, r.text
     spec = r.json()["hotLoad"]["spec"]
-    assert spec == {"id": chosen, "deploymentId": dep.settings.deployment_id, "identity": "step-1",
-                    "type": "SNAPSHOT_TYPE_FULL", "promptCachePolicy": "PROMPT_CACHE_POLICY_RESET_ALL"}  # fmt: skip
+    assert spec == {
+        "id": chosen,
+        "deploymentId": dep.settings.deployment_id,
+        "identity": "step-1",
+        "type": "SNAPSHOT_TYPE_FULL",
+        "promptCachePolicy": "PROMPT_CACHE_POLICY_RESET_ALL",
+    }
     assert finished(http, chosen)["status"]["state"] == "HOT_LOAD_STATE_COMPLETED"
     replicas = http.get(f"{HOT_LOADS}/{chosen}/replicas").json()["replicas"]
     assert [(x["state"], x["currentSnapshotIdentity"]) for x in replicas] == [("READY", "step-1")] * 2
@@ -141,8 +146,9 @@ def test_the_gateway_isolates_by_nvext_cache_salt(cw):
 
     def cached(salt):
         # one session: one replica (two replicas keep two caches)
-        r = http.post("/v1/completions", json={**body, "nvext": {"cache_salt": salt}},
-                      headers={"x-multi-turn-session-id": "s"})  # fmt: skip
+        r = http.post(
+            "/v1/completions", json={**body, "nvext": {"cache_salt": salt}}, headers={"x-multi-turn-session-id": "s"}
+        )
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
     assert cached("a") == 0 and cached("a") > 0

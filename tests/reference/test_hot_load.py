@@ -175,8 +175,9 @@ def test_a_failed_load_reports_error_and_keeps_the_previous_snapshot(start, buck
     step(bucket, "step-1")
     assert c.hot_load({"identity": "step-1"}).status_code == 200
     (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")
-    replicas = c.replicas_where(lambda rs: all(r["loading_state"]["stage"] == "error" for r in rs),
-                                what="every replica reporting stage 'error'")  # fmt: skip
+    replicas = c.replicas_where(
+        lambda rs: all(r["loading_state"]["stage"] == "error" for r in rs), what="every replica reporting stage 'error'"
+    )
     assert all(r["loading_state"]["target_snapshot_identity"] == "step-1" for r in replicas)
     assert all(r["current_snapshot_identity"] == BASE and r["readiness"] for r in replicas)
     assert c.complete([1, 2, 3], max_tokens=2).json()["model"].endswith(f"@{BASE}")

@@ -23,8 +23,15 @@ def routes(entries):
 
 
 def test_completion_shapes(client):
-    r = client.complete(PROMPT, max_tokens=5, logprobs=True, include_routing_matrix=True, raw_output=True,
-                        return_token_ids=True, perf_metrics_in_response=True)  # fmt: skip
+    r = client.complete(
+        PROMPT,
+        max_tokens=5,
+        logprobs=True,
+        include_routing_matrix=True,
+        raw_output=True,
+        return_token_ids=True,
+        perf_metrics_in_response=True,
+    )
     assert r.status_code == 200
     body = r.json()
     [choice] = body["choices"]
@@ -42,8 +49,9 @@ def test_completion_shapes(client):
 
 
 def test_stream_carries_version_routing_and_ends_properly(client):
-    with client.complete(PROMPT, stream=True, max_tokens=6, logprobs=True, include_routing_matrix=True,
-                         perf_metrics_in_response=True) as r:  # fmt: skip
+    with client.complete(
+        PROMPT, stream=True, max_tokens=6, logprobs=True, include_routing_matrix=True, perf_metrics_in_response=True
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         chunks = sse(r.iter_lines())
     assert all(c["model"] == f"{client.dep.name}@{tiny_moe.BASE_IDENTITY}" for c in chunks)
@@ -84,8 +92,11 @@ def test_routing_is_deterministic(client):
 
 def cached(r):
     body = r.json()
-    channels = {body["usage"]["prompt_tokens_details"]["cached_tokens"], int(r.headers["fireworks-cached-prompt-tokens"]),
-                body["perf_metrics"]["cached-prompt-tokens"]}  # fmt: skip
+    channels = {
+        body["usage"]["prompt_tokens_details"]["cached_tokens"],
+        int(r.headers["fireworks-cached-prompt-tokens"]),
+        body["perf_metrics"]["cached-prompt-tokens"],
+    }
     assert len(channels) == 1, channels
     return channels.pop()
 
@@ -146,8 +157,17 @@ def test_session_affinity(client):
 
 
 def test_chat_completions(client):
-    r = client.http.post("/v1/chat/completions", json={"model": client.dep.model, "messages": [{"role": "user", "content": "hello world"}],
-                                                      "max_tokens": 4, "temperature": 0, "logprobs": True, "include_routing_matrix": True})  # fmt: skip
+    r = client.http.post(
+        "/v1/chat/completions",
+        json={
+            "model": client.dep.model,
+            "messages": [{"role": "user", "content": "hello world"}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "logprobs": True,
+            "include_routing_matrix": True,
+        },
+    )
     body = r.json()
     assert r.status_code == 200 and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
@@ -188,8 +208,15 @@ def test_parquet_negotiation_answer_is_the_sdk_fallback_wording(client):
     )
 
 
-@pytest.mark.parametrize(("method", "path", "data"), [("POST", "/inference/v1/completions", b"{not json"), ("GET", "/nope", None),
-                                                       ("POST", "/inference/v1/completions", b"[1, 2]"), ("GET", "/inference/v1/completions", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path", "data"),
+    [
+        ("POST", "/inference/v1/completions", b"{not json"),
+        ("GET", "/nope", None),
+        ("POST", "/inference/v1/completions", b"[1, 2]"),
+        ("GET", "/inference/v1/completions", None),
+    ],
+)
 def test_garbage_and_unknown_paths(client, method, path, data):
     r = client.http.request(method, path, content=data)
     assert 400 <= r.status_code < 500 and "message" in r.json()["error"]

@@ -18,9 +18,28 @@ json_leaf = hs.none() | hs.booleans() | hs.integers(-(2**70), 2**70) | hs.floats
 json_value = hs.recursive(
     json_leaf, lambda c: hs.lists(c, max_size=4) | hs.dictionaries(hs.text(max_size=8), c, max_size=4), max_leaves=12
 )
-FIELDS = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stream", "logprobs", "echo",
-          "echo_last", "raw_output", "return_token_ids", "perf_metrics_in_response", "include_routing_matrix", "stop",
-          "prompt_cache_isolation_key", "prompt_cache_max_len", "user"]  # fmt: skip
+FIELDS = [
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "seed",
+    "stream",
+    "logprobs",
+    "echo",
+    "echo_last",
+    "raw_output",
+    "return_token_ids",
+    "perf_metrics_in_response",
+    "include_routing_matrix",
+    "stop",
+    "prompt_cache_isolation_key",
+    "prompt_cache_max_len",
+    "user",
+]
 plausible = {
     "prompt": hs.lists(hs.integers(-5, 600), max_size=40) | hs.text(max_size=60),
     "messages": hs.lists(
@@ -107,8 +126,17 @@ def _at_rest(dep) -> bool:
 
 
 @SETTINGS
-@given(raw=hs.binary(max_size=200), path=hs.sampled_from(["/inference/v1/completions", "/hot_load/v1/models/hot_load",
-                                                          "/hot_load/v1/models/hot_load/hint", "/v1/chat/completions"]))  # fmt: skip
+@given(
+    raw=hs.binary(max_size=200),
+    path=hs.sampled_from(
+        [
+            "/inference/v1/completions",
+            "/hot_load/v1/models/hot_load",
+            "/hot_load/v1/models/hot_load/hint",
+            "/v1/chat/completions",
+        ]
+    ),
+)
 def test_random_bytes(server, raw, path):
     dep, http = server
     check(http.post(path, content=raw, headers=dep.hot_load_headers() if "hot_load" in path else {}))

@@ -37,22 +37,71 @@ from .vllm_support import BASE, SHORT, SLOW, Streamer, close, local_prompt_logpr
 
 RID = re.compile(r"[0-9a-f]{32}")  # uuid.uuid4().hex: GenerateReqInput._normalize_single_inputs
 # SGLang's sampling_params schema, in its order (api/v1/api_types.py: SamplingParams)
-SAMPLING_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-                   "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-                   "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-                   "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
-                   "custom_params", "beam_width", "watermark", "choice")  # fmt: skip
+SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+)
 # what a request aborted while it runs ends with (schedule_batch.FINISH_ABORT().to_json())
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
-FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
-           "the operation will not be performed.)\n")  # fmt: skip
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+    "the operation will not be performed.)\n"
+)
 # UsageInfo's fields (openai/protocol.py), prompt_tokens_details as with --enable-cache-report
-USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "reasoning_tokens",
-         "completion_tokens_details"]  # fmt: skip
+USAGE = [
+    "prompt_tokens",
+    "total_tokens",
+    "completion_tokens",
+    "prompt_tokens_details",
+    "reasoning_tokens",
+    "completion_tokens_details",
+]
 # what vLLM's answers carry and SGLang's response models do not
-VLLM_ONLY = {"service_tier", "system_fingerprint", "kv_transfer_params", "ec_transfer_params", "metrics",
-             "prompt_logprobs", "prompt_text", "stop_reason", "routed_experts", "refusal", "annotations", "audio",
-             "function_call", "reasoning", "created_cache_tokens", "multimodal_tokens", "permission"}  # fmt: skip
+VLLM_ONLY = {
+    "service_tier",
+    "system_fingerprint",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+    "prompt_logprobs",
+    "prompt_text",
+    "stop_reason",
+    "routed_experts",
+    "refusal",
+    "annotations",
+    "audio",
+    "function_call",
+    "reasoning",
+    "created_cache_tokens",
+    "multimodal_tokens",
+    "permission",
+}
 
 
 class Sg:
@@ -76,8 +125,11 @@ class Sg:
     def streaming(self, ids: list[int], n: int = 300) -> Streamer:
         """A slowed greedy native stream of `n` tokens, once its first chunk arrived."""
         self.dep.deployment.set_pace(token_delay=SLOW)
-        body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                                      "ignore_eos": True}}  # fmt: skip
+        body = {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        }
         return Streamer(self, "/generate", body).wait_started()  # type: ignore[arg-type]
 
     def fast(self) -> None:
@@ -161,8 +213,18 @@ def test_generate_answers_text_output_ids_and_meta_info(sg):
     doc = r.json()
     assert list(doc) == ["text", "output_ids", "meta_info"]
     meta = doc["meta_info"]
-    assert set(meta) == {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
-                         "reasoning_tokens", "completion_tokens", "cached_tokens", "weight_versions", "e2e_latency"}  # fmt: skip
+    assert set(meta) == {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "weight_version",
+        "num_retractions",
+        "reasoning_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "weight_versions",
+        "e2e_latency",
+    }
     assert RID.fullmatch(meta["id"])
     assert meta["finish_reason"] == {"type": "length", "length": 4}  # FINISH_LENGTH.to_json
     assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 4 == len(doc["output_ids"])
@@ -184,8 +246,10 @@ def test_generate_stream_repeats_the_output_so_far_in_every_chunk(sg):
     without --incremental-streaming-output every chunk carries the whole text and output_ids so far
     (tokenizer_manager._handle_batch_output), the label current when it was written on each, the
     spans on the finished chunk only (output_streamer: weight_versions for finished requests)."""
-    body = {"input_ids": [61, 62, 63, 64], "sampling_params": {"max_new_tokens": 5, "temperature": 0,
-                                                                "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": [61, 62, 63, 64],
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+    }
     whole = sg.post("/generate", body).json()
     chunks = sse(sg.post("/generate", body | {"stream": True}))
     assert len(chunks) == 5 and all(list(c) == ["text", "output_ids", "meta_info"] for c in chunks)
@@ -207,8 +271,10 @@ def test_text_and_token_id_prompts(sg, sg_bucket):
     adds the prompt's ids after meta_info (tokenizer_manager: out_dict["prompt_token_ids"])."""
     text = "hello world what is"
     ids = tokenizer(sg_bucket).encode(text).ids
-    doc = sg.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
-                                "return_prompt_token_ids": True}).json()  # fmt: skip
+    doc = sg.post(
+        "/generate",
+        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}, "return_prompt_token_ids": True},
+    ).json()
     assert list(doc) == ["text", "output_ids", "meta_info", "prompt_token_ids"]
     assert doc["prompt_token_ids"] == ids and doc["meta_info"]["prompt_tokens"] == len(ids)
     same = sg.generate(ids, 2, sampling={"ignore_eos": False}).json()
@@ -286,8 +352,9 @@ def test_no_routed_experts_without_the_server_flag(sg):
     assert sg.http.get("/server_info").json()["enable_return_routed_experts"] is False
     asked = {"return_routed_experts": True}
     assert "routed_experts" not in sg.generate(SHORT, 2, **asked).json()["meta_info"]
-    chunks = sse(sg.post("/generate", {"input_ids": SHORT, "stream": True, "sampling_params": {"max_new_tokens": 2},
-                                       **asked}))  # fmt: skip
+    chunks = sse(
+        sg.post("/generate", {"input_ids": SHORT, "stream": True, "sampling_params": {"max_new_tokens": 2}, **asked})
+    )
     assert all("routed_experts" not in c["meta_info"] for c in chunks)
 
 
@@ -301,8 +368,12 @@ def test_routed_experts_with_the_server_flag(routed, sg_bucket, stream):
     config = json.loads((sg_bucket / BASE / "config.json").read_text())
     layers, k = config["num_hidden_layers"], config["num_experts_per_tok"]
     assert routed.http.get("/server_info").json()["enable_return_routed_experts"] is True
-    body = {"input_ids": SHORT, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
-            "return_routed_experts": True, "stream": stream}  # fmt: skip
+    body = {
+        "input_ids": SHORT,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+        "return_routed_experts": True,
+        "stream": stream,
+    }
     r = routed.post("/generate", body)
     chunks = sse(r) if stream else [r.json()]
     assert all("routed_experts" not in c["meta_info"] for c in chunks[:-1])  # the finished output's only
@@ -337,10 +408,17 @@ def test_completions_answer_in_sglangs_response_models(sg):
     assert list(choice) == ["index", "text", "logprobs", "finish_reason", "matched_stop"]
     assert choice["finish_reason"] == "length" and choice["matched_stop"] is None and choice["logprobs"] is None
     assert list(doc["usage"]) == USAGE and doc["usage"] == {
-        "prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0},
-        "reasoning_tokens": 0, "completion_tokens_details": None}  # fmt: skip
-    assert doc["metadata"] == {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0,
-                                                                                  "end": 3}]}  # fmt: skip
+        "prompt_tokens": 3,
+        "total_tokens": 6,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+    assert doc["metadata"] == {
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": 3}],
+    }
     assert not keys(doc) & VLLM_ONLY
     ids = sg.post("/v1/completions", body | {"return_token_ids": True}).json()["choices"][0]
     assert list(ids)[-2:] == ["token_ids", "prompt_token_ids"] and ids["prompt_token_ids"] == [51, 52, 53]
@@ -356,9 +434,13 @@ def test_completions_answer_in_sglangs_response_models(sg):
     assert [c["choices"][0]["finish_reason"] for c in tokens] == [None, None, "length"]
     assert "".join(c["choices"][0]["text"] for c in tokens) == choice["text"]
     assert len({c["id"] for c in chunks}) == 1 and RID.fullmatch(usage["id"])
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3,
-                                                         "prompt_tokens_details": {"cached_tokens": 0},
-                                                         "reasoning_tokens": 0}  # fmt: skip
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 3,
+        "total_tokens": 6,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "reasoning_tokens": 0,
+    }
     assert not keys(chunks) & (VLLM_ONLY | {"metadata"})
     assert len(sse(sg.post("/v1/completions", body | {"stream": True}))) == 3  # no usage chunk unless asked
 
@@ -369,8 +451,12 @@ def test_chat_answers_in_sglangs_response_models(sg):
     (role, content, reasoning_content); streamed, sse_utils.build_sse_content's chunks (a delta
     that always says reasoning_content, no usage key): the role first, the content, then the finish
     in a chunk of its own; with include_usage, ChatCompletionStreamResponse.model_dump_json()."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello sglang"}], "max_tokens": 3,
-            "temperature": 0}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello sglang"}],
+        "max_tokens": 3,
+        "temperature": 0,
+    }
     doc = sg.post("/v1/chat/completions", body | {"logprobs": True, "top_logprobs": 1}).json()
     assert list(doc) == ["id", "object", "created", "model", "choices", "usage", "metadata"]
     assert RID.fullmatch(doc["id"]) and doc["object"] == "chat.completion"
@@ -382,8 +468,10 @@ def test_chat_answers_in_sglangs_response_models(sg):
     content = choice["logprobs"]["content"]  # protocol.ChoiceLogprobs of ChatCompletionTokenLogprob
     assert len(content) == 3 and all(set(e) == {"token", "bytes", "logprob", "top_logprobs"} for e in content)
     assert list(doc["usage"]) == USAGE and doc["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-    assert doc["metadata"] == {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0,
-                                                                                  "end": 3}]}  # fmt: skip
+    assert doc["metadata"] == {
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": 3}],
+    }
     assert not keys(doc) & VLLM_ONLY
     ids = sg.post("/v1/chat/completions", body | {"return_token_ids": True}).json()
     assert "prompt_token_ids" not in ids and list(ids["choices"][0])[-2:] == ["prompt_token_ids", "response_token_ids"]
@@ -393,13 +481,27 @@ def test_chat_answers_in_sglangs_response_models(sg):
     head, *pieces, finish, usage = chunks
     assert all(list(c) == ["id", "object", "created", "model", "choices"] for c in [head, *pieces, finish])
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == head["id"] for c in chunks)
-    assert head["choices"] == [{"index": 0, "delta": {"reasoning_content": None, "role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None, "matched_stop": None}]  # fmt: skip
+    assert head["choices"] == [
+        {
+            "index": 0,
+            "delta": {"reasoning_content": None, "role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+            "matched_stop": None,
+        }
+    ]
     assert pieces and all(list(c["choices"][0]["delta"]) == ["reasoning_content", "content"] for c in pieces)
     assert all(c["choices"][0]["finish_reason"] is None for c in pieces)
     assert "".join(c["choices"][0]["delta"]["content"] for c in pieces) == choice["message"]["content"]
-    assert finish["choices"] == [{"index": 0, "delta": {"reasoning_content": None}, "logprobs": None,
-                                  "finish_reason": "length", "matched_stop": None}]  # fmt: skip
+    assert finish["choices"] == [
+        {
+            "index": 0,
+            "delta": {"reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": "length",
+            "matched_stop": None,
+        }
+    ]
     assert usage["choices"] == [] and list(usage["usage"]) == USAGE and usage["usage"]["completion_tokens"] == 3
     assert not keys(chunks) & (VLLM_ONLY | {"metadata"})
 
@@ -408,9 +510,20 @@ def test_models_server_info_health_and_flush_cache(sg, sg_bucket):
     """http_server.available_models (protocol.ModelCard of --served-model-name), server_info (the
     start-up configuration and __version__), health, flush_cache (200 text when idle; GET or POST)."""
     models = sg.http.get("/v1/models").json()
-    assert models == {"object": "list", "data": [{"id": "tiny", "object": "model", "created": models["data"][0]["created"],
-                                                  "owned_by": "sglang", "root": "tiny", "parent": None,
-                                                  "max_model_len": 2048}]}  # fmt: skip
+    assert models == {
+        "object": "list",
+        "data": [
+            {
+                "id": "tiny",
+                "object": "model",
+                "created": models["data"][0]["created"],
+                "owned_by": "sglang",
+                "root": "tiny",
+                "parent": None,
+                "max_model_len": 2048,
+            }
+        ],
+    }
     info = sg.http.get("/server_info").json()
     assert info["version"] == "0.5.23" and info["model_path"] == str(sg_bucket / BASE)
     assert info["weight_version"] == "default" and info["served_model_name"] == "tiny"
@@ -435,8 +548,11 @@ def test_update_weights_from_disk_serves_the_snapshot_under_its_label(ctl, sg_bu
     path, label = sg_bucket / "step-1", f"w-{uuid.uuid4().hex[:8]}"
     r = ctl.post("/update_weights_from_disk", {"model_path": str(path), "weight_version": label, "flush_cache": True})
     assert r.status_code == 200, r.text
-    assert r.json() == {"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
-                        f"{label}.", "num_paused_requests": 0}  # fmt: skip
+    assert r.json() == {
+        "success": True,
+        "message": f"Succeeded to update model weights. Weight version updated to {label}.",
+        "num_paused_requests": 0,
+    }
     info = ctl.info()
     assert info["weight_version"] == label and info["model_path"] == str(path) == info["served_model_name"]
     assert info["tokenizer_path"] == str(sg_bucket / BASE)  # the tokenizer stays where the server started
@@ -447,8 +563,9 @@ def test_update_weights_from_disk_serves_the_snapshot_under_its_label(ctl, sg_bu
     served = [e[0] for e in meta["input_token_logprobs"][1:]]
     assert close(served, local_prompt_logprobs(path, ids))  # the numpy engine's, on the snapshot loaded
     assert not close(served, local_prompt_logprobs(sg_bucket / BASE, ids))
-    missing = ctl.post("/update_weights_from_disk", {"model_path": str(sg_bucket / "no-such-step"),
-                                                     "weight_version": "never"})  # fmt: skip
+    missing = ctl.post(
+        "/update_weights_from_disk", {"model_path": str(sg_bucket / "no-such-step"), "weight_version": "never"}
+    )
     assert missing.status_code == 400 and set(missing.json()) == {"success", "message", "num_paused_requests"}
     assert missing.json()["success"] is False and missing.json()["num_paused_requests"] == 0
     assert missing.json()["message"].startswith("Failed to get weights iterator:")
@@ -496,8 +613,9 @@ def test_pause_modes_and_continue(ctl, mode):
     assert r.status_code == 200 and r.json() == {"message": "Generation paused successfully.", "status": "ok"}
     if mode != "abort":
         flushed = ctl.http.post("/flush_cache")
-        assert (flushed.status_code, flushed.text) == ((400, "Flush cache failed.\n") if mode == "in_place" else
-                                                       (200, FLUSHED))  # fmt: skip
+        assert (flushed.status_code, flushed.text) == (
+            (400, "Flush cache failed.\n") if mode == "in_place" else (200, FLUSHED)
+        )
     r = ctl.post("/continue_generation", {})
     assert r.status_code == 200 and r.json() == {"message": "Generation continued successfully.", "status": "ok"}
     ctl.fast()
@@ -511,8 +629,15 @@ def _errors(model: str, doc: Any, *fields: tuple[str, str, str, Any]) -> list[di
     """pydantic's errors for io_struct's msgspec struct `model` (msgspec_struct_pydantic_core_schema's
     union: an instance of the struct, or a dict built into it), each field's (name, type, msg, input)."""
     branch = ("body", f"function-after[build_struct(), {model}]")
-    out = [{"type": "is_instance_of", "loc": ("body", f"is-instance[{model}]"),
-            "msg": f"Input should be an instance of {model}", "input": doc, "ctx": {"class": model}}]  # fmt: skip
+    out = [
+        {
+            "type": "is_instance_of",
+            "loc": ("body", f"is-instance[{model}]"),
+            "msg": f"Input should be an instance of {model}",
+            "input": doc,
+            "ctx": {"class": model},
+        }
+    ]
     for name, kind, msg, value in fields:
         out.append({"type": kind, "loc": (*branch, name), "msg": msg, "input": value})
     return out
@@ -521,21 +646,46 @@ def _errors(model: str, doc: Any, *fields: tuple[str, str, str, Any]) -> list[di
 MODES_EXPECTED = "'abort', 'retract' or 'in_place'"
 MISSING_BODY = [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
 REFUSALS = {
-    "unknown-mode": ("/pause_generation", {"mode": "sideways"}, [
-        *_errors("PauseGenerationReqInput", {"mode": "sideways"}),
-        {"type": "literal_error", "loc": ("body", "function-after[build_struct(), PauseGenerationReqInput]", "mode"),
-         "msg": f"Input should be {MODES_EXPECTED}", "input": "sideways", "ctx": {"expected": MODES_EXPECTED}}]),
+    "unknown-mode": (
+        "/pause_generation",
+        {"mode": "sideways"},
+        [
+            *_errors("PauseGenerationReqInput", {"mode": "sideways"}),
+            {
+                "type": "literal_error",
+                "loc": ("body", "function-after[build_struct(), PauseGenerationReqInput]", "mode"),
+                "msg": f"Input should be {MODES_EXPECTED}",
+                "input": "sideways",
+                "ctx": {"expected": MODES_EXPECTED},
+            },
+        ],
+    ),
     "pause-no-body": ("/pause_generation", None, MISSING_BODY),
     "continue-no-body": ("/continue_generation", None, MISSING_BODY),
-    "no-new-version": ("/update_weight_version", {}, _errors(
-        "UpdateWeightVersionReqInput", {}, ("new_version", "missing", "Field required", {}))),
-    "model-path-not-a-string": ("/update_weights_from_disk", {"model_path": 5}, _errors(
-        "UpdateWeightFromDiskReqInput", {"model_path": 5},
-        ("model_path", "string_type", "Input should be a valid string", 5))),
-    "flush-cache-not-a-boolean": ("/update_weights_from_disk", {"model_path": "/x", "flush_cache": "maybe"}, _errors(
-        "UpdateWeightFromDiskReqInput", {"model_path": "/x", "flush_cache": "maybe"},
-        ("flush_cache", "bool_parsing", "Input should be a valid boolean, unable to interpret input", "maybe"))),
-}  # fmt: skip
+    "no-new-version": (
+        "/update_weight_version",
+        {},
+        _errors("UpdateWeightVersionReqInput", {}, ("new_version", "missing", "Field required", {})),
+    ),
+    "model-path-not-a-string": (
+        "/update_weights_from_disk",
+        {"model_path": 5},
+        _errors(
+            "UpdateWeightFromDiskReqInput",
+            {"model_path": 5},
+            ("model_path", "string_type", "Input should be a valid string", 5),
+        ),
+    ),
+    "flush-cache-not-a-boolean": (
+        "/update_weights_from_disk",
+        {"model_path": "/x", "flush_cache": "maybe"},
+        _errors(
+            "UpdateWeightFromDiskReqInput",
+            {"model_path": "/x", "flush_cache": "maybe"},
+            ("flush_cache", "bool_parsing", "Input should be a valid boolean, unable to interpret input", "maybe"),
+        ),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
@@ -574,8 +724,17 @@ def test_the_sglang_driver_discovers_loads_and_completes(ctl, sg_bucket):
         found = driver.discover(transition=None, decided="auto")
         assert found.version == "0.5.23"
         assert {name for name, yes, _ in found.table() if yes == "yes"} >= {
-            "hot_load_api", "pause", "cache_reset", "transition", "token_id_prompts", "logprobs", "echo",
-            "token_ids", "policy_version", "nonstream_version"}  # fmt: skip
+            "hot_load_api",
+            "pause",
+            "cache_reset",
+            "transition",
+            "token_id_prompts",
+            "logprobs",
+            "echo",
+            "token_ids",
+            "policy_version",
+            "nonstream_version",
+        }
         r = driver.load({"identity": "step-1"})
         assert r.status_code == 200 and r.json()["success"] is True
         assert [x["current_snapshot_identity"] for x in driver.status().replicas] == ["step-1"]

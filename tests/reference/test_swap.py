@@ -64,14 +64,25 @@ def test_sync_in_flight_finishes_on_old_weights_and_new_requests_get_425(start, 
     assert early.status_code == 425 and "error" in early.json()  # SWAP-SYNC-2
     v = versions(sse_chunks(head + rest))
     assert set(v) == {BASE} and len(v) == 61  # SWAP-SYNC-1: every chunk on the old snapshot
-    retried = wait_until(lambda: (x := c.complete([1, 2, 3], max_tokens=2, headers=session)).status_code == 200 and x,
-                         timeout=10, interval=0.02, what="the retried request served")  # fmt: skip
+    retried = wait_until(
+        lambda: (x := c.complete([1, 2, 3], max_tokens=2, headers=session)).status_code == 200 and x,
+        timeout=10,
+        interval=0.02,
+        what="the retried request served",
+    )
     assert retried.json()["model"].endswith("@step-1")
 
 
 async def _stream(client, dep, i, results, started, max_tokens=30):
-    body = {"model": dep.name, "prompt": [(i * 7 + j) % 500 for j in range(20)], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "logprobs": True, "raw_output": True}  # fmt: skip
+    body = {
+        "model": dep.name,
+        "prompt": [(i * 7 + j) % 500 for j in range(20)],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "logprobs": True,
+        "raw_output": True,
+    }
     lines = []
     headers = {"x-session-affinity": f"s{i}"}
     async with client.stream("POST", "/inference/v1/completions", json=body, headers=headers) as r:
@@ -92,8 +103,9 @@ def test_64_concurrent_streams_across_a_swap_lose_and_duplicate_nothing(start, b
 
     async def main():
         limits = httpx.Limits(max_connections=80, max_keepalive_connections=80)
-        async with httpx.AsyncClient(base_url=dep.base_url, timeout=60, limits=limits,
-                                     headers={"Authorization": f"Bearer {dep.api_key}"}) as ac:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=dep.base_url, timeout=60, limits=limits, headers={"Authorization": f"Bearer {dep.api_key}"}
+        ) as ac:
             started = asyncio.Semaphore(0)
             tasks = [asyncio.create_task(_stream(ac, dep, i, results, started)) for i in range(64)]
             for _ in range(64):  # signal only once every stream has its first chunk
@@ -156,8 +168,9 @@ def test_sync_swap_refuses_requests_with_425_while_streams_drain_then_serves_the
         raise AssertionError(f"request {i} was never served: {statuses}")
 
     async def main():
-        async with httpx.AsyncClient(base_url=dep.base_url, timeout=60,
-                                     headers={"Authorization": f"Bearer {dep.api_key}"}) as ac:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=dep.base_url, timeout=60, headers={"Authorization": f"Bearer {dep.api_key}"}
+        ) as ac:
             started = asyncio.Semaphore(0)
             in_flight = [asyncio.create_task(_stream(ac, dep, i, streams, started, max_tokens=60)) for i in range(4)]
             for _ in in_flight:

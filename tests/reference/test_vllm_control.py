@@ -66,13 +66,17 @@ def test_reload_weights_serves_the_snapshot_and_keeps_the_label(vllm, bucket):
 
 
 # every SNAP MUST clause a full checkpoint can break (reload_weights takes nothing else)
-FULL_MUST = [c.id for c in catalogue().area("SNAP")
-             if c.level == "MUST" and c.id != "SNAP-ID-1" and broken.BREAKERS[c.id].start == "full"]  # fmt: skip
+FULL_MUST = [
+    c.id
+    for c in catalogue().area("SNAP")
+    if c.level == "MUST" and c.id != "SNAP-ID-1" and broken.BREAKERS[c.id].start == "full"
+]
 
 
 @pytest.mark.parametrize("clause", FULL_MUST)
-def test_a_snapshot_that_breaks_a_snap_rule_is_refused_and_the_previous_keeps_serving(vllm, bucket, reference,
-                                                                                        tmp_path, clause):  # fmt: skip
+def test_a_snapshot_that_breaks_a_snap_rule_is_refused_and_the_previous_keeps_serving(
+    vllm, bucket, reference, tmp_path, clause
+):
     case = broken.broken_case(clause, reference, tmp_path / "broken")
     shutil.copytree(case.snapshot, bucket / "broken")
     before = vllm.prompt_logprobs(SHORT)
@@ -91,8 +95,14 @@ def test_reload_weights_stays_inside_the_bucket(vllm, bucket, tmp_path, where):
     (bucket / "dir").mkdir()
     step(bucket, "step-2").rename(bucket / "dir" / "step-2")
     (bucket / "escape").symlink_to(elsewhere)
-    path = {"outside": str(elsewhere), "nested": str(bucket / "dir" / "step-2"), "escape": str(bucket / "escape"),
-            "relative": "step-2", "missing": str(bucket / "nope"), "not-a-string": 5}[where]  # fmt: skip
+    path = {
+        "outside": str(elsewhere),
+        "nested": str(bucket / "dir" / "step-2"),
+        "escape": str(bucket / "escape"),
+        "relative": "step-2",
+        "missing": str(bucket / "nope"),
+        "not-a-string": 5,
+    }[where]
     r = vllm.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
     assert r.status_code == 400 and r.json()["error"]["code"] == 400, r.text
     assert close(vllm.prompt_logprobs(SHORT), local_prompt_logprobs(bucket / BASE, SHORT))
@@ -140,15 +150,20 @@ def test_pause_keep_freezes_streams_and_holds_new_requests_until_resume(slow):
     assert answers and answers[0].status_code == 200
     s.join()
     assert s.done and s.final_choice()["finish_reason"] == "length" and len(s.token_ids()) == 200
-    assert spans_of(s) == [{"version": "default", "start": 0, "end": at_pause},
-                           {"version": "after", "start": at_pause, "end": 200}]  # fmt: skip
+    assert spans_of(s) == [
+        {"version": "default", "start": 0, "end": at_pause},
+        {"version": "after", "start": at_pause, "end": 200},
+    ]
     assert slow.http.get("/is_paused").json() == {"is_paused": False}
 
 
 def test_a_stream_sent_while_paused_gets_its_headers_at_once_and_its_tokens_after_resume(vllm):
     vllm.post("/pause", mode="keep")
-    with vllm.http.stream("POST", "/inference/v1/generate", json={"token_ids": SHORT, "stream": True,
-                          "sampling_params": {"max_tokens": 3, "temperature": 0}}) as r:  # fmt: skip
+    with vllm.http.stream(
+        "POST",
+        "/inference/v1/generate",
+        json={"token_ids": SHORT, "stream": True, "sampling_params": {"max_tokens": 3, "temperature": 0}},
+    ) as r:
         assert r.status_code == 200  # as measured: 200 at once, then nothing until /resume
         until(lambda: vllm.pending() == 1, "the stream held by the engine")
         vllm.post("/resume")
@@ -263,9 +278,17 @@ def test_pause_clears_the_prefix_cache_unless_told_not_to(vllm):
 def test_an_api_key_guards_inference_and_the_rl_routes(start):
     c = VllmClient(start(engine="vllm", api_key="the-key"))
     assert c.complete([1, 2, 3], max_tokens=1).json() == {"error": "Unauthorized"}
-    for method, path in [("POST", "/pause"), ("POST", "/resume"), ("POST", "/collective_rpc"), ("GET", "/weight_info"),
-                         ("POST", "/update_weight_version"), ("POST", "/reset_prefix_cache"), ("GET", "/is_paused"),
-                         ("GET", "/v1/models"), ("POST", "/inference/v1/generate")]:  # fmt: skip
+    for method, path in [
+        ("POST", "/pause"),
+        ("POST", "/resume"),
+        ("POST", "/collective_rpc"),
+        ("GET", "/weight_info"),
+        ("POST", "/update_weight_version"),
+        ("POST", "/reset_prefix_cache"),
+        ("GET", "/is_paused"),
+        ("GET", "/v1/models"),
+        ("POST", "/inference/v1/generate"),
+    ]:
         assert c.http.request(method, path, headers={"Authorization": "Bearer wrong"}).status_code == 401, path
     assert c.http.get("/version").status_code == 200 and c.http.get("/health").status_code == 200
     key = {"Authorization": "Bearer the-key"}

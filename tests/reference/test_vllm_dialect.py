@@ -62,17 +62,41 @@ def test_completion_shape(vllm):
     r = vllm.complete([10, 11, 12], max_tokens=5)
     assert r.status_code == 200
     doc = r.json()
-    assert list(doc) == ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
-                         "usage", "kv_transfer_params", "ec_transfer_params", "metrics"]  # fmt: skip
+    assert list(doc) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+    ]
     assert doc["id"].startswith("cmpl-") and doc["object"] == "text_completion" and doc["model"] == "tiny"
     assert doc["system_fingerprint"].startswith("vllm-0.32.0-")
     [choice] = doc["choices"]
-    assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
-                            "prompt_logprobs", "prompt_token_ids", "routed_experts"]  # fmt: skip
+    assert list(choice) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "routed_experts",
+    ]
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None and choice["token_ids"] is None
-    assert doc["usage"] == {"prompt_tokens": 3, "total_tokens": 8, "completion_tokens": 5, "completion_tokens_details":
-                            None, "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": None,
-                                                            "multimodal_tokens": None}}  # fmt: skip
+    assert doc["usage"] == {
+        "prompt_tokens": 3,
+        "total_tokens": 8,
+        "completion_tokens": 5,
+        "completion_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None},
+    }
     assert "\ufffd" not in choice["text"][-1:]  # vLLM never lets out an unfinished character at the end
 
 
@@ -114,8 +138,14 @@ def test_return_token_ids(vllm):
 
 
 def test_completion_stream_ends_with_a_usage_only_chunk(vllm):
-    r = vllm.complete([10, 11, 12], max_tokens=3, stream=True, stream_options={"include_usage": True}, logprobs=1,
-                      return_token_ids=True)  # fmt: skip
+    r = vllm.complete(
+        [10, 11, 12],
+        max_tokens=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=1,
+        return_token_ids=True,
+    )
     assert r.headers["content-type"].startswith("text/event-stream")
     chunks = sse(r)
     *tokens, usage = chunks
@@ -123,10 +153,21 @@ def test_completion_stream_ends_with_a_usage_only_chunk(vllm):
     assert [c["choices"][0]["finish_reason"] for c in tokens] == [None, None, "length"]
     assert tokens[0]["choices"][0]["prompt_token_ids"] == [10, 11, 12]
     assert all(c["choices"][0]["prompt_token_ids"] is None for c in tokens[1:])
-    assert list(tokens[0]["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
-                                             "prompt_token_ids", "token_ids"]  # fmt: skip
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3,
-                                                         "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    assert list(tokens[0]["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "prompt_token_ids",
+        "token_ids",
+    ]
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 3,
+        "total_tokens": 6,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert "system_fingerprint" in usage and "system_fingerprint" not in tokens[-1]
     plain = sse(vllm.complete([10, 11, 12], max_tokens=2, stream=True))
     assert all("usage" not in c for c in plain) and "system_fingerprint" in plain[-1]
@@ -151,8 +192,9 @@ def test_an_end_of_sequence_token_stops_with_no_stop_reason(vllm):
 def test_stop_token_ids_end_the_request_and_say_which(vllm):
     ids = vllm.complete([1, 50, 60], max_tokens=6, ignore_eos=True, return_token_ids=True).json()["choices"][0]
     stop = ids["token_ids"][2]
-    choice = vllm.complete([1, 50, 60], max_tokens=6, ignore_eos=True, return_token_ids=True,
-                           stop_token_ids=[stop]).json()["choices"][0]  # fmt: skip
+    choice = vllm.complete(
+        [1, 50, 60], max_tokens=6, ignore_eos=True, return_token_ids=True, stop_token_ids=[stop]
+    ).json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
     assert choice["token_ids"] == ids["token_ids"][: ids["token_ids"].index(stop) + 1]  # kept in the output
 
@@ -180,8 +222,9 @@ def test_routed_experts_are_laid_on_the_entries_as_the_engine_routed(start, buck
         found = driver.discover(transition=None, decided="auto")
         assert found.has("routing_matrix"), found.table()
         driver.adopt(found)
-        s = driver.complete({"prompt": SHORT, "max_tokens": 4, "temperature": 0, "logprobs": True, "echo": True,
-                             "stream": stream})  # fmt: skip
+        s = driver.complete(
+            {"prompt": SHORT, "max_tokens": 4, "temperature": 0, "logprobs": True, "echo": True, "stream": stream}
+        )
     assert s.ok and s.choice_field("routed_experts") is not None
     prompt = len(SHORT)
     assert [e["token_id"] for e in s.entries[:prompt]] == SHORT
@@ -189,8 +232,7 @@ def test_routed_experts_are_laid_on_the_entries_as_the_engine_routed(start, buck
     assert [e.get("logprob") is not None for e in s.entries[1:prompt]] == [not stream] * (prompt - 1)
     ids = SHORT + [e["token_id"] for e in s.entries[prompt:]]
     routing = Model.load(bucket / BASE).step([Sequence_()], [ids[:-1]], None)[0].routing  # [positions, L, k]
-    got = [np.frombuffer(base64.b64decode(e["routing_matrix"]), np.uint8).reshape(routing.shape[1:])
-           for e in s.entries]  # fmt: skip
+    got = [np.frombuffer(base64.b64decode(e["routing_matrix"]), np.uint8).reshape(routing.shape[1:]) for e in s.entries]
     want = [*routing[:prompt], *routing[len(SHORT) - 1 :]]
     assert len(got) == prompt + 4 == len(want)
     assert all(np.array_equal(np.sort(a, -1), np.sort(b, -1)) for a, b in zip(got, want, strict=True))
@@ -200,8 +242,15 @@ def test_routed_experts_are_laid_on_the_entries_as_the_engine_routed(start, buck
 
 
 def test_chat_shape(vllm):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 3,
-            "temperature": 0, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello world"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+    }
     doc = vllm.post("/v1/chat/completions", body).json()
     assert doc["id"].startswith("chatcmpl-") and doc["object"] == "chat.completion"
     [choice] = doc["choices"]
@@ -225,16 +274,43 @@ def test_chat_shape(vllm):
 
 
 def test_generate_shape(vllm):
-    r = vllm.generate([10, 11, 12], max_tokens=4, logprobs=1, prompt_logprobs=1, return_token_ids=True,
-                      cache_salt="abc", request_id="my-req-1")  # fmt: skip
+    r = vllm.generate(
+        [10, 11, 12],
+        max_tokens=4,
+        logprobs=1,
+        prompt_logprobs=1,
+        return_token_ids=True,
+        cache_salt="abc",
+        request_id="my-req-1",
+    )
     doc = r.json()
-    assert list(doc) == ["request_id", "model", "created", "usage", "prompt_logprobs", "prompt_token_id_logprobs",
-                         "prompt_token_ids", "mm_placeholders", "metrics", "kv_transfer_params",
-                         "ec_transfer_params", "output_mode", "choices"]  # fmt: skip
+    assert list(doc) == [
+        "request_id",
+        "model",
+        "created",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_id_logprobs",
+        "prompt_token_ids",
+        "mm_placeholders",
+        "metrics",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "output_mode",
+        "choices",
+    ]
     assert doc["request_id"] == "generate-tokens-my-req-1" and doc["output_mode"] == "tokens"
     [choice] = doc["choices"]
-    assert list(choice) == ["index", "finish_reason", "stop_reason", "token_ids", "routed_experts", "sampling_mask",
-                            "weight_versions", "logprobs"]  # fmt: skip
+    assert list(choice) == [
+        "index",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "routed_experts",
+        "sampling_mask",
+        "weight_versions",
+        "logprobs",
+    ]
     assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": 4}]
     content = choice["logprobs"]["content"]
     assert [e["token_id"] for e in content] == choice["token_ids"]
@@ -251,8 +327,13 @@ def test_generate_text_mode(vllm):
 
 
 def test_generate_stream_carries_spans_on_its_final_chunk_only(vllm):
-    body = {"token_ids": [10, 11, 12], "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True, "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 0}}  # fmt: skip
+    body = {
+        "token_ids": [10, 11, 12],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 0},
+    }
     chunks = sse(vllm.post("/inference/v1/generate", body))
     *tokens, usage = chunks
     assert [c["choices"][0]["weight_versions"] for c in tokens] == [
@@ -263,9 +344,17 @@ def test_generate_stream_carries_spans_on_its_final_chunk_only(vllm):
     ]
     assert tokens[0]["prompt_token_ids"] == [10, 11, 12] and all("prompt_token_ids" not in c for c in tokens[1:])
     assert all(c["usage"] is None for c in tokens)
-    assert usage == {"request_id": tokens[0]["request_id"], "usage": {"prompt_tokens": 3, "total_tokens": 7,
-                     "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}, "output_mode": "tokens",
-                     "choices": []}  # fmt: skip
+    assert usage == {
+        "request_id": tokens[0]["request_id"],
+        "usage": {
+            "prompt_tokens": 3,
+            "total_tokens": 7,
+            "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+        "output_mode": "tokens",
+        "choices": [],
+    }
 
 
 def test_spans_name_the_label_current_when_each_token_was_generated(vllm):
@@ -323,9 +412,19 @@ def test_a_cache_hit_changes_no_logprob(vllm):
         ({"model": "tiny", "prompt": ""}, 400, "Bad Request", None),
         ({"model": "tiny", "prompt": [1, 2], "n": 2}, 400, "BadRequestError", "n"),
     ],
-    ids=["model", "vocabulary", "context", "salt", "type", "logprobs", "temperature", "prompt-logprobs-stream",
-         "empty", "n"],
-)  # fmt: skip
+    ids=[
+        "model",
+        "vocabulary",
+        "context",
+        "salt",
+        "type",
+        "logprobs",
+        "temperature",
+        "prompt-logprobs-stream",
+        "empty",
+        "n",
+    ],
+)
 def test_refusals_take_vllms_envelope(vllm, body, status, kind, param):
     r = vllm.post("/v1/completions", body)
     assert r.status_code == status, r.text
@@ -336,9 +435,11 @@ def test_refusals_take_vllms_envelope(vllm, body, status, kind, param):
 
 def test_measured_refusal_wordings(vllm):
     assert vllm.post("/v1/completions", {"model": "nope", "prompt": [1]}).json()["error"]["message"] == (
-        "The model `nope` does not exist. Valid aliases: tiny.")  # fmt: skip
+        "The model `nope` does not exist. Valid aliases: tiny."
+    )
     assert vllm.post("/v1/completions", {"prompt": [10, 99999]}).json()["error"]["message"] == (
-        "Token id 99999 is out of vocabulary")  # fmt: skip
+        "Token id 99999 is out of vocabulary"
+    )
     assert vllm.post("/update_weight_version", {"new_version": 5}).json() == {
         "error": {
             "message": "1 validation error:\n  {'type': 'string_type', 'loc': 'body.new_version', 'msg': 'Input should be "
@@ -350,7 +451,8 @@ def test_measured_refusal_wordings(vllm):
     }
     assert vllm.post("/update_weight_version", {}).json()["error"]["message"] == (
         "1 validation error:\n  {'type': 'missing', 'loc': 'body.new_version', 'msg': 'Field required', "
-        "'input': 'None'}")  # fmt: skip
+        "'input': 'None'}"
+    )
     salt = vllm.post("/v1/completions", {"prompt": [1, 2], "cache_salt": ""}).json()["error"]["message"]
     assert salt == "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)"
 
@@ -366,12 +468,22 @@ def test_bodies_that_are_not_json_get_400_and_the_connection_stays(vllm):
     assert vllm.http.get("/version").status_code == 200
 
 
-@pytest.mark.parametrize("garbage", [b"", b"null", b'"x"', b"{}", b'{"token_ids": []}', b'{"token_ids": [1, -1]}',
-                                     b'{"token_ids": [1], "sampling_params": 5}',
-                                     b'{"token_ids": [1], "sampling_params": {"max_tokens": 0}}',
-                                     b'{"token_ids": [1], "sampling_params": {"top_p": 0}}',
-                                     b'{"token_ids": [1], "sampling_params": {}, "output_mode": "x"}',
-                                     b'{"token_ids": [1.5], "sampling_params": {}}'])  # fmt: skip
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"",
+        b"null",
+        b'"x"',
+        b"{}",
+        b'{"token_ids": []}',
+        b'{"token_ids": [1, -1]}',
+        b'{"token_ids": [1], "sampling_params": 5}',
+        b'{"token_ids": [1], "sampling_params": {"max_tokens": 0}}',
+        b'{"token_ids": [1], "sampling_params": {"top_p": 0}}',
+        b'{"token_ids": [1], "sampling_params": {}, "output_mode": "x"}',
+        b'{"token_ids": [1.5], "sampling_params": {}}',
+    ],
+)
 def test_garbage_gets_a_4xx_never_a_5xx(vllm, garbage):
     r = vllm.http.post("/inference/v1/generate", content=garbage, headers={"Content-Type": "application/json"})
     assert 400 <= r.status_code < 500 and "error" in r.json(), r.text
@@ -391,8 +503,17 @@ def test_the_vllm_driver_discovers_and_loads_as_on_a_real_server(start, bucket):
         driver = driver_for("vllm", client, bucket=str(bucket.resolve()))
         found = driver.discover(transition=None, decided="auto")
         assert {name for name, yes, _ in found.table() if yes == "yes"} >= {
-            "hot_load_api", "pause", "cache_reset", "transition", "text_prompts", "token_id_prompts", "logprobs",
-            "echo", "token_ids", "policy_version"}  # fmt: skip
+            "hot_load_api",
+            "pause",
+            "cache_reset",
+            "transition",
+            "text_prompts",
+            "token_id_prompts",
+            "logprobs",
+            "echo",
+            "token_ids",
+            "policy_version",
+        }
         step(bucket, "step-1")
         r = driver.load({"identity": "step-1"})
         assert r.status_code == 200 and r.json() == {"results": [None]}

@@ -98,8 +98,9 @@ def _(case):
 @proof("HL-POST-5")
 def _(case):
     c = case.client()
-    shutil.copytree(broken.broken_case("SNAP-SPEC-1", case.reference, case.tmp_path / "b").snapshot,
-                    case.bucket / "broken")  # fmt: skip
+    shutil.copytree(
+        broken.broken_case("SNAP-SPEC-1", case.reference, case.tmp_path / "b").snapshot, case.bucket / "broken"
+    )
     assert c.reload(case.bucket / "broken").status_code == 200  # a snapshot violating SNAP-SPEC-1, served
 
 
@@ -550,6 +551,10 @@ def test_the_ctl_and_span_switches_do_nothing_on_the_fireworks_wire(start):
     """Their clauses have no Fireworks binding: a Fireworks deployment with them on answers as without."""
     ctl = {s for s in switches_for("vllm") if s.startswith(("CTL-", "VER-SPAN-"))}
     dep = start(faults=ctl)
-    r = httpx.post(dep.base_url + "/inference/v1/completions", json={"model": dep.name, "prompt": [1, 2, 3],
-                   "max_tokens": 3, "stream": True}, headers={"Authorization": f"Bearer {dep.api_key}"}, timeout=30)  # fmt: skip
+    r = httpx.post(
+        dep.base_url + "/inference/v1/completions",
+        json={"model": dep.name, "prompt": [1, 2, 3], "max_tokens": 3, "stream": True},
+        headers={"Authorization": f"Bearer {dep.api_key}"},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")

@@ -82,8 +82,13 @@ def test_the_openai_routes_return_spans_when_asked_from_0_33(vllm):
     body = {"model": "tiny", "prompt": SHORT, "max_tokens": 3, "return_weight_versions": True}
     want = [{"version": "step-7", "start": 0, "end": 3}] if vllm.release == "0.33.0" else None
     assert vllm.post("/v1/completions", body).json()["choices"][0].get("weight_versions") == want
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-            "return_weight_versions": True, "ignore_eos": True}  # fmt: skip
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "return_weight_versions": True,
+        "ignore_eos": True,
+    }
     assert vllm.post("/v1/chat/completions", chat).json()["choices"][0].get("weight_versions") == want
     _, lines = sse(vllm, "/v1/completions", body)
     chunks = [json.loads(x[6:]) for x in lines[:-1]]
@@ -100,8 +105,15 @@ def test_a_release_the_dialect_does_not_speak_is_refused(bucket):
 
 @pytest.mark.parametrize(
     ("release", "later"),
-    [("0.32.0", False), ("0.32.9", False), ("0.33.0", True), ("0.33.0rc1", True), ("0.33.1.dev3+gabc", True),
-     ("1.0", True), ("0.4.2", False)],
-)  # fmt: skip
+    [
+        ("0.32.0", False),
+        ("0.32.9", False),
+        ("0.33.0", True),
+        ("0.33.0rc1", True),
+        ("0.33.1.dev3+gabc", True),
+        ("1.0", True),
+        ("0.4.2", False),
+    ],
+)
 def test_releases_compare_by_their_numbers(release, later):
     assert at_least(release, "0.33.0") is later

@@ -35,8 +35,9 @@ class VllmClient:
         return self.post("/v1/completions", {"model": "tiny", "prompt": prompt, "temperature": 0, **body})
 
     def generate(self, ids, headers=None, **sampling) -> httpx.Response:
-        extra = {k: sampling.pop(k) for k in ("cache_salt", "return_token_ids", "output_mode", "request_id")
-                 if k in sampling}  # fmt: skip
+        extra = {
+            k: sampling.pop(k) for k in ("cache_salt", "return_token_ids", "output_mode", "request_id") if k in sampling
+        }
         body = {"token_ids": ids, "sampling_params": {"temperature": 0, **sampling}, **extra}
         return self.http.post("/inference/v1/generate", json=body, headers=headers or {})
 
@@ -73,8 +74,11 @@ class VllmClient:
         assert r.status_code == 200, r.text
         doc = r.json()
         content = doc["choices"][0]["logprobs"]["content"]
-        return ([e["token_id"] for e in content], [e["logprob"] for e in content],
-                doc["usage"]["prompt_tokens_details"]["cached_tokens"])  # fmt: skip
+        return (
+            [e["token_id"] for e in content],
+            [e["logprob"] for e in content],
+            doc["usage"]["prompt_tokens_details"]["cached_tokens"],
+        )
 
     def cached(self, ids, **extra) -> int:
         return self.decode(ids, n=1, **extra)[2]
@@ -143,8 +147,13 @@ class Streamer:
 
 def generating(client: VllmClient, ids=SHORT, max_tokens: int = 400, **extra) -> Streamer:
     """A greedy stream of /inference/v1/generate (token ids back, usage last), started."""
-    body = {"token_ids": ids, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}}  # fmt: skip
+    body = {
+        "token_ids": ids,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra},
+    }
     return Streamer(client, "/inference/v1/generate", body).wait_started()
 
 

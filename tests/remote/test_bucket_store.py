@@ -21,8 +21,11 @@ from ..support import FAST_POLLS
 pytest.importorskip("s3fs", reason="the s3 extra (pip install 'pytest-rlrollout[s3]')")
 moto_server = pytest.importorskip("moto.moto_server.threaded_moto_server", reason="moto[server] (the test extra)")
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rl-test-key", "AWS_SECRET_ACCESS_KEY": "rl-test-secret",
-               "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "rl-test-key",
+    "AWS_SECRET_ACCESS_KEY": "rl-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @pytest.fixture
@@ -159,8 +162,9 @@ def test_a_run_whose_bucket_is_on_the_object_store(s3, pytester, serve, tmp_path
     environment. Every swap test is judged with its snapshots put over the S3 wire: the base
     copies made by the store, the rest sent with a progress line."""
     endpoint, _ = s3
-    served = serve("--bucket", tmp_path / "cache", "--bucket-url", "s3://rl-bucket/deployment",
-                   "--bucket-endpoint-url", endpoint)  # fmt: skip
+    served = serve(
+        "--bucket", tmp_path / "cache", "--bucket-url", "s3://rl-bucket/deployment", "--bucket-endpoint-url", endpoint
+    )
     command = served.named("conformance").removeprefix("rlrollout conformance ").split()
     assert "--rl-bucket-url=s3://rl-bucket/deployment" in command
     assert f"rl_bucket_endpoint_url={endpoint}" in command
@@ -216,17 +220,22 @@ def test_a_dry_bucket_says_what_each_write_costs_as_the_bucket_then_does(s3, bas
     dry = DryBucket(bucket)
     writes = [
         lambda b: b.put("base", files),
-        lambda b: b.put("one", {"config.json": changed}, same={n: f for n, f in files.items() if n != "config.json"},
-                        source="base"),
+        lambda b: b.put(
+            "one", {"config.json": changed}, same={n: f for n, f in files.items() if n != "config.json"}, source="base"
+        ),
         lambda b: b.copy("one", "two"),
         lambda b: b.copy("one", "three", inner="inner"),
         lambda b: Transfer(sent=b.upload(changed.parent, "four")),
-    ]  # fmt: skip
+    ]
     for write in writes:
         planned = write(dry)
         done = write(bucket)
         assert (planned.sent, planned.copied, planned.linked, planned.files) == (
-            done.sent, done.copied, done.linked, done.files), (planned, done)  # fmt: skip
+            done.sent,
+            done.copied,
+            done.linked,
+            done.files,
+        ), (planned, done)
     dry.put("five", {"config.json": changed})
     assert dry.exists("five") and not bucket.exists("five")  # what a plan made exists only in the plan
     dry.remove("four")

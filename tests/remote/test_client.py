@@ -49,8 +49,10 @@ def test_exchanges_are_kept_without_the_key(dep):
 def test_a_usage_only_chunk_and_junk_are_parsed_without_raising():
     import httpx
 
-    events = [{"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "model": "m@x"},
-              {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}]  # fmt: skip
+    events = [
+        {"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "model": "m@x"},
+        {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}},
+    ]
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [1, 2]\n\ndata: [DONE]"
     sse = {"content-type": "text/event-stream"}
     transport = httpx.MockTransport(lambda request: httpx.Response(200, headers=sse, text=body))
@@ -89,8 +91,12 @@ def test_wait_reports_a_failed_load_and_a_deadline(start, bucket):
 
 
 def replica(identity, stage="ready"):
-    return {"name": identity, "readiness": True, "current_snapshot_identity": identity,
-            "loading_state": {"stage": stage, "target_snapshot_identity": "new"}}  # fmt: skip
+    return {
+        "name": identity,
+        "readiness": True,
+        "current_snapshot_identity": identity,
+        "loading_state": {"stage": stage, "target_snapshot_identity": "new"},
+    }
 
 
 class Scripted(FireworksDriver):
@@ -126,8 +132,15 @@ def test_each_wait_ending_is_typed(reads, end):
 
 def test_streams_are_parsed_into_contract_terms(dep):
     with client_for(dep) as c:
-        body = {"prompt": list(range(10, 90)), "max_tokens": 5, "temperature": 0, "logprobs": True, "include_routing_matrix": True,
-                "perf_metrics_in_response": True, "stream": True}  # fmt: skip
+        body = {
+            "prompt": list(range(10, 90)),
+            "max_tokens": 5,
+            "temperature": 0,
+            "logprobs": True,
+            "include_routing_matrix": True,
+            "perf_metrics_in_response": True,
+            "stream": True,
+        }
         headers = {"x-multi-turn-session-id": "s"}
         first = c.complete(body, headers=headers)
         again = c.complete(body, headers=headers)
@@ -177,6 +190,8 @@ def test_a_stream_as_long_as_asked_for_never_meets_a_bound_of_the_suites_own():
     target, limits = Target(None, "http://x", "m", "", engine="openai"), Limits(events=100)
     with DeploymentClient(target, transport=stream(1_000), limits=limits) as c:
         assert c.complete({"prompt": "hi", "stream": True, "max_tokens": 1_000}).done
-    with (DeploymentClient(target, transport=stream(1_000), limits=limits) as c,
-          pytest.raises(LimitExceeded, match="264 events")):  # fmt: skip
+    with (
+        DeploymentClient(target, transport=stream(1_000), limits=limits) as c,
+        pytest.raises(LimitExceeded, match="264 events"),
+    ):
         c.complete({"prompt": "hi", "stream": True, "max_tokens": 100})

@@ -73,8 +73,11 @@ def plain_server(*, text_only: bool = True, models: tuple[str, ...] = ("tiny",))
             return httpx.Response(404, json={"error": {"message": f"model {body.get('model')!r} not found"}})
         if text_only and not isinstance(body.get("prompt"), str):
             return httpx.Response(422, json={"detail": [{"msg": "prompt must be a string"}]})
-        answer = {"model": f"{body['model']}@main", "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        answer = {
+            "model": f"{body['model']}@main",
+            "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
         return httpx.Response(200, json=answer)
 
     return httpx.MockTransport(handle)

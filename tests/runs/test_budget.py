@@ -11,8 +11,11 @@ MODULES = [str(CONFORMANCE / "test_hot_load.py"), str(CONFORMANCE / "test_swap.p
 
 def run(pytester, *options):
     result = pytester.runpytest_inprocess(*MODULES, "-p", "no:randomly", "--rl-report=r.json", *options)
-    tests = {t["test"]: (cid, t) for cid, c in json.loads((pytester.path / "r.json").read_text())["clauses"].items()
-             for t in c["tests"]}  # fmt: skip
+    tests = {
+        t["test"]: (cid, t)
+        for cid, c in json.loads((pytester.path / "r.json").read_text())["clauses"].items()
+        for t in c["tests"]
+    }
     return result, tests
 
 

@@ -23,10 +23,20 @@ def state_changes(dep) -> list[tuple[str, str]]:
 def test_the_run_loads_what_its_plan_said(pytester, tmp_path, engine, replicas):
     bucket = tmp_path / "bucket"
     with reference_deployment(bucket, engine=engine, replicas=replicas, **OBSERVABLE_PACE) as dep:
-        args = [str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-                f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
-                *([f"--rl-deployment={dep.name}", f"--rl-api-key={dep.api_key}"] if engine == "fireworks"
-                  else ["--rl-engine=vllm"])]  # fmt: skip
+        args = [
+            str(CONFORMANCE),
+            "-p",
+            "no:randomly",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            *(
+                [f"--rl-deployment={dep.name}", f"--rl-api-key={dep.api_key}"]
+                if engine == "fireworks"
+                else ["--rl-engine=vllm"]
+            ),
+        ]
         planned = pytester.runpytest_inprocess(*args, "-o", "rl_plan=plan.json")
         assert planned.ret == 0, "\n".join(planned.outlines[-30:])
         assert state_changes(dep) == [], "the plan changed the deployment's state"
@@ -44,8 +54,9 @@ def test_the_run_loads_what_its_plan_said(pytester, tmp_path, engine, replicas):
         d = done[t["test"]]
         assert d["planned"] == d["done"], f"{t['test']}: planned in the run {d['planned']}, done {d['done']}"
         assert {k: t[k] for k in FIGURES} == {k: d["done"][k] for k in FIGURES}, (t["test"], t, d["done"])
-    totals = {k: sum(t["done"][k] for t in done.values() if t["test"] in {p["test"] for p in plan["tests"]})
-              for k in FIGURES}  # fmt: skip
+    totals = {
+        k: sum(t["done"][k] for t in done.values() if t["test"] in {p["test"] for p in plan["tests"]}) for k in FIGURES
+    }
     assert totals == {k: plan["totals"][k] for k in FIGURES}
 
 
@@ -65,10 +76,19 @@ def test_a_plan_on_a_base_the_bucket_holds_copies_and_links_instead_of_uploading
     bucket = tmp_path / "bucket"
     with reference_deployment(bucket, engine="vllm") as dep:
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE), "-p", "no:randomly", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-            "--rl-engine=vllm", f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
-            "-o", "rl_plan=plan.json", "-o", "rl_swap_seconds=60",
-        )  # fmt: skip
+            str(CONFORMANCE),
+            "-p",
+            "no:randomly",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            "--rl-engine=vllm",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            "-o",
+            "rl_plan=plan.json",
+            "-o",
+            "rl_swap_seconds=60",
+        )
         assert result.ret == 0, "\n".join(result.outlines[-30:])
     plan = json.loads((pytester.path / "plan.json").read_text())
     assert plan["totals"]["full_uploads"] == 0 and plan["engine"] == "vllm"
@@ -90,9 +110,19 @@ def test_rlrollout_plan_prints_the_plan_and_changes_nothing(tmp_path, capsys, mo
     monkeypatch.chdir(tmp_path)
     bucket = tmp_path / "bucket"
     with reference_deployment(bucket) as dep:
-        args = ["plan", f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-                f"--rl-api-key={dep.api_key}", f"--rl-bucket-url={bucket}", "-k", "hot_load",
-                f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "-o", "rl_swap_seconds=30"]  # fmt: skip
+        args = [
+            "plan",
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={dep.api_key}",
+            f"--rl-bucket-url={bucket}",
+            "-k",
+            "hot_load",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            "-o",
+            "rl_swap_seconds=30",
+        ]
         assert main([*args, "--output", str(tmp_path / "p.json")]) == 0
         text = capsys.readouterr().out
         assert main([*args, "--format", "json"]) == 0

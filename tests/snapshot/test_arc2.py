@@ -71,11 +71,19 @@ def rewrite_payload(path, name, transform, metadata=None):
         (lambda b: b[:5] + bytes([b[5] ^ 0xFF]) + b[6:], "does not decompress|zstd frame declares|Adler-32"),
         (lambda b: b"PK\x03\x04" + b[4:], "not a zstd frame"),
         (lambda b: arc2.ARC3_MAGIC + b, "arc_v3 pickle envelope"),
-        (lambda b: zstandard.ZstdCompressor().compress(zstandard.ZstdDecompressor().decompress(b) + b"\0"), "declares|longer"),
-        (lambda b: zstandard.ZstdCompressor(write_content_size=False).compress(zstandard.ZstdDecompressor().decompress(b)[:-2]), "decoded payload is"),
+        (
+            lambda b: zstandard.ZstdCompressor().compress(zstandard.ZstdDecompressor().decompress(b) + b"\0"),
+            "declares|longer",
+        ),
+        (
+            lambda b: zstandard.ZstdCompressor(write_content_size=False).compress(
+                zstandard.ZstdDecompressor().decompress(b)[:-2]
+            ),
+            "decoded payload is",
+        ),
         (lambda b: b + zstandard.ZstdCompressor().compress(b"\x01"), "longer than the parent"),
     ],
-)  # fmt: skip
+)
 def test_corrupt_payloads_are_named_and_leave_no_output(tmp_path, corrupt, message):
     p, t = pair(tmp_path)
     diff = tmp_path / "diff.safetensors"

@@ -188,9 +188,14 @@ def test_malformed_bytes_become_findings(model, target, garbage):
 
 
 @SETTINGS
-@given(hs.recursive(hs.none() | hs.booleans() | hs.integers() | hs.text(max_size=5),
-                    lambda c: hs.lists(c, max_size=3) | hs.dictionaries(hs.text(max_size=5), c, max_size=3), max_leaves=10),
-       hs.sampled_from([*JSON_FILES, "adapter_config.json"]))  # fmt: skip
+@given(
+    hs.recursive(
+        hs.none() | hs.booleans() | hs.integers() | hs.text(max_size=5),
+        lambda c: hs.lists(c, max_size=3) | hs.dictionaries(hs.text(max_size=5), c, max_size=3),
+        max_leaves=10,
+    ),
+    hs.sampled_from([*JSON_FILES, "adapter_config.json"]),
+)
 def test_arbitrary_json_documents_never_crash_the_validator(doc, target):
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)

@@ -53,15 +53,19 @@ def test_bf16_rounds_to_nearest_even_and_widens_exactly():
         ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, None, "needs 8"),
         ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "leaves a gap"),
         (
-            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-             "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
-            b"\0" * 8, None, "overlaps",
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+            },
+            b"\0" * 8,
+            None,
+            "overlaps",
         ),
         ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9, None, "account for 4"),
         ({"__metadata__": {"a": 1}}, b"", None, "map of strings"),
         ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, True]}}, b"\0" * 4, None, "pair of unsigned"),
     ],
-)  # fmt: skip
+)
 def test_malformed_headers_name_the_problem(tmp_path, header, data, length, message):
     path = raw_file(tmp_path / "bad.safetensors", header, data, length)
     with pytest.raises(st.HeaderError, match=message):
@@ -82,9 +86,18 @@ def test_library_opinion_reports_what_the_library_refuses(tmp_path):
     assert st.library_opinion(bad) is not None
 
 
-@pytest.mark.parametrize(("name", "code"), [("bfloat16", "BF16"), ("torch.float16", "F16"),
-                                            ("F8_E4M3", "F8_E4M3"),
-                                            ("float8_e4m3fn", "F8_E4M3"), ("float32", "F32"), ("int64", "I64"), ("nope", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("bfloat16", "BF16"),
+        ("torch.float16", "F16"),
+        ("F8_E4M3", "F8_E4M3"),
+        ("float8_e4m3fn", "F8_E4M3"),
+        ("float32", "F32"),
+        ("int64", "I64"),
+        ("nope", None),
+    ],
+)
 def test_dtype_names_normalise(name, code):
     assert dtypes.normalise(name) == code
 

@@ -61,9 +61,17 @@ def qwen3_30b_a3b_names() -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for i in range(48):
         p = f"model.layers.{i}."
-        names |= {p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate.weight",
-                                  *(f"self_attn.{x}_proj.weight" for x in "qkvo"), "self_attn.q_norm.weight",
-                                  "self_attn.k_norm.weight")}  # fmt: skip
+        names |= {
+            p + n
+            for n in (
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "mlp.gate.weight",
+                *(f"self_attn.{x}_proj.weight" for x in "qkvo"),
+                "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight",
+            )
+        }
         names |= {p + f"mlp.experts.{e}.{m}_proj.weight" for e in range(128) for m in ("gate", "up", "down")}
     return names
 
@@ -81,7 +89,11 @@ def test_the_qwen3_30b_a3b_layout_has_the_published_structure_at_cpu_widths(tmp_
     assert len(set(files.values())) == 49
     cfg = json.loads((base / "config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["mlp_only_layers"]) == (
-        48, 128, 8, [])  # fmt: skip
+        48,
+        128,
+        8,
+        [],
+    )
     assert cfg["head_dim"] >= 32  # vLLM's CPU attention
     assert validate(base).ok("must")
     out = Model.load(base).step([Sequence_()], [[1, 2, 3, 4]])[0]

@@ -126,9 +126,18 @@ def test_unknown_signal_field_uses_the_sdk_wording(reference):
 
 @pytest.mark.parametrize(
     ("identity", "why"),
-    [("", "empty"), (".", "relative"), ("..", "relative"), ("a/b", "'/'"), ("a\\b", "'\\'"), ("a\x00b", "NUL"),
-     ("a\nb", "control"), ("a\x7fb", "control"), (5, "not a string")],
-)  # fmt: skip
+    [
+        ("", "empty"),
+        (".", "relative"),
+        ("..", "relative"),
+        ("a/b", "'/'"),
+        ("a\\b", "'\\'"),
+        ("a\x00b", "NUL"),
+        ("a\nb", "control"),
+        ("a\x7fb", "control"),
+        (5, "not a string"),
+    ],
+)
 def test_identity_rule(identity, why):
     assert why in identity_problem(identity)
 

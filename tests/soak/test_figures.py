@@ -13,12 +13,24 @@ from pytest_rlrollout.soak.judge import Heard, Turn
 from pytest_rlrollout.soak.summary import rates
 
 
-def timed(worker, session, sent_at, chunk_at, *, identities=None, status=200, ended=(0, 0), whole=True,
-          replica=None) -> Timed:  # fmt: skip
+def timed(
+    worker, session, sent_at, chunk_at, *, identities=None, status=200, ended=(0, 0), whole=True, replica=None
+) -> Timed:
     identities = identities or ("base",) * len(chunk_at)
-    turn = Turn(worker, session, 0, Heard(0, 0), Heard(*ended), status, tuple(identities),
-                finish_reason="stop" if whole else None, done=whole, tokens=len(chunk_at),
-                usage_tokens=len(chunk_at), replica=replica)  # fmt: skip
+    turn = Turn(
+        worker,
+        session,
+        0,
+        Heard(0, 0),
+        Heard(*ended),
+        status,
+        tuple(identities),
+        finish_reason="stop" if whole else None,
+        done=whole,
+        tokens=len(chunk_at),
+        usage_tokens=len(chunk_at),
+        replica=replica,
+    )
     return Timed(turn, sent_at, tuple(chunk_at), (1,) * len(chunk_at))
 
 
@@ -71,8 +83,17 @@ def test_workers_figures_merged_equal_one_worker_recording_them_all():
         chunks = [start + rng.uniform(0.01, 0.2)]
         for _ in range(rng.randrange(0, 8)):
             chunks.append(chunks[-1] + rng.expovariate(40))
-        turns.append(timed(f"w{i % 3}", f"s{i % 17}", start, chunks, ended=(rng.randrange(0, 3),) * 2,
-                           status=rng.choice([200, 200, 200, 503, 0, 425]), replica=f"engine-{i % 2}"))  # fmt: skip
+        turns.append(
+            timed(
+                f"w{i % 3}",
+                f"s{i % 17}",
+                start,
+                chunks,
+                ended=(rng.randrange(0, 3),) * 2,
+                status=rng.choice([200, 200, 200, 503, 0, 425]),
+                replica=f"engine-{i % 2}",
+            )
+        )
     alone, parts = Figures(), [Figures(), Figures(), Figures()]
     for t in turns:
         alone.record(t)

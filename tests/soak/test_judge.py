@@ -13,8 +13,18 @@ from pytest_rlrollout.soak.judge import EXAMPLES, Heard, Judge, Turn, Verdict, m
 def stream(*identities, sent=(0, 0), ended=(0, 0), status=200, whole=True, session="s", **fields) -> Turn:
     tokens = len(identities)
     ending = {"done": True, "finish_reason": "stop", "usage_tokens": tokens} if whole else {}
-    return Turn("w1", session, 0, Heard(*sent), Heard(*ended), status, tuple(identities), tokens=tokens,
-                  exchange=f"POST /v1/completions ({session})", **{**ending, **fields})  # fmt: skip
+    return Turn(
+        "w1",
+        session,
+        0,
+        Heard(*sent),
+        Heard(*ended),
+        status,
+        tuple(identities),
+        tokens=tokens,
+        exchange=f"POST /v1/completions ({session})",
+        **{**ending, **fields},
+    )
 
 
 def outcomes(judge: Judge) -> dict[str, str]:
@@ -32,8 +42,9 @@ def test_a_request_sent_after_the_swap_was_served_answered_by_the_old_snapshot()
     judge.judge(stream("base", "base", sent=(1, 1), ended=(1, 1), session="late"))
     v = judge.verdicts["SWAP-NEW-1"]
     assert (v.outcome, v.judged, v.violations) == (Outcome.FAIL, 1, 1)
-    assert v.examples[0].startswith("w1 session late turn 0: sent after every replica served step-1 (swap 1), "
-                                    "answered by base (swap 0)")  # fmt: skip
+    assert v.examples[0].startswith(
+        "w1 session late turn 0: sent after every replica served step-1 (swap 1), answered by base (swap 0)"
+    )
     assert "POST /v1/completions (late)" in v.examples[0]  # the exchange behind it
 
 
@@ -147,17 +158,32 @@ def test_what_cannot_be_judged_is_refused():
 
 def chunk(identity, *tokens, finish=None, usage=None):
     entries = [{"token": str(t), "logprob": -0.5, "token_id": t} for t in tokens]
-    out = {"model": f"accounts/a/models/m@{identity}" if identity else "accounts/a/models/m",
-           "choices": [{"index": 0, "text": "x" * len(tokens), "logprobs": {"content": entries}, "finish_reason": finish}]}  # fmt: skip
+    out = {
+        "model": f"accounts/a/models/m@{identity}" if identity else "accounts/a/models/m",
+        "choices": [{"index": 0, "text": "x" * len(tokens), "logprobs": {"content": entries}, "finish_reason": finish}],
+    }
     return out | ({"usage": usage} if usage else {})
 
 
 def test_a_turn_is_read_from_the_stream_the_remote_client_parsed():
-    parsed = Stream(200, {}, chunks=[chunk("base", 5, 6), chunk("step-1", 7), chunk("step-1", finish="stop",
-                    usage={"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7})], done=True)  # fmt: skip
+    parsed = Stream(
+        200,
+        {},
+        chunks=[
+            chunk("base", 5, 6),
+            chunk("step-1", 7),
+            chunk("step-1", finish="stop", usage={"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}),
+        ],
+        done=True,
+    )
     turn = Turn.seen(parsed, worker="w2", session="s9", index=3, sent=Heard(0, 0), ended=Heard(1, 1))
     assert (turn.identities, turn.tokens, turn.usage_tokens, turn.finish_reason, turn.done) == (
-        ("base", "step-1", "step-1"), 3, 3, "stop", True)  # fmt: skip
+        ("base", "step-1", "step-1"),
+        3,
+        3,
+        "stop",
+        True,
+    )
     judge = Judge("ASYNC", ["base", "step-1"])
     judge.judge(turn)
     assert set(outcomes(judge).values()) == {"pass"}
@@ -173,15 +199,18 @@ def test_a_chunk_that_came_well_after_its_worker_heard_the_swap_served_must_name
     judge.judge(stream("base", "base", "step-1", sent=(0, 0), ended=(1, 1), settled=(0, 0, 1), session="fresh"))
     v = judge.verdicts["SWAP-ASYNC-2"]
     assert (v.judged, v.violations) == (2, 1)
-    assert v.examples[0].startswith("w1 session stale turn 0: chunk 2 of 3 names base, though its worker had heard "
-                                    "every replica served step-1 before it came")  # fmt: skip
+    assert v.examples[0].startswith(
+        "w1 session stale turn 0: chunk 2 of 3 names base, though its worker had heard "
+        "every replica served step-1 before it came"
+    )
     sync = Judge("SYNC", ["base", "step-1"])  # SYNC drains: the old snapshot ends what it began
     sync.judge(stream("base", "base", "base", sent=(0, 0), ended=(1, 1), settled=(0, 0, 1)))
     assert "SWAP-ASYNC-2" not in sync.verdicts and sync.verdicts["SWAP-SYNC-1"].violations == 0
 
 
-def turn(index: int, *identities: str | None, cached: int | None, settled: tuple[int, ...] = (), ended=(1, 1),
-         **fields) -> Turn:  # fmt: skip
+def turn(
+    index: int, *identities: str | None, cached: int | None, settled: tuple[int, ...] = (), ended=(1, 1), **fields
+) -> Turn:
     t = stream(*identities, sent=(0, 0), ended=ended, cached=cached, settled=settled, **fields)
     return Turn(**{**t.__dict__, "index": index})
 

@@ -18,9 +18,13 @@ def test_a_plan_travels_as_json_without_the_key(tmp_path):
 
 @pytest.mark.parametrize(
     ("change", "said"),
-    [({"api_key": "x"}, "unknown plan fields ['api_key']"), ({"turns": 0}, "a plan needs turns"),
-     ({"think": [1.0, 0.5]}, "think time"), ({"grace": -1}, "grace -1")],
-)  # fmt: skip
+    [
+        ({"api_key": "x"}, "unknown plan fields ['api_key']"),
+        ({"turns": 0}, "a plan needs turns"),
+        ({"think": [1.0, 0.5]}, "think time"),
+        ({"grace": -1}, "grace -1"),
+    ],
+)
 def test_a_plan_that_cannot_be_run_is_refused(change, said):
     doc = {**Plan("vllm", "http://x", "tiny").to_json(), **change}
     with pytest.raises(ValueError, match=said.replace("[", r"\[").replace("]", r"\]")):

@@ -17,10 +17,24 @@ ALWAYS = ("SWAP-NEW-1", "VER-STREAM-1", "HL-GET-2", "FID-SWAP-1")  # judged on e
 def soak(pytester, tmp_path, *more: str, swaps: int = 2, users: int = 12, workers: int = 0):
     report = tmp_path / "report.json"
     pytester.inline_run(
-        str(CONFORMANCE / "test_soak.py"), "-o", "rl_soak=true", "-p", "no:randomly", f"--rl-report={report}",
-        "-o", "rl_soak_seconds=25", "-o", f"rl_soak_swaps={swaps}", "-o", "rl_soak_every=1",
-        "-o", f"rl_soak_users={users}", "-o", f"rl_soak_workers={workers}", *more,
-    )  # fmt: skip
+        str(CONFORMANCE / "test_soak.py"),
+        "-o",
+        "rl_soak=true",
+        "-p",
+        "no:randomly",
+        f"--rl-report={report}",
+        "-o",
+        "rl_soak_seconds=25",
+        "-o",
+        f"rl_soak_swaps={swaps}",
+        "-o",
+        "rl_soak_every=1",
+        "-o",
+        f"rl_soak_users={users}",
+        "-o",
+        f"rl_soak_workers={workers}",
+        *more,
+    )
     doc = json.loads(report.read_text())
     books = json.loads((tmp_path / "soak" / "soak.json").read_text())
     return {cid: c["outcome"] for cid, c in doc["clauses"].items()}, doc, books
@@ -58,10 +72,18 @@ def test_a_sync_soak_is_green(pytester, tmp_path):
         (["SWAP-ASYNC-1"], ["SWAP-ASYNC-1"], 32),
     ],
     ids=["stale-labels", "cache-and-replica", "cut-streams"],
-)  # fmt: skip
+)
 def test_faults_are_caught_and_named_with_counts(pytester, tmp_path, faults, caught, tokens):
-    _, doc, books = soak(pytester, tmp_path, "-o", f"rl_local_faults={' '.join(faults)}",
-                         "-o", f"rl_soak_max_tokens={tokens}", swaps=3, users=16)  # fmt: skip
+    _, doc, books = soak(
+        pytester,
+        tmp_path,
+        "-o",
+        f"rl_local_faults={' '.join(faults)}",
+        "-o",
+        f"rl_soak_max_tokens={tokens}",
+        swaps=3,
+        users=16,
+    )
     failed = failures(doc)
     assert sorted(failed) == sorted(caught), failed
     for cid in caught:
@@ -76,7 +98,8 @@ def test_a_master_and_two_workers_soak_the_vllm_dialect_and_their_books_add_up(p
     outcomes, doc, books = soak(pytester, tmp_path, "--rl-engine=vllm", "-o", "rl_local_faults=VER-SPAN-1", workers=2)
     assert failures(doc).keys() == {"VER-SPAN-1"}
     assert {c: outcomes[c] for c in ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1")} == dict.fromkeys(
-        ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1"), "pass")  # fmt: skip
+        ("SWAP-NEW-1", "HL-GET-2", "FID-SWAP-1"), "pass"
+    )
     assert outcomes["VER-STREAM-1"] == "not-applicable" and all(s["kind"] == "full" for s in books["swaps"])
     v = books["verdicts"]["VER-SPAN-1"]
     # (a one-token output has one span, and no room for the fault's gap)

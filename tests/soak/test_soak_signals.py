@@ -77,8 +77,20 @@ def test_a_soak_stopped_from_outside_leaves_no_locust_process_running(tmp_path, 
     end the soak through its teardown (exit 130, as an interrupted command) and its Locust
     processes with it; after SIGKILL, which no teardown survives, the Locust processes see their
     parent gone and end by themselves. Every one within 20 s of the signal."""
-    args = ["soak", "--seconds", "120", "--swaps", "20", "--every", "5", "--users", "4", "--workers", str(workers),
-            f"--rl-report={tmp_path / 'report.json'}"]  # fmt: skip
+    args = [
+        "soak",
+        "--seconds",
+        "120",
+        "--swaps",
+        "20",
+        "--every",
+        "5",
+        "--users",
+        "4",
+        "--workers",
+        str(workers),
+        f"--rl-report={tmp_path / 'report.json'}",
+    ]
     soak = started(PROGRAM, *args, until="soak ", within=120)
     locust = {pid: c for pid, c in children(soak.pid).items() if "locust" in c}
     watched = Watched([soak.pid, *locust])

@@ -90,8 +90,21 @@ def test_the_fixture_api_is_explicit_and_typed():
     from pytest_rlrollout.suite.deployment import RLDeployment
 
     assert "__getattr__" not in vars(RLDeployment)
-    for name in ("status", "replicas", "served_identities", "serving", "ledger", "complete", "post_inference",
-                 "wait_for", "settle", "hot_load", "hint", "reset_ledger", "mark"):  # fmt: skip
+    for name in (
+        "status",
+        "replicas",
+        "served_identities",
+        "serving",
+        "ledger",
+        "complete",
+        "post_inference",
+        "wait_for",
+        "settle",
+        "hot_load",
+        "hint",
+        "reset_ledger",
+        "mark",
+    ):
         assert inspect.signature(getattr(RLDeployment, name)).return_annotation != inspect.Signature.empty, name
     target = Target("accounts/a/deployments/d", "http://x", "m", "sk-secret-123")
     assert "sk-secret-123" not in repr(target) and "sk-secret-123" not in str(target.api_key)
@@ -111,8 +124,13 @@ def test_reading(rl_deployment, request):
     assert request.node.get_closest_marker("rl_swaps") is None
 """
     )
-    result = pytester.runpytest_inprocess(f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}",
-                                          f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}", "-rs")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        f"--rl-deployment={dep.name}",
+        f"--rl-base-url={dep.base_url}",
+        f"--rl-model={dep.model}",
+        f"--rl-api-key={dep.api_key}",
+        "-rs",
+    )
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*inconclusive: read-only: pass --rl-allow-hot-load*"])
     local = pytester.runpytest_inprocess("-k", "swapping")
@@ -170,19 +188,24 @@ def test_a_test_that_breaks_the_deployment_keeps_its_verdict_when_nothing_answer
     A later test that may break it finds it not serving and is inconclusive (what it would see
     is the earlier test's doing). At the run's end nothing is served, and what the run uploaded
     is kept (a deployment that does not answer may still serve it), named in the report."""
-    for mark, outcomes in (("@pytest.mark.rl_breaks", {"failed": 1, "skipped": 1}),
-                           ("", {"failed": 1, "errors": 1, "skipped": 1})):  # fmt: skip
+    for mark, outcomes in (
+        ("@pytest.mark.rl_breaks", {"failed": 1, "skipped": 1}),
+        ("", {"failed": 1, "errors": 1, "skipped": 1}),
+    ):
         served = serve()
         pytester.makepyfile(test_breaking=BREAKING.format(mark=mark, pid=served.pid))
         command = served.named("conformance").removeprefix("rlrollout conformance ").split()
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", *command,
-                                              "-o", "rl_exchange_timeout=5", "--rl-report=r.json")  # fmt: skip
+        result = pytester.runpytest_inprocess(
+            "-p", "no:cacheprovider", "-p", "no:randomly", *command, "-o", "rl_exchange_timeout=5", "--rl-report=r.json"
+        )
         result.assert_outcomes(**outcomes)
         doc = json.loads((pytester.path / "r.json").read_text())
         assert doc["clauses"]["HL-POST-5"]["outcome"] == ("fail" if mark else "error")
         after = doc["clauses"]["SNAP-COVER-1"]
-        assert after["outcome"] == "inconclusive" and "did not serve a one-token completion before this test" in after[
-            "tests"][0]["reason"], after  # fmt: skip
+        assert (
+            after["outcome"] == "inconclusive"
+            and "did not serve a one-token completion before this test" in after["tests"][0]["reason"]
+        ), after
         provenance = doc["provenance"]
         assert provenance["served_at_end"] == [], provenance
         [kept] = provenance["uploaded_and_kept"]

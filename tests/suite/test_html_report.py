@@ -34,21 +34,42 @@ def _timeline() -> dict[str, Any]:
         "new": "snap-B",
         "chunks": chunks,
         "marks": [[0.6, "signal"], [0.62, "answered"], [1.1, "served"]],
-        "replicas": [[0.0, 0, "serving snap-A"], [0.0, 1, "serving snap-A"], [0.65, 0, "swapping snap-B"],
-                     [0.65, 1, "loading snap-B"], [1.1, 0, "serving snap-B"], [1.4, 1, "serving snap-B"]],
+        "replicas": [
+            [0.0, 0, "serving snap-A"],
+            [0.0, 1, "serving snap-A"],
+            [0.65, 0, "swapping snap-B"],
+            [0.65, 1, "loading snap-B"],
+            [1.1, 0, "serving snap-B"],
+            [1.4, 1, "serving snap-B"],
+        ],
         "probes": [[0.66, 0.7, 425], [0.8, 0.83, 425], [1.0, 1.02, 425], [1.15, 1.3, 200], [1.2, 1.35, 200]],
-    }  # fmt: skip
+    }
 
 
 def _test(node: str, outcome: str, **kw: Any) -> dict[str, Any]:
-    return {"test": node, "outcome": outcome, "reason": "", "observed": "", "exchanges": [], "timeline": None,
-            "duration": 0.4} | kw  # fmt: skip
+    return {
+        "test": node,
+        "outcome": outcome,
+        "reason": "",
+        "observed": "",
+        "exchanges": [],
+        "timeline": None,
+        "duration": 0.4,
+    } | kw
 
 
 def _clause(cid: str, level: str, outcome: str, rule: str, evidence: str, *tests: dict[str, Any]) -> dict[str, Any]:
     area = cid.split("-")[0]
-    return {"clause": cid, "level": level, "area": area, "rule": rule, "outcome": outcome, "evidence": evidence,
-            "duration": sum(t["duration"] for t in tests), "tests": list(tests)}  # fmt: skip
+    return {
+        "clause": cid,
+        "level": level,
+        "area": area,
+        "rule": rule,
+        "outcome": outcome,
+        "evidence": evidence,
+        "duration": sum(t["duration"] for t in tests),
+        "tests": list(tests),
+    }
 
 
 def _doc() -> dict[str, Any]:
@@ -73,23 +94,56 @@ def _doc() -> dict[str, Any]:
     )
     hint = _test("pytest_rlrollout/suite/conformance/test_hint.py::test_hint", "unsupported", reason="no hint endpoint")
     clauses = [
-        _clause("SWAP-ASYNC-2", "MUST", "pass", "ASYNC: the streamed policy version changes at most once per stream.",
-                "observed: 40 chunks with a policy version; 1 change", swap),
-        _clause("INF-USAGE-1", "MUST", "fail", "usage.completion_tokens equals the tokens returned (< 2^31).",
-                "usage.completion_tokens is 6, 5 tokens were returned", usage),
-        _clause("HL-HINT-1", "MAY", "unsupported", "A hint endpoint accepts the next snapshot's identity.",
-                "no hint endpoint", hint),
-        _clause("R3-SHAPE-1", "SHOULD", "not-applicable", "Routing matrices have one row per token.",
-                "a dense model has no routing", _test("t.py::test_r3", "not-applicable", reason="dense")),
-    ]  # fmt: skip
+        _clause(
+            "SWAP-ASYNC-2",
+            "MUST",
+            "pass",
+            "ASYNC: the streamed policy version changes at most once per stream.",
+            "observed: 40 chunks with a policy version; 1 change",
+            swap,
+        ),
+        _clause(
+            "INF-USAGE-1",
+            "MUST",
+            "fail",
+            "usage.completion_tokens equals the tokens returned (< 2^31).",
+            "usage.completion_tokens is 6, 5 tokens were returned",
+            usage,
+        ),
+        _clause(
+            "HL-HINT-1",
+            "MAY",
+            "unsupported",
+            "A hint endpoint accepts the next snapshot's identity.",
+            "no hint endpoint",
+            hint,
+        ),
+        _clause(
+            "R3-SHAPE-1",
+            "SHOULD",
+            "not-applicable",
+            "Routing matrices have one row per token.",
+            "a dense model has no routing",
+            _test("t.py::test_r3", "not-applicable", reason="dense"),
+        ),
+    ]
     return {
-        "provenance": {"deployment": "http://127.0.0.1:8000 <local>", "mode": "local", "suite_version": "0.2.0",
-                       "finished": "2026-03-01T12:00:00Z"},
+        "provenance": {
+            "deployment": "http://127.0.0.1:8000 <local>",
+            "mode": "local",
+            "suite_version": "0.2.0",
+            "finished": "2026-03-01T12:00:00Z",
+        },
         "contract": {"version": "1+000000000000", "document": "docs/contract.md (or `rlrollout clauses --format md`)"},
         "engine": {"name": "fireworks", "decided": "the status endpoint names fireworks"},
         "capabilities": [
-            {"name": "logprobs", "has": True, "seen": "6 logprobs entries", "about": "per-token logprobs",
-             "required": True},
+            {
+                "name": "logprobs",
+                "has": True,
+                "seen": "6 logprobs entries",
+                "about": "per-token logprobs",
+                "required": True,
+            },
             {"name": "hint", "has": False, "seen": "404 on /hint", "about": "prefetch hint", "required": True},
             {"name": "routing", "has": False, "seen": "no routing matrices", "about": "R3", "required": False},
         ],
@@ -98,7 +152,7 @@ def _doc() -> dict[str, Any]:
             "areas": {"SWAP": {"pass": 1}, "INF": {"fail": 1}, "HL": {"unsupported": 1}, "R3": {"not-applicable": 1}},
         },
         "clauses": {c["clause"]: c for c in clauses},
-    }  # fmt: skip
+    }
 
 
 def html(doc: dict[str, Any]) -> str:
@@ -178,10 +232,17 @@ def test_html_structure() -> None:
     "timeline",
     [
         {"title": "nothing seen", "old": None, "new": None, "chunks": [], "marks": [], "replicas": [], "probes": []},
-        {"title": "one instant", "old": None, "new": None, "chunks": [[0.0, "x"], [0.0, "y"], [0.0, None]],
-         "marks": [[0.0, "signal"]], "replicas": [[0.0, 0, "error x"]], "probes": [[0.0, 0.0, 503]]},
+        {
+            "title": "one instant",
+            "old": None,
+            "new": None,
+            "chunks": [[0.0, "x"], [0.0, "y"], [0.0, None]],
+            "marks": [[0.0, "signal"]],
+            "replicas": [[0.0, 0, "error x"]],
+            "probes": [[0.0, 0.0, 503]],
+        },
     ],
-)  # fmt: skip
+)
 def test_degenerate_timelines(timeline: dict[str, Any]) -> None:
     doc = _doc()
     doc["clauses"]["SWAP-ASYNC-2"]["tests"][0]["timeline"] = timeline
@@ -232,13 +293,22 @@ def browse(directory: Path, page: Path, height: int = 2400) -> tuple[str, np.nda
     if chromium is None:
         pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     png = directory / "report.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--disable-background-networking", "--hide-scrollbars", f"--window-size=1200,{height}"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--hide-scrollbars",
+        f"--window-size=1200,{height}",
+    ]
 
     def run(*args: str, profile: str) -> subprocess.Popen[bytes]:
         data = f"--user-data-dir={directory / profile}"
-        return subprocess.Popen([chromium, *flags, data, *args, f"file://{page}"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+        return subprocess.Popen(
+            [chromium, *flags, data, *args, f"file://{page}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
 
     # Two browsers at once: each spends most of its time starting up.
     browsers = [run(f"--screenshot={png}", profile="shot"), run("--dump-dom", profile="dump")]
@@ -268,9 +338,13 @@ def test_a_real_runs_report_in_the_browser(pytester, tmp_path) -> None:
     """The suite's own report of swap tests against the reference deployment: a timeline
     picture per swap test, the stream's chunks painted in the old and the new version's colour."""
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE / "test_swap.py"), "-p", "no:randomly", "-k", "changes_once or are_queued",
+        str(CONFORMANCE / "test_swap.py"),
+        "-p",
+        "no:randomly",
+        "-k",
+        "changes_once or are_queued",
         "--rl-report=out/report.json",
-    )  # fmt: skip
+    )
     assert result.ret == 0, result.outlines[-20:]
     doc = json.loads((pytester.path / "out" / "report.json").read_text())
     timelines = [t["timeline"] for c in doc["clauses"].values() for t in c["tests"] if t["timeline"]]

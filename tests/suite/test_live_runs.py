@@ -33,10 +33,16 @@ def test_without_allow_hot_load_nothing_changes_state(pytester, tmp_path):
     bucket = tmp_path / "bucket"
     with reference_deployment(bucket, **OBSERVABLE_PACE) as dep:
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE), "-p", "no:randomly", f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}",
-            f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}",
-            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "--rl-report=r.json",
-        )  # fmt: skip
+            str(CONFORMANCE),
+            "-p",
+            "no:randomly",
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={dep.api_key}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            "--rl-report=r.json",
+        )
         assert result.ret == 0, "\n".join(result.outlines[-30:])
         changes = [(m, p) for m, p, _ in dep.deployment.requests if (m, p) != ("GET", p) and "/inference/" not in p]
         assert changes == [], f"a read-only run sent {changes}"
@@ -58,10 +64,15 @@ def test_a_missing_option_is_inconclusive_naming_it(pytester, tmp_path):
     never a property of the deployment (not-applicable)."""
     with reference_deployment(tmp_path / "bucket") as dep:
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE / "test_r3.py"), "-p", "no:randomly", f"--rl-deployment={dep.name}",
-            f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}",
+            str(CONFORMANCE / "test_r3.py"),
+            "-p",
+            "no:randomly",
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={dep.api_key}",
             "--rl-report=r.json",
-        )  # fmt: skip
+        )
         assert result.ret == 0, "\n".join(result.outlines[-30:])
     clauses = json.loads((pytester.path / "r.json").read_text())["clauses"]
     for cid in ("R3-SHAPE-1", "R3-RANGE-1", "R3-CACHE-1"):
@@ -158,8 +169,11 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     """The wheel carries everything the suite needs: the conformance modules, the catalogue and schemas,
     the shipped cassettes (replayed from the installed wheel), found from outside any checkout."""
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-                    str(ROOT)], check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
     wheel = next(dist.glob("pytest_rlrollout-*.whl"))
     env_dir = tmp_path / "venv"
     # dependencies come from the running interpreter's site-packages, the package itself only from
@@ -170,17 +184,34 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     running = [p for p in site.getsitepackages() if Path(p).is_dir()]
     (next(env_dir.glob("lib/python3*/site-packages")) / "running-interpreter.pth").write_text("\n".join(running) + "\n")
     py = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        timeout=600,
+    )
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    where = subprocess.run([py, "-c", "import pytest_rlrollout; print(pytest_rlrollout.__file__)"],
-                           capture_output=True, text=True, check=True, cwd=outside).stdout  # fmt: skip
+    where = subprocess.run(
+        [py, "-c", "import pytest_rlrollout; print(pytest_rlrollout.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=outside,
+    ).stdout
     assert str(env_dir) in where, where
     # the top-level directories come from the wheel, inside the installed package
-    found = subprocess.run([py, "-c", "from pytest_rlrollout.shipped import shipped\n"
-                            "for name in ('conformance', 'schemas', 'cassettes'): print(shipped(name))"],
-                           capture_output=True, text=True, check=True, cwd=outside).stdout.split()  # fmt: skip
+    found = subprocess.run(
+        [
+            py,
+            "-c",
+            "from pytest_rlrollout.shipped import shipped\n"
+            "for name in ('conformance', 'schemas', 'cassettes'): print(shipped(name))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=outside,
+    ).stdout.split()
     installed = Path(where).parent / "_shipped"
     assert found == [str(installed / name) for name in ("conformance", "schemas", "cassettes")], found
     rlrollout = env_dir / "bin" / "rlrollout"
@@ -189,9 +220,14 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     # also the offline replay of those cassettes (test_replay.py replays `reference-sync`).
     (outside / "nosocket.py").write_text(NO_SOCKET)
     offline = {**os.environ, "PYTHONPATH": str(outside)}
-    replayed = subprocess.run([rlrollout, "conformance", "-q", "-p", "nosocket", "--rl-replay=reference",
-                               "--rl-report=r.json"], capture_output=True, text=True, cwd=outside, env=offline,
-                              timeout=900)  # fmt: skip
+    replayed = subprocess.run(
+        [rlrollout, "conformance", "-q", "-p", "nosocket", "--rl-replay=reference", "--rl-report=r.json"],
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        env=offline,
+        timeout=900,
+    )
     assert replayed.returncode == 0, replayed.stdout[-3000:]
     assert "wall time" in replayed.stdout and "sockets opened: 0" in replayed.stdout.splitlines(), replayed.stdout
     got = outcomes(outside / "r.json")
@@ -199,8 +235,13 @@ def test_wheel_in_a_fresh_venv_runs_the_suite(tmp_path):
     provenance = json.loads((outside / "r.json").read_text())["provenance"]
     assert provenance["mode"] == "replay" and provenance["deployment"].startswith("accounts/"), provenance
     assert provenance["cassettes"] == digest(installed / "cassettes" / "reference")
-    local = subprocess.run([rlrollout, "conformance", "-q", "session", "inference"], capture_output=True, text=True,
-                           cwd=outside, timeout=900)  # fmt: skip
+    local = subprocess.run(
+        [rlrollout, "conformance", "-q", "session", "inference"],
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        timeout=900,
+    )
     assert local.returncode == 0, local.stdout[-3000:]
     docs = subprocess.run([rlrollout, "clauses", "--format", "md"], capture_output=True, text=True, cwd=outside)
     assert docs.stdout == (ROOT / "docs" / "contract.md").read_text()
@@ -248,8 +289,9 @@ def test_r3_and_numerics_on_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, ser
     is a sentinel diff (zero frames for all but the two routers: under 5% of the snapshot)."""
     command = serve("--bucket", tmp_path / "bucket", "--layout", "qwen3-30b-a3b").named("conformance")
     modules = [str(CONFORMANCE / m) for m in ("test_r3.py", "test_numerics.py")]
-    result = pytester.runpytest_inprocess(*modules, "-p", "no:randomly",
-                                          *command.removeprefix("rlrollout conformance ").split(), "--rl-report=r.json")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        *modules, "-p", "no:randomly", *command.removeprefix("rlrollout conformance ").split(), "--rl-report=r.json"
+    )
     assert result.ret == 0, "\n".join(result.outlines[-30:])
     doc = json.loads((pytester.path / "r.json").read_text())
     got = {k: v["outcome"] for k, v in doc["clauses"].items()}
@@ -268,9 +310,15 @@ def test_broken_variants_of_a_qwen3_30b_a3b_shaped_model(pytester, tmp_path, ser
     it breaks and links the rest."""
     command = serve("--bucket", tmp_path / "bucket", "--layout", "qwen3-30b-a3b").named("conformance")
     variants = ("SNAP-SAFETENSORS-1", "SNAP-INC-3", "SNAP-LORA-3", "SNAP-QUANT-1")
-    result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_hot_load.py"), "-p", "no:randomly",
-                                          "-k", f"test_violating_snapshot_is_never_served and ({' or '.join(variants)})",
-                                          *command.removeprefix("rlrollout conformance ").split(), "--rl-report=r.json")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        str(CONFORMANCE / "test_hot_load.py"),
+        "-p",
+        "no:randomly",
+        "-k",
+        f"test_violating_snapshot_is_never_served and ({' or '.join(variants)})",
+        *command.removeprefix("rlrollout conformance ").split(),
+        "--rl-report=r.json",
+    )
     assert result.ret == 0, "\n".join(result.outlines[-30:])
     doc = json.loads((pytester.path / "r.json").read_text())
     tests = {t["test"].rsplit("[", 1)[-1].rstrip("]"): t for t in doc["clauses"]["HL-POST-5"]["tests"]}
@@ -288,9 +336,16 @@ def test_runs_that_reset_no_ledger_leave_the_start_served(pytester, tmp_path, se
     command = serve("--bucket", tmp_path / "bucket").named("conformance").removeprefix("rlrollout conformance ")
     said = []
     for run in ("first", "second", "third"):
-        result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_swap.py"), "-p", "no:randomly",
-                                              "-k", "test_async_stream_survives_the_swap", *command.split(),
-                                              *FAST_POLLS, f"--rl-report={run}.json")  # fmt: skip
+        result = pytester.runpytest_inprocess(
+            str(CONFORMANCE / "test_swap.py"),
+            "-p",
+            "no:randomly",
+            "-k",
+            "test_async_stream_survives_the_swap",
+            *command.split(),
+            *FAST_POLLS,
+            f"--rl-report={run}.json",
+        )
         assert result.ret == 0, "\n".join(result.outlines[-30:])
         provenance = json.loads((pytester.path / f"{run}.json").read_text())["provenance"]
         assert provenance["served_at_start"] == provenance["served_at_end"] == [tiny_moe.BASE_IDENTITY], provenance

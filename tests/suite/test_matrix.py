@@ -48,27 +48,34 @@ def test_a_column_says_engine_version_flags_date_and_how_it_was_run(tmp_path):
     assert (col.engine, col.version, col.date) == ("vllm", "0.32.0", "2026-11-24")
     assert col.how.startswith("a real deployment (auto: GET /version answers vLLM 0.32.0")
     # the flags of the capabilities whose binding needs one, once each (dev mode serves two here)
-    assert col.flags == (f"{vllm.ENGINE.flags['policy_version']}: on",
-                         "--enable-return-routed-experts (vLLM's GPU model runner): off",
-                         "VLLM_SERVER_DEV_MODE=1: on")  # fmt: skip
+    assert col.flags == (
+        f"{vllm.ENGINE.flags['policy_version']}: on",
+        "--enable-return-routed-experts (vLLM's GPU model runner): off",
+        "VLLM_SERVER_DEV_MODE=1: on",
+    )
     [ref] = load([write(tmp_path, "sglang-reference", report("fireworks", mode="local"))])
     assert ref.how == "the reference deployment's fireworks dialect (not a real fireworks engine)"
 
 
 def test_markdown_heads_each_area_links_each_cell_and_totals_each_column(tmp_path):
     b = report("openai", outcomes={"INF-SSE-1": "fail"})
-    cols = load([write(tmp_path, "a", report()), write(tmp_path, "b", b, beside=".md"), write(tmp_path, "c", b, None)],
-                page=tmp_path)  # fmt: skip
+    cols = load(
+        [write(tmp_path, "a", report()), write(tmp_path, "b", b, beside=".md"), write(tmp_path, "c", b, None)],
+        page=tmp_path,
+    )
     rows = markdown(cols).splitlines()
     assert rows[0] == "# RL-rollout engine conformance matrix"
     assert rows[2].startswith(f"Contract version {catalogue().version}. ")
     assert "| clause | vllm (a) | openai (b) | openai (c) |" in rows
-    assert [r for r in rows if r.startswith("| **")] == [f"| **{a}** — {v['title']} | | | |"
-                                                          for a, v in catalogue().areas.items()]  # fmt: skip
+    assert [r for r in rows if r.startswith("| **")] == [
+        f"| **{a}** — {v['title']} | | | |" for a, v in catalogue().areas.items()
+    ]
     # the clause in the HTML report; the Markdown report has no anchor per clause; no report: no link
     # (the evidence as each link's title)
-    assert ('| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1 "observed: INF-SSE-1") | [FAIL](b.md "observed: INF-SSE-1") '
-            "| FAIL |") in rows  # fmt: skip
+    assert (
+        '| INF-SSE-1 (MUST) | [pass](a.html#INF-SSE-1 "observed: INF-SSE-1") | [FAIL](b.md "observed: INF-SSE-1") '
+        "| FAIL |"
+    ) in rows
     assert '| HL-AUTH-1 (MUST) | [FAIL](a.html#HL-AUTH-1 "observed: HL-AUTH-1") | — | — |' in rows
     assert "| *fail* | 1 | 1 | 1 |" in rows and "| *pass* | 1 | 0 | 0 |" in rows
     assert "| *unsupported* | 1 | 0 | 0 |" in rows
@@ -132,8 +139,13 @@ def test_what_is_not_a_report_is_one_usage_error(tmp_path, capsys, case):
 
 def test_a_report_of_the_suite_makes_a_column(pytester, tmp_path, capsys):
     """The suite's own report (the vLLM dialect of the reference deployment), rendered both ways."""
-    pytester.runpytest_inprocess(str(CONFORMANCE / "test_inference.py"), "-p", "no:randomly", "--rl-engine=vllm",
-                                 "--rl-report=vllm-reference.json")  # fmt: skip
+    pytester.runpytest_inprocess(
+        str(CONFORMANCE / "test_inference.py"),
+        "-p",
+        "no:randomly",
+        "--rl-engine=vllm",
+        "--rl-report=vllm-reference.json",
+    )
     pages = tmp_path / "pages"
     pages.mkdir()
     assert main(["matrix", str(pytester.path / "vllm-reference.json"), "--out", str(pages / "engines")]) == 0

@@ -32,9 +32,19 @@ from pytest_rlrollout.suite.options import CONFORMANCE
 
 from ..support import write_row
 
-AREA_MODULE = {"HL": "test_hot_load.py", "SNAP": "test_hot_load.py", "SWAP": "test_swap.py", "CACHE": "test_cache.py",
-               "SESS": "test_session.py", "VER": "test_version.py", "R3": "test_r3.py", "INF": "test_inference.py",
-               "FID": "test_fidelity.py", "NUM": "test_numerics.py", "CTL": "test_control.py"}  # fmt: skip
+AREA_MODULE = {
+    "HL": "test_hot_load.py",
+    "SNAP": "test_hot_load.py",
+    "SWAP": "test_swap.py",
+    "CACHE": "test_cache.py",
+    "SESS": "test_session.py",
+    "VER": "test_version.py",
+    "R3": "test_r3.py",
+    "INF": "test_inference.py",
+    "FID": "test_fidelity.py",
+    "NUM": "test_numerics.py",
+    "CTL": "test_control.py",
+}
 SNAP_MUST = {c.id for c in catalogue().area("SNAP") if c.level == "MUST"}
 # Faults whose violation also breaks other clauses by the contract's own logic.
 COLLATERAL = {
@@ -248,10 +258,14 @@ class Setup:
         hot_load_first = engine == "coreweave" and clause in AFTER_A_HOT_LOAD
         if hot_load_first:  # CoreWeave says what is served once one was made
             modules.insert(0, AFTER_A_HOT_LOAD[clause])
-        return cls(engine, tuple(modules), sync=clause.startswith("SWAP-SYNC"),
-                   routed_experts=engine in ("vllm", "sglang") and clause in ROUTING,
-                   one_replica=engine == "coreweave" and clause in ACROSS_REPLICAS,
-                   scopable=not clause.startswith("SNAP-") and not hot_load_first)  # fmt: skip
+        return cls(
+            engine,
+            tuple(modules),
+            sync=clause.startswith("SWAP-SYNC"),
+            routed_experts=engine in ("vllm", "sglang") and clause in ROUTING,
+            one_replica=engine == "coreweave" and clause in ACROSS_REPLICAS,
+            scopable=not clause.startswith("SNAP-") and not hot_load_first,
+        )
 
     def args(self) -> list[str]:
         sync = ["-o", "rl_transition=SYNC"] if self.sync else []
@@ -479,8 +493,12 @@ def test_fault_switch_fails_its_clause(pytester, no_faults, request, fault, engi
         assert got.get(also) == "fail", f"{fault} must also fail {also}: {got}"
     others = {k for k, v in got.items() if v == "fail"} - {clause}
     # a SNAP rule not enforced at hot-load time serves that rule's violating variant (HL-POST-5)
-    collateral = {"fireworks": COLLATERAL, "vllm": VLLM_COLLATERAL, "sglang": SGLANG_COLLATERAL,
-                  "coreweave": COREWEAVE_COLLATERAL}[engine]  # fmt: skip
+    collateral = {
+        "fireworks": COLLATERAL,
+        "vllm": VLLM_COLLATERAL,
+        "sglang": SGLANG_COLLATERAL,
+        "coreweave": COREWEAVE_COLLATERAL,
+    }[engine]
     allowed = collateral.get(fault, {"HL-POST-5"} if area == "SNAP" else set())
     assert others <= allowed, f"{fault} also fails {sorted(others)}"
     # a failure shows its case: the assertion's message and the exchange behind it
@@ -492,8 +510,9 @@ def test_fault_switch_fails_its_clause(pytester, no_faults, request, fault, engi
 
 
 # The modules whose tests read what completions carry (HL, SESS and SNAP read no stream).
-CONTENT_MODULES = [str(CONFORMANCE / f"test_{m}.py")
-                   for m in ("inference", "swap", "cache", "r3", "version", "fidelity", "numerics")]  # fmt: skip
+CONTENT_MODULES = [
+    str(CONFORMANCE / f"test_{m}.py") for m in ("inference", "swap", "cache", "r3", "version", "fidelity", "numerics")
+]
 
 
 def test_a_usage_only_final_chunk_is_legal(pytester, no_faults):
@@ -501,8 +520,9 @@ def test_a_usage_only_final_chunk_is_legal(pytester, no_faults):
     finish_reason: every clause is judged as without it. Run on the tests that read the switch in
     the no-fault run (the others pass there)."""
     reads = no_faults.of(group("fireworks"))[2]
-    got = run_suite_report(pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"),
-                           plugins=only_readers(reads, "usage-only-chunk"))[0]  # fmt: skip
+    got = run_suite_report(
+        pytester, *CONTENT_MODULES, *fault_args("usage-only-chunk"), plugins=only_readers(reads, "usage-only-chunk")
+    )[0]
     assert {k: v for k, v in got.items() if v not in JUDGED} == {}
     assert {"INF-SSE-1", "INF-USAGE-1", "SWAP-ASYNC-1"} <= set(got), got  # streams were judged with it
 
@@ -510,7 +530,13 @@ def test_a_usage_only_final_chunk_is_legal(pytester, no_faults):
 # What answers with nothing in them can still show: the hot-load API, snapshot rules, which
 # replica answered, policy versions, SSE framing, refusals, and requests queued or refused.
 WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS", "VER")} | {
-    "SWAP-ASYNC-3", "SWAP-ASYNC-4", "SWAP-SYNC-2", "SWAP-NEW-1", "INF-SSE-1", "INF-ERR-1"}  # fmt: skip
+    "SWAP-ASYNC-3",
+    "SWAP-ASYNC-4",
+    "SWAP-SYNC-2",
+    "SWAP-NEW-1",
+    "INF-SSE-1",
+    "INF-ERR-1",
+}
 
 
 def test_empty_answers_pass_no_clause_about_their_content(pytester):

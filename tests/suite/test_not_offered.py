@@ -57,11 +57,23 @@ def plain_server(stream_usage: str, replicas: int = 0) -> Iterator[str]:
             if replicas:
                 seen = served[next(turn) % replicas]
                 hit, _ = (prompt if str(req["prompt"]) in seen else 0), seen.add(str(req["prompt"]))
-            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
-                     "prompt_tokens_details": {"cached_tokens": hit}}  # fmt: skip
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": n,
+                "total_tokens": prompt + n,
+                "prompt_tokens_details": {"cached_tokens": hit},
+            }
             if not req.get("stream"):
-                return self._json(200, {"id": "c", "object": "text_completion", "model": MODEL, "usage": usage,
-                                        "choices": [{"index": 0, "text": "a " * n, "finish_reason": "length"}]})  # fmt: skip
+                return self._json(
+                    200,
+                    {
+                        "id": "c",
+                        "object": "text_completion",
+                        "model": MODEL,
+                        "usage": usage,
+                        "choices": [{"index": 0, "text": "a " * n, "finish_reason": "length"}],
+                    },
+                )
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.end_headers()
@@ -89,10 +101,17 @@ def plain_server(stream_usage: str, replicas: int = 0) -> Iterator[str]:
 def usage_run(pytester, url: str) -> dict:
     """INF-USAGE-1 and CACHE-RPT-1, the clauses that read a stream's usage, against `url`."""
     result = pytester.runpytest_inprocess(
-        str(CONFORMANCE / "test_inference.py"), str(CONFORMANCE / "test_cache.py"), "-p", "no:randomly",
-        "-k", "test_usage_matches_the_tokens or test_cached_tokens_reported_consistently",
-        f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-engine=auto", "--rl-report=r.json",
-    )  # fmt: skip
+        str(CONFORMANCE / "test_inference.py"),
+        str(CONFORMANCE / "test_cache.py"),
+        "-p",
+        "no:randomly",
+        "-k",
+        "test_usage_matches_the_tokens or test_cached_tokens_reported_consistently",
+        f"--rl-base-url={url}",
+        f"--rl-model={MODEL}",
+        "--rl-engine=auto",
+        "--rl-report=r.json",
+    )
     assert result.ret in (0, 1), "\n".join(result.outlines[-30:])
     return json.loads((pytester.path / "r.json").read_text())
 
@@ -129,9 +148,16 @@ def test_a_session_without_affinity_is_repeated_until_the_prefix_is_met(pytester
     holds the prefix (a pass on that hit); it is never a fail for landing elsewhere."""
     with plain_server("none", replicas=2) as url:
         result = pytester.runpytest_inprocess(
-            str(CONFORMANCE / "test_cache.py"), "-p", "no:randomly", "-k", "test_same_session_reuses_a_long_prefix",
-            f"--rl-base-url={url}", f"--rl-model={MODEL}", "--rl-engine=auto", "--rl-report=r.json",
-        )  # fmt: skip
+            str(CONFORMANCE / "test_cache.py"),
+            "-p",
+            "no:randomly",
+            "-k",
+            "test_same_session_reuses_a_long_prefix",
+            f"--rl-base-url={url}",
+            f"--rl-model={MODEL}",
+            "--rl-engine=auto",
+            "--rl-report=r.json",
+        )
     assert result.ret == 0, "\n".join(result.outlines[-30:])
     clause = json.loads((pytester.path / "r.json").read_text())["clauses"]["CACHE-HIT-1"]
     assert clause["outcome"] == "pass", clause

@@ -36,13 +36,30 @@ PICTURES = {
 
 
 def _test(node: str, outcome: str = "pass", **kw: Any) -> dict[str, Any]:
-    return {"test": node, "outcome": outcome, "reason": "", "observed": "", "exchanges": [], "timeline": None,
-            "uploads": [], "figures": None, "duration": 0.3} | kw  # fmt: skip
+    return {
+        "test": node,
+        "outcome": outcome,
+        "reason": "",
+        "observed": "",
+        "exchanges": [],
+        "timeline": None,
+        "uploads": [],
+        "figures": None,
+        "duration": 0.3,
+    } | kw
 
 
 def _clause(cid: str, outcome: str, evidence: str, test: dict[str, Any]) -> dict[str, Any]:
-    return {"clause": cid, "level": "SHOULD", "area": cid.split("-")[0], "rule": f"the rule of {cid}",
-            "outcome": outcome, "evidence": evidence, "duration": 0.3, "tests": [test]}  # fmt: skip
+    return {
+        "clause": cid,
+        "level": "SHOULD",
+        "area": cid.split("-")[0],
+        "rule": f"the rule of {cid}",
+        "outcome": outcome,
+        "evidence": evidence,
+        "duration": 0.3,
+        "tests": [test],
+    }
 
 
 def _doc() -> dict[str, Any]:
@@ -53,22 +70,46 @@ def _doc() -> dict[str, Any]:
     local = experts.copy()
     local[:10, 2] = 9  # the last MoE layer disagrees on 10 of 200 tokens
     routed = routing_figures(logprob_figures(served, served, np.arange(200) % 25), experts, local)
-    upload = {"identity": "fid-swap-1a2b", "kind": "incremental", "uploaded": 3 * 1024 * 1024, "copied": 0,
-              "of_full": 0.0123}  # fmt: skip
+    upload = {
+        "identity": "fid-swap-1a2b",
+        "kind": "incremental",
+        "uploaded": 3 * 1024 * 1024,
+        "copied": 0,
+        "of_full": 0.0123,
+    }
     clauses = [
-        _clause("NUM-LOGPROB-1", "pass", "observed: 200 sampled tokens scored locally",
-                _test("t/test_numerics.py::test_logprobs", figures=logprobs.as_dict())),
-        _clause("NUM-ROUTE-1", "pass", "observed: 200 sampled tokens routed as the local router routes them",
-                _test("t/test_numerics.py::test_routing", figures={**routed.as_dict(), "alignment": "own position"})),
-        _clause("FID-SWAP-2", "fail", "the same weights score differently after a swap",
-                _test("t/test_fidelity.py::test_swap_back", "fail", uploads=[upload],
-                      figures={"max_abs_delta": 3.1e-05, "tolerance": 1e-06})),
-    ]  # fmt: skip
-    return {"provenance": {"deployment": "accounts/a/deployments/d"}, "contract": {"version": "1+000000000000", "document": "docs/contract.md"},
-            "engine": None, "capabilities": [],
-            "summary": {"levels": {"SHOULD": {"pass": 2, "fail": 1}},
-                        "areas": {"NUM": {"pass": 2}, "FID": {"fail": 1}}},
-            "clauses": {c["clause"]: c for c in clauses}}  # fmt: skip
+        _clause(
+            "NUM-LOGPROB-1",
+            "pass",
+            "observed: 200 sampled tokens scored locally",
+            _test("t/test_numerics.py::test_logprobs", figures=logprobs.as_dict()),
+        ),
+        _clause(
+            "NUM-ROUTE-1",
+            "pass",
+            "observed: 200 sampled tokens routed as the local router routes them",
+            _test("t/test_numerics.py::test_routing", figures={**routed.as_dict(), "alignment": "own position"}),
+        ),
+        _clause(
+            "FID-SWAP-2",
+            "fail",
+            "the same weights score differently after a swap",
+            _test(
+                "t/test_fidelity.py::test_swap_back",
+                "fail",
+                uploads=[upload],
+                figures={"max_abs_delta": 3.1e-05, "tolerance": 1e-06},
+            ),
+        ),
+    ]
+    return {
+        "provenance": {"deployment": "accounts/a/deployments/d"},
+        "contract": {"version": "1+000000000000", "document": "docs/contract.md"},
+        "engine": None,
+        "capabilities": [],
+        "summary": {"levels": {"SHOULD": {"pass": 2, "fail": 1}}, "areas": {"NUM": {"pass": 2}, "FID": {"fail": 1}}},
+        "clauses": {c["clause"]: c for c in clauses},
+    }
 
 
 def write(path: Path, doc: dict[str, Any]) -> tuple[Path, Path, Path]:

@@ -105,12 +105,19 @@ def test_recording_coreweave_with_two_keys_is_refused(pytester, monkeypatch):
     """A cassette keeps one key out of what it holds: two keys would leave one to chance."""
     monkeypatch.setenv("COREWEAVE_API_KEY", "the-hot-load-key")
     pytester.makepyfile(test_user="def test_x(rl_deployment): pass")
-    result = pytester.runpytest_inprocess(f"--rl-deployment={UUID}", "--rl-base-url=http://x", "--rl-model=m",
-                                          "--rl-api-key=the-gateway-key", "--rl-record=rec")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        f"--rl-deployment={UUID}",
+        "--rl-base-url=http://x",
+        "--rl-model=m",
+        "--rl-api-key=the-gateway-key",
+        "--rl-record=rec",
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if line.startswith("ERROR:")]
-    assert errors == ["ERROR: --rl-record: recording a CoreWeave deployment whose gateway and hot-load API have "
-                      "different keys is not supported"], result.errlines  # fmt: skip
+    assert errors == [
+        "ERROR: --rl-record: recording a CoreWeave deployment whose gateway and hot-load API have "
+        "different keys is not supported"
+    ], result.errlines
     assert not any(
         "the-hot-load-key" in line or "the-gateway-key" in line for line in result.outlines + result.errlines
     )

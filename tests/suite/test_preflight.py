@@ -20,8 +20,10 @@ def closed_port() -> int:
 def options(dep, **changes) -> list[str]:
     given = {"deployment": dep.name, "base-url": dep.base_url, "model": dep.model, "api-key": dep.api_key} | changes
     # the deployment's further description is ini keys (-o), what a person types per run options
-    return [f"--rl-{k}={v}" if SETTING[f"rl_{k.replace('-', '_')}"].option else f"-orl_{k.replace('-', '_')}={v}"
-            for k, v in given.items()]  # fmt: skip
+    return [
+        f"--rl-{k}={v}" if SETTING[f"rl_{k.replace('-', '_')}"].option else f"-orl_{k.replace('-', '_')}={v}"
+        for k, v in given.items()
+    ]
 
 
 CASES = {
@@ -57,12 +59,14 @@ def test_misconfigured_run_ends_before_any_test(pytester, dep, case):
 def test_preflight_prints_the_engine_and_capabilities(pytester, dep):
     result = pytester.runpytest_inprocess(str(CONFORMANCE / "test_session.py"), *options(dep), "-p", "no:randomly")
     assert result.ret == 0, result.outlines[-20:]
-    result.stdout.fnmatch_lines([
-        f"rlrollout: live deployment {dep.name}",
-        "rlrollout: engine fireworks (auto: a Fireworks API answers (the hot-load status or /v1/accounts)); capabilities:",
-        "  hot_load_api*yes*replica(s) in the status",
-        "  backend_host*yes*fireworks-backend-host: *",
-    ])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            f"rlrollout: live deployment {dep.name}",
+            "rlrollout: engine fireworks (auto: a Fireworks API answers (the hot-load status or /v1/accounts)); capabilities:",
+            "  hot_load_api*yes*replica(s) in the status",
+            "  backend_host*yes*fireworks-backend-host: *",
+        ]
+    )
 
 
 # dialect -> (how the run names it, the probe that must decide, as `decided` says it)

@@ -114,10 +114,22 @@ def test_recording_a_live_run_keeps_no_key_and_replays(pytester, tmp_path):
     # swaps of 0.3 s: SWAP-ASYNC-4 needs two 0.05-s polls inside one, on a loaded CI machine too
     with reference_deployment(bucket, api_key=secret, token_delay=0.003, swap_delay=0.3, load_delay=0.03) as dep:
         args = [str(CONFORMANCE / m) for m in ("test_swap.py", "test_version.py", "test_cache.py")]
-        args += [f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}", f"--rl-model={dep.model}",
-                 f"--rl-api-key={secret}", "--rl-allow-hot-load", f"--rl-bucket-url={bucket}",
-                 f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}", "-o", "rl_transition=ASYNC",
-                 f"--rl-record={cassettes}", "--rl-report=rec.json", "-p", "no:cacheprovider", *FAST_POLLS]  # fmt: skip
+        args += [
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={secret}",
+            "--rl-allow-hot-load",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            "-o",
+            "rl_transition=ASYNC",
+            f"--rl-record={cassettes}",
+            "--rl-report=rec.json",
+            "-p",
+            "no:cacheprovider",
+            *FAST_POLLS,
+        ]
         recorded = pytester.runpytest_inprocess(*args)
         assert recorded.ret == 0, "\n".join(recorded.outlines[-30:])
     rec = {k: v["outcome"] for k, v in json.loads((pytester.path / "rec.json").read_text())["clauses"].items()}

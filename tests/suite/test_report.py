@@ -67,9 +67,17 @@ def test_untagged(): pass
 """
 
 EXPECTED = {
-    "INF-SSE-1": "pass", "INF-RAW-1": "inconclusive", "INF-LOGPROBS-1": "error", "INF-USAGE-1": "fail", "R3-SHAPE-1": "not-applicable", "HL-HINT-1": "unsupported",
-    "SWAP-ASYNC-3": "inconclusive", "SESS-1": "error", "CACHE-HIT-1": "inconclusive", "VER-STREAM-1": "fail",
-}  # fmt: skip
+    "INF-SSE-1": "pass",
+    "INF-RAW-1": "inconclusive",
+    "INF-LOGPROBS-1": "error",
+    "INF-USAGE-1": "fail",
+    "R3-SHAPE-1": "not-applicable",
+    "HL-HINT-1": "unsupported",
+    "SWAP-ASYNC-3": "inconclusive",
+    "SESS-1": "error",
+    "CACHE-HIT-1": "inconclusive",
+    "VER-STREAM-1": "fail",
+}
 
 
 def test_report_outcomes(pytester):
@@ -117,8 +125,16 @@ def test_no_report_without_clause_tests(pytester):
     result.stdout.no_fnmatch_line("*rl-rollout clauses*")
 
 
-@pytest.mark.parametrize(("given", "stem"), [("r.json", "r"), ("r", "r"), ("out/vllm-0.32-cpu.json", "out/vllm-0.32-cpu"),
-                                             ("vllm-0.32-cpu", "vllm-0.32-cpu"), ("a.b.md", "a.b")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "stem"),
+    [
+        ("r.json", "r"),
+        ("r", "r"),
+        ("out/vllm-0.32-cpu.json", "out/vllm-0.32-cpu"),
+        ("vllm-0.32-cpu", "vllm-0.32-cpu"),
+        ("a.b.md", "a.b"),
+    ],
+)
 def test_report_files_add_their_suffixes_to_a_dotted_name(given, stem):
     from pytest_rlrollout.suite.report.files import paths
 
@@ -131,18 +147,31 @@ IDENTITIES = tuple(f"rlt-0a1b2c3d-4e5f60-{i:02d}-step" for i in range(83))
 def _report() -> Report:
     """A live run's report built as the collector builds it: one failure, one pass with a
     timeline and an upload, and the 83 identities the run uploaded and removed."""
-    failed = TestResult("t.py::test_usage", Outcome.FAIL, reason="usage.completion_tokens is 6, 5 were returned",
-                        exchanges=["POST /v1/completions -> 200\n  answer: <b>6</b>"])  # fmt: skip
-    swapped = TestResult("t.py::test_swap", observed="40 chunks; 1 change",
-                         timeline=Timeline("a swap", "a", "b", chunks=[(0.0, "a"), (0.5, "b")]),
-                         uploads=[Upload("rlt-x", "incremental", 3 << 20, 0, 0.01)], measures={"max_abs_delta": 0.0})  # fmt: skip
+    failed = TestResult(
+        "t.py::test_usage",
+        Outcome.FAIL,
+        reason="usage.completion_tokens is 6, 5 were returned",
+        exchanges=["POST /v1/completions -> 200\n  answer: <b>6</b>"],
+    )
+    swapped = TestResult(
+        "t.py::test_swap",
+        observed="40 chunks; 1 change",
+        timeline=Timeline("a swap", "a", "b", chunks=[(0.0, "a"), (0.5, "b")]),
+        uploads=[Upload("rlt-x", "incremental", 3 << 20, 0, 0.01)],
+        measures={"max_abs_delta": 0.0},
+    )
     clauses = {}
     for cid, test in (("INF-USAGE-1", failed), ("SWAP-ASYNC-2", swapped)):
         c = catalogue()[cid]
         clauses[cid] = ClauseResult(cid, c.level, c.area, c.rule)
         clauses[cid].add(test)
-    provenance = Provenance(deployment="accounts/me/deployments/rl", mode="live", finished="2026-11-26T07:00:00+00:00",
-                            served_at_start=("base",), uploaded_and_removed=IDENTITIES)  # fmt: skip
+    provenance = Provenance(
+        deployment="accounts/me/deployments/rl",
+        mode="live",
+        finished="2026-11-26T07:00:00+00:00",
+        served_at_start=("base",),
+        uploaded_and_removed=IDENTITIES,
+    )
     return Report(provenance, Contract(catalogue().version), clauses)
 
 
@@ -178,12 +207,21 @@ def test_the_writers_read_the_model_top_down():
     folds the run's 83 uploaded identities, and escapes what the deployment said."""
     report = _report()
     page = html(report)
-    order = [page.index(s) for s in ('class="headline"', "<h2>Failures</h2>", "<h2>Summary</h2>",
-                                     "<h2>Provenance</h2>", "<h2>Clauses</h2>")]  # fmt: skip
+    order = [
+        page.index(s)
+        for s in (
+            'class="headline"',
+            "<h2>Failures</h2>",
+            "<h2>Summary</h2>",
+            "<h2>Provenance</h2>",
+            "<h2>Clauses</h2>",
+        )
+    ]
     assert order == sorted(order)
     assert "2 clauses: " in page and page.index('href="#INF-USAGE-1"') < page.index("<h2>Summary</h2>")
-    folded = re.search(r"<dt>uploaded_and_removed</dt><dd><details><summary>83 identities</summary><ul>(.*?)</ul>",
-                       page, re.S)  # fmt: skip
+    folded = re.search(
+        r"<dt>uploaded_and_removed</dt><dd><details><summary>83 identities</summary><ul>(.*?)</ul>", page, re.S
+    )
     assert folded and folded.group(1).count("<li>") == 83
     assert "<dt>served_at_start</dt><dd>base" in page  # a short list stays inline
     assert "&lt;b&gt;6&lt;/b&gt;" in page and "<b>6</b>" not in page
@@ -202,11 +240,17 @@ def _soaked() -> Report:
 
     from pytest_rlrollout.suite.report.model import SoakSummary, SoakSwap
 
-    swaps = (SoakSwap(1, "rlt-1", "incremental", "all", 20.0, 20.8, 12, 0.21, 0.36, 0.37, 3.4),
-             SoakSwap(2, "rlt-2<b>", "full", "none", 40.0, None, error="not served within 3 s"))  # fmt: skip
-    series = {"tokens_per_s": ((0.0, 600.0), (5.0, 640.0)), "ttft_p50": ((0.0, 0.1), (5.0, 0.12)),
-              "ttft_p99": ((0.0, 0.5), (5.0, 0.6)), "gap_p50": ((0.0, 0.02), (5.0, 0.02)),
-              "gap_p99": ((0.0, 0.2), (5.0, 0.3))}  # fmt: skip
+    swaps = (
+        SoakSwap(1, "rlt-1", "incremental", "all", 20.0, 20.8, 12, 0.21, 0.36, 0.37, 3.4),
+        SoakSwap(2, "rlt-2<b>", "full", "none", 40.0, None, error="not served within 3 s"),
+    )
+    series = {
+        "tokens_per_s": ((0.0, 600.0), (5.0, 640.0)),
+        "ttft_p50": ((0.0, 0.1), (5.0, 0.12)),
+        "ttft_p99": ((0.0, 0.5), (5.0, 0.6)),
+        "gap_p50": ((0.0, 0.02), (5.0, 0.02)),
+        "gap_p99": ((0.0, 0.2), (5.0, 0.3)),
+    }
     soak = SoakSummary((("turns", 14069), ("tokens/s", 701.3), ("errors: 425", 3)), swaps, series)
     return replace(_report(), soak=soak)
 

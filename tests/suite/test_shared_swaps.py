@@ -31,9 +31,19 @@ FAULTS = "CACHE-MATRIX-NS-NEW SWAP-KV-1"
 def run(pytester, profile: str, *args: str) -> tuple[dict, dict, dict]:
     """The two modules against the reference deployment with the faults on: (clause outcomes,
     each test's outcome, each test's report entry)."""
-    result = pytester.runpytest_inprocess(*MODULES, "-p", "no:randomly", "-p", "no:cacheprovider",
-                                          "-o", f"rl_profile={profile}", "-o", f"rl_local_faults={FAULTS}",
-                                          f"--rl-report={profile}.json", *args)  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        *MODULES,
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        f"rl_profile={profile}",
+        "-o",
+        f"rl_local_faults={FAULTS}",
+        f"--rl-report={profile}.json",
+        *args,
+    )
     assert result.ret in (0, 1), "\n".join(result.outlines[-30:])
     doc = json.loads((pytester.path / f"{profile}.json").read_text())
     tests = {t["test"]: t for c in doc["clauses"].values() for t in c["tests"]}
@@ -60,11 +70,17 @@ def test_the_core_profile_judges_a_share_on_one_swap_with_the_full_profiles_verd
     shared = sorted(
         k.rpartition("::")[2] for k, t in core_seen.items() if "swap shared with" in t["observed"] + t["reason"]
     )
-    assert shared == sorted([*(f"test_reset_matrix[CACHE-MATRIX-{c}-NEW]" for c in ("ALL", "NS", "NONE")),
-                             "test_no_session_is_a_new_session", "test_async_stream_survives_the_swap",
-                             "test_async_policy_version_changes_once", "test_async_requests_during_the_swap_are_queued",
-                             "test_new_requests_carry_the_new_identity",
-                             *(f"test_cache_reset_never_disturbs_an_in_flight_stream[{p}]" for p in RESETS)])  # fmt: skip
+    assert shared == sorted(
+        [
+            *(f"test_reset_matrix[CACHE-MATRIX-{c}-NEW]" for c in ("ALL", "NS", "NONE")),
+            "test_no_session_is_a_new_session",
+            "test_async_stream_survives_the_swap",
+            "test_async_policy_version_changes_once",
+            "test_async_requests_during_the_swap_are_queued",
+            "test_new_requests_carry_the_new_identity",
+            *(f"test_cache_reset_never_disturbs_an_in_flight_stream[{p}]" for p in RESETS),
+        ]
+    )
     # full: a swap for each of the 16 tests that make one; core: one for the default (its stream
     # across the swap and its probes judged by SWAP-ASYNC-1, -2, -3 and SWAP-NEW-1 too), 'all',
     # 'new_session' and 'none' each (the SHOULD test left out)
@@ -96,8 +112,9 @@ def shared_clauses() -> set[str]:
 
 
 SHARED = shared_clauses()
-CORE_ROWS = [row for row in ROWS if clause_of(row.values[0]) in SHARED
-             and catalogue()[clause_of(row.values[0])].level == "MUST"]  # fmt: skip
+CORE_ROWS = [
+    row for row in ROWS if clause_of(row.values[0]) in SHARED and catalogue()[clause_of(row.values[0])].level == "MUST"
+]
 
 
 @pytest.mark.parametrize(("fault", "engine"), CORE_ROWS)
@@ -112,8 +129,15 @@ def test_every_fault_of_a_shared_clause_is_caught_under_the_core_profile(pyteste
         if getattr(setup, fixture):
             request.getfixturevalue(fixture)
     clause = clause_of(fault)
-    args = [*(str(CONFORMANCE / m) for m in SHARING_MODULES), f"--rl-engine={engine}", "-o", "rl_profile=core",
-            "-k", "not violating", *fault_args(fault)]  # fmt: skip
+    args = [
+        *(str(CONFORMANCE / m) for m in SHARING_MODULES),
+        f"--rl-engine={engine}",
+        "-o",
+        "rl_profile=core",
+        "-k",
+        "not violating",
+        *fault_args(fault),
+    ]
     args += ["-o", "rl_transition=SYNC"] if setup.sync else []
     args += ["-o", f"rl_swap_timeout={NEVER_SERVED[clause]}"] if clause in NEVER_SERVED else []
     got, _ = run_suite_report(pytester, *args)

@@ -33,10 +33,22 @@ def test_a_swap_slower_than_any_stream_is_still_met_by_one(pytester, tmp_path):
     bucket, cassettes = tmp_path / "bucket", tmp_path / "cassettes"
     modules = [str(CONFORMANCE / m) for m in ("test_swap.py", "test_version.py")]
     with reference_deployment(bucket, **PACE) as dep:
-        args = [*modules, "-p", "no:randomly", f"--rl-deployment={dep.name}", f"--rl-base-url={dep.base_url}",
-                f"--rl-model={dep.model}", f"--rl-api-key={dep.api_key}", "--rl-allow-hot-load",
-                f"--rl-bucket-url={bucket}", f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
-                f"--rl-record={cassettes}", "--rl-report=rec.json", "-p", "no:cacheprovider"]  # fmt: skip
+        args = [
+            *modules,
+            "-p",
+            "no:randomly",
+            f"--rl-deployment={dep.name}",
+            f"--rl-base-url={dep.base_url}",
+            f"--rl-model={dep.model}",
+            f"--rl-api-key={dep.api_key}",
+            "--rl-allow-hot-load",
+            f"--rl-bucket-url={bucket}",
+            f"--rl-base-snapshot={bucket / tiny_moe.BASE_IDENTITY}",
+            f"--rl-record={cassettes}",
+            "--rl-report=rec.json",
+            "-p",
+            "no:cacheprovider",
+        ]
         recorded = pytester.runpytest_inprocess(*args)
         assert recorded.ret == 0, "\n".join(recorded.outlines[-30:])
         log, ledger = list(dep.deployment.requests), list(dep.deployment.ledger)

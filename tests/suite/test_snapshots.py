@@ -21,8 +21,9 @@ from pytest_rlrollout.snapshot import safetensors_io as st
 def factory(tmp_path, bucket) -> SnapshotFactory:
     """A factory on the reference base, with a bucket (on this machine) holding it."""
     base = bucket / tiny_moe.BASE_IDENTITY
-    made = SnapshotFactory(base, Bucket(bucket), tmp_path / "work", "t", tmp_path / "record.json",
-                           model="tiny", incremental=True)  # fmt: skip
+    made = SnapshotFactory(
+        base, Bucket(bucket), tmp_path / "work", "t", tmp_path / "record.json", model="tiny", incremental=True
+    )
     made.for_test("test_snapshots::factory")
     return made
 
@@ -74,8 +75,9 @@ def test_a_full_snapshot_on_a_bucket_without_the_base_uploads_the_base_files_fro
     base = tmp_path / "base"
     shutil.copytree(base_snapshot, base)
     (tmp_path / "empty").mkdir()
-    factory = SnapshotFactory(base, Bucket(tmp_path / "empty"), tmp_path / "work", "t", tmp_path / "r.json",
-                              model="tiny", incremental=False)  # fmt: skip
+    factory = SnapshotFactory(
+        base, Bucket(tmp_path / "empty"), tmp_path / "work", "t", tmp_path / "r.json", model="tiny", incremental=False
+    )
     change = factory.visible_change(None)
     built = factory.full("one", change)
     root = tmp_path / "empty" / built.identity

@@ -10,8 +10,11 @@ from pytest_rlrollout.suite.observe import not_cut_by_the_suite
 
 def test_a_stream_cut_by_the_suites_time_is_inconclusive_naming_the_bound():
     cut = LimitExceeded("Limits.exchange = 20 s", "POST /v1/completions: the stream was still sending after 20 s")
-    with pytest.raises(pytest.skip.Exception, match=r"inconclusive: the stream was cut by the suite's own bound after "
-                                                    r"814 of 1000 tokens .*Limits.exchange = 20 s.*rl_exchange_timeout"):  # fmt: skip
+    with pytest.raises(
+        pytest.skip.Exception,
+        match=r"inconclusive: the stream was cut by the suite's own bound after "
+        r"814 of 1000 tokens .*Limits.exchange = 20 s.*rl_exchange_timeout",
+    ):
         not_cut_by_the_suite(cut, 814, 1000)
     deadline = LimitExceeded("the test's deadline", "POST /v1/completions: the stream was still sending after 9 s")
     with pytest.raises(pytest.skip.Exception):

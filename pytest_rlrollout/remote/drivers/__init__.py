@@ -38,4 +38,4 @@ __all__ = [
     "Unbound",
     "VLLMDriver",
     "driver_for",
-]  # fmt: skip
+]

@@ -144,8 +144,9 @@ class Driver(ABC):
         `body["stream"]`; `on_chunk` sees every chunk as it arrives, `on_status` the answer's
         status as soon as its head arrives). Here: as it is, to the OpenAI completions endpoint
         (the contract's own wire)."""
-        return self.client.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                    reading=self.reading)  # fmt: skip
+        return self.client.complete(
+            body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, reading=self.reading
+        )
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
@@ -215,8 +216,11 @@ class Driver(ABC):
             partial = any(serves(x, identity, lora) for x in replicas) and not any(map(busy, replicas))
             stalled_since = (stalled_since if stalled_since is not None else elapsed) if partial else None
             if stalled_after is not None and stalled_since is not None and elapsed - stalled_since > stalled_after:
-                behind = ", ".join(f"{x.get('name', f'replica {i}')} still serves {x.get('current_snapshot_identity')!r}"
-                                   for i, x in enumerate(replicas) if not serves(x, identity, lora))  # fmt: skip
+                behind = ", ".join(
+                    f"{x.get('name', f'replica {i}')} still serves {x.get('current_snapshot_identity')!r}"
+                    for i, x in enumerate(replicas)
+                    if not serves(x, identity, lora)
+                )
                 return Waited(WaitEnd.STALLED, elapsed, replicas, f"the rollout stopped: {behind}")
         return Waited(WaitEnd.TIMED_OUT, timeout, replicas, f"not served within {timeout} s")
 
@@ -301,8 +305,12 @@ class Driver(ABC):
             return f"not restored: signalling {label} again got HTTP {r.status_code} {r.text[:200]}"
         self.swapping = True  # polled at the run's pace, as every swap of the run was
         try:
-            waited = self.wait(label, timeout=self.load_wait or 900.0, poll=max(poll, self.status_gap),
-                               first_poll=self.status_gap or None)  # fmt: skip
+            waited = self.wait(
+                label,
+                timeout=self.load_wait or 900.0,
+                poll=max(poll, self.status_gap),
+                first_poll=self.status_gap or None,
+            )
         finally:
             self.swapping = False
         if not waited.ok:

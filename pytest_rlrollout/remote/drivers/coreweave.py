@@ -100,8 +100,10 @@ class CoreWeaveDriver(Driver):
         hot_loads = _hot_loads(client, seen)
         said = f"GET {t.control_base}{HOT_LOADS}: HTTP {hot_loads.status_code} {excerpt(hot_loads)}"
         if t.deployment is None:
-            raise PreflightError(f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
-                                 "and set COREWEAVE_API_KEY (rl_control_url where the hot-load API has a host of its own)")  # fmt: skip
+            raise PreflightError(
+                f"{t.base_url} is CoreWeave's hot-load API ({decided}): pass --rl-deployment=<the deployment's UUID> "
+                "and set COREWEAVE_API_KEY (rl_control_url where the hot-load API has a host of its own)"
+            )
         if hot_loads.status_code in (401, 403):
             raise PreflightError(f"the hot-load API refused its key ({said}): check COREWEAVE_API_KEY")
         if hot_loads.status_code == 404:
@@ -137,8 +139,9 @@ class CoreWeaveDriver(Driver):
             sent["nvext"] = {**as_object(sent.get("nvext")), "cache_salt": salt}
         if not chat:
             sent = legacy_body(sent)
-        return self.client.complete(sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                    reading=self.reading)  # fmt: skip
+        return self.client.complete(
+            sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, reading=self.reading
+        )
 
     # ----------------------------------------------------------------------- what is served
 
@@ -159,8 +162,9 @@ class CoreWeaveDriver(Driver):
         doc = json_object(r) if r.status_code == 200 else None
         rows = doc.get("replicas") if doc is not None else None
         if not isinstance(rows, list):
-            return Status(r, [], [f"GET hotLoads/{newest}/replicas: HTTP {r.status_code}, no 'replicas' list: "
-                                  f"{r.text[:200]!r}"])  # fmt: skip
+            return Status(
+                r, [], [f"GET hotLoads/{newest}/replicas: HTTP {r.status_code}, no 'replicas' list: {r.text[:200]!r}"]
+            )
         target = self.targets.get(newest)
         replicas = []
         for row in map(as_object, rows):
@@ -169,9 +173,14 @@ class CoreWeaveDriver(Driver):
             loading = {"stage": stage or str(state), "target_snapshot_identity": target}
             if state == "ERROR":
                 loading["error"] = row.get("errorReason") or "load failed"
-            replicas.append({"name": row.get("name"), "readiness": state == "READY",
-                             "current_snapshot_identity": row.get("currentSnapshotIdentity"),
-                             "loading_state": loading})  # fmt: skip
+            replicas.append(
+                {
+                    "name": row.get("name"),
+                    "readiness": state == "READY",
+                    "current_snapshot_identity": row.get("currentSnapshotIdentity"),
+                    "loading_state": loading,
+                }
+            )
         return Status(r, replicas)
 
     # ----------------------------------------------------------------------- loading
@@ -187,15 +196,21 @@ class CoreWeaveDriver(Driver):
         policy = reset_policy(signal)
         if policy not in self.reset_policies:
             raise self.unbound(f"reset_prompt_cache {policy!r}")
-        body: dict[str, Any] = {"deploymentId": self.deployment, "identity": signal.get("identity"),
-                                "type": "SNAPSHOT_TYPE_FULL", "hotLoadId": str(uuid.uuid4()),
-                                "promptCachePolicy": POLICIES[policy]}  # fmt: skip
+        body: dict[str, Any] = {
+            "deploymentId": self.deployment,
+            "identity": signal.get("identity"),
+            "type": "SNAPSHOT_TYPE_FULL",
+            "hotLoadId": str(uuid.uuid4()),
+            "promptCachePolicy": POLICIES[policy],
+        }
         meta = signal.get("incremental_snapshot_metadata")
         if meta:
             body["type"] = "SNAPSHOT_TYPE_INCREMENTAL"
-            body["incrementalSnapshotMetadata"] = {"previousSnapshotIdentity": as_object(meta).get(
-                "previous_snapshot_identity"), "compressionFormat": "COMPRESSION_FORMAT_ZSTD",
-                "checksumFormat": "CHECKSUM_FORMAT_ADLER32"}  # fmt: skip
+            body["incrementalSnapshotMetadata"] = {
+                "previousSnapshotIdentity": as_object(meta).get("previous_snapshot_identity"),
+                "compressionFormat": "COMPRESSION_FORMAT_ZSTD",
+                "checksumFormat": "CHECKSUM_FORMAT_ADLER32",
+            }
         r = self._control("POST", "/hotLoads", headers=headers, json=body)
         if r.status_code == 200:
             self.targets[body["hotLoadId"]] = str(signal.get("identity"))
@@ -222,8 +237,18 @@ class CoreWeaveDriver(Driver):
         mark(d, "incremental", listed.status_code == 200, "type SNAPSHOT_TYPE_INCREMENTAL (XOR, zstd, Adler-32)")
         mark(d, "transition", True, "TRANSITION_MODE_ASYNC, the only mode CoreWeave documents")
         d.replicas = len(self.replicas())
-        for name in ("pause", "cache_reset", "ledger", "hint", "lora", "raw_output", "perf_metrics", "routing_matrix",
-                     "policy_version", "nonstream_version"):  # fmt: skip
+        for name in (
+            "pause",
+            "cache_reset",
+            "ledger",
+            "hint",
+            "lora",
+            "raw_output",
+            "perf_metrics",
+            "routing_matrix",
+            "policy_version",
+            "nonstream_version",
+        ):
             mark(d, name, False, "no CoreWeave binding")
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))

@@ -47,8 +47,10 @@ class FireworksDriver(Driver):
             raise PreflightError(f"{t.base_url} is a Fireworks API: pass --rl-deployment=accounts/<a>/deployments/<d>")
         said = f"GET status: HTTP {status.status_code} {excerpt(status)}"
         if not (seen.hot_load_api or seen.control_plane):
-            raise PreflightError(f"no hot-load API at {t.base_url} ({said}): check --rl-base-url, or pass "
-                                 f"--rl-engine={FALLBACK} for a plain OpenAI-compatible server")  # fmt: skip
+            raise PreflightError(
+                f"no hot-load API at {t.base_url} ({said}): check --rl-base-url, or pass "
+                f"--rl-engine={FALLBACK} for a plain OpenAI-compatible server"
+            )
         if status.status_code == 404:
             raise PreflightError(
                 f"the hot-load API does not know deployment {t.deployment} ({said}): check --rl-deployment"
@@ -125,16 +127,21 @@ class FireworksDriver(Driver):
         prompt: Any = PROBE_IDS if d.has("token_id_prompts") else PROBE_TEXT
         logprobs = self.complete({"prompt": prompt, "max_tokens": 1, "logprobs": True})
         mark(d, "logprobs", bool(logprobs.entries), f"{len(logprobs.entries)} logprobs entries")
-        routed = self.complete({"prompt": prompt, "max_tokens": 2, "stream": True, "logprobs": True,
-                                "include_routing_matrix": True})  # fmt: skip
+        routed = self.complete(
+            {"prompt": prompt, "max_tokens": 2, "stream": True, "logprobs": True, "include_routing_matrix": True}
+        )
         routes = [e for e in routed.entries if "routing_matrix" in e]
         mark(d, "routing_matrix", bool(routes), f"{len(routes)} of {len(routed.entries)} streamed entries carry one")
         served = {r.get("current_snapshot_identity") for r in replicas} | {
             a.get("identity") for r in replicas for a in r.get("loaded_adapters") or [] if isinstance(a, dict)
         }
         versions = routed.versions
-        mark(d, "policy_version", bool(versions) and None not in versions,
-             f"{sum(v is not None for v in versions)} of {len(versions)} chunks name <model>@<identity>")  # fmt: skip
+        mark(
+            d,
+            "policy_version",
+            bool(versions) and None not in versions,
+            f"{sum(v is not None for v in versions)} of {len(versions)} chunks name <model>@<identity>",
+        )
         plain = self.complete({"prompt": prompt, "max_tokens": 1})
         model = plain.final.get("model") if plain.ok else None
         model = model if isinstance(model, str) else ""

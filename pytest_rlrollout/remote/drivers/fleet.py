@@ -71,8 +71,14 @@ class Listed:
     ) -> Stream:
         key = session_key(headers)
         engine = self.members[0] if key is None else self.members[_bucket(key, len(self.members))]
-        s = self.complete_at(engine, body, chat=chat, headers=headers, on_chunk=on_chunk,  # type: ignore[attr-defined]
-                             on_status=on_status)  # fmt: skip
+        s = self.complete_at(
+            engine,
+            body,
+            chat=chat,
+            headers=headers,
+            on_chunk=on_chunk,  # type: ignore[attr-defined]
+            on_status=on_status,
+        )
         s.headers[REPLICA_HEADER] = engine
         return s
 
@@ -108,8 +114,10 @@ class FleetDriver(Listed, GatewayDriver):
         version = vllm_version(client) if members else None
         if version is None:
             return None
-        return (f"rl_fleet_urls names {len(members)} engines (no gateway: the suite fans out to them itself); "
-                f"GET /version of the first answers vLLM {version}")  # fmt: skip
+        return (
+            f"rl_fleet_urls names {len(members)} engines (no gateway: the suite fans out to them itself); "
+            f"GET /version of the first answers vLLM {version}"
+        )
 
 
 class SGLangFleetDriver(Listed, FannedOut, SGLangDriver):

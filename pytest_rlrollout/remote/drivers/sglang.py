@@ -146,9 +146,12 @@ class SGLangReading(OpenAIReading):
             return doc  # an error, or an OpenAI route's answer
         meta, last = _meta(doc), before[-1] if before else {}
         finish = as_object(meta.get("finish_reason")).get("type") if meta.get("finish_reason") is not None else None
-        choice: dict[str, Any] = {"index": 0, "text": _grown(doc.get("text"), last.get("text")),
-                                  "token_ids": _grown(doc.get("output_ids"), last.get("output_ids")),
-                                  "finish_reason": finish}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": _grown(doc.get("text"), last.get("text")),
+            "token_ids": _grown(doc.get("output_ids"), last.get("output_ids")),
+            "finish_reason": finish,
+        }
         if "weight_versions" in meta:
             choice["weight_versions"] = meta["weight_versions"]
         out = doc | {"choices": [choice]}
@@ -219,8 +222,13 @@ class SGLangDriver(Driver):
         if self._width is None:
             sizes = []
             for tokens in (2, 3):
-                probe = {"prompt": PROBE_IDS, "max_tokens": tokens, "ignore_eos": True, "stream": True,
-                         "include_routing_matrix": True}  # fmt: skip
+                probe = {
+                    "prompt": PROBE_IDS,
+                    "max_tokens": tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "include_routing_matrix": True,
+                }
                 s = self.client.complete(native_body(probe, None), url=self._url(GENERATE), reading=self.reading)
                 value = _meta(s.chunks[-1] if s.chunks else {}).get("routed_experts")
                 try:
@@ -277,15 +285,23 @@ class SGLangDriver(Driver):
         if chat:
             if salt is not None:
                 sent["cache_salt"] = salt
-            return self.client.complete(sent, chat=True, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                        url=None if base is None else root + "/v1/chat/completions",
-                                        reading=self.reading)  # fmt: skip
+            return self.client.complete(
+                sent,
+                chat=True,
+                headers=headers,
+                on_chunk=on_chunk,
+                on_status=on_status,
+                url=None if base is None else root + "/v1/chat/completions",
+                reading=self.reading,
+            )
         native = native_body(body, salt)
         width = self.row_width() if body.get("include_routing_matrix") else None
-        reading = SGLangReading(echo=bool(body.get("echo") and body.get("stream")), width=width,
-                                keep=moe_columns(self.served_config, width))  # fmt: skip
-        return self.client.complete(native, headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                    url=root + GENERATE, reading=reading)  # fmt: skip
+        reading = SGLangReading(
+            echo=bool(body.get("echo") and body.get("stream")), width=width, keep=moe_columns(self.served_config, width)
+        )
+        return self.client.complete(
+            native, headers=headers, on_chunk=on_chunk, on_status=on_status, url=root + GENERATE, reading=reading
+        )
 
     # ----------------------------------------------------------------------- what is served
 
@@ -316,8 +332,12 @@ class SGLangDriver(Driver):
         if paused.status_code != 200:
             return paused
         try:
-            body = {"model_path": f"{self.bucket}/{identity}", "weight_version": identity,
-                    "flush_cache": policy == "all", "abort_all_requests": False}  # fmt: skip
+            body = {
+                "model_path": f"{self.bucket}/{identity}",
+                "weight_version": identity,
+                "flush_cache": policy == "all",
+                "abort_all_requests": False,
+            }
             updated = self._post("/update_weights_from_disk", body, headers=headers, wait=self.load_wait)
             if updated.status_code == 400 and NOT_FLUSHED in str((json_object(updated) or {}).get("message")):
                 # swapped, not flushed, not labelled: finish what SGLang left undone
@@ -387,8 +407,13 @@ class SGLangDriver(Driver):
         mark(d, "transition", True, f"{d.transition}: the load retracts the requests in flight")
         info = self._get("/model_info")
         label = (json_object(info) or {}).get("weight_version") if info.status_code == 200 else None
-        mark(d, "hot_load_api", isinstance(label, str), f"GET /model_info: HTTP {info.status_code}"
-             + (f", weight_version {label!r}" if isinstance(label, str) else ""))  # fmt: skip
+        mark(
+            d,
+            "hot_load_api",
+            isinstance(label, str),
+            f"GET /model_info: HTTP {info.status_code}"
+            + (f", weight_version {label!r}" if isinstance(label, str) else ""),
+        )
         d.replicas = 1 if isinstance(label, str) else 0
         mark(d, "incremental", False, "/update_weights_from_disk takes whole checkpoints")
         # no route says whether these exist without changing state: every SGLang HTTP server has them
@@ -398,24 +423,46 @@ class SGLangDriver(Driver):
             mark(d, name, False, "no SGLang binding in this suite")
         probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True, "include_routing_matrix": True}
         generated = self.complete(probe)
-        mark(d, "policy_version", generated.ok and bool(generated.spans), f"POST {GENERATE}: {said(generated)}"
-             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"))  # fmt: skip
+        mark(
+            d,
+            "policy_version",
+            generated.ok and bool(generated.spans),
+            f"POST {GENERATE}: {said(generated)}"
+            + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"),
+        )
         routed = _meta(generated.chunks[-1] if generated.chunks else {}).get("routed_experts")
-        mark(d, "routing_matrix", isinstance(routed, str), f"POST {GENERATE}: "
-             + ("meta_info.routed_experts" if isinstance(routed, str) else "no routed_experts"))  # fmt: skip
+        mark(
+            d,
+            "routing_matrix",
+            isinstance(routed, str),
+            f"POST {GENERATE}: " + ("meta_info.routed_experts" if isinstance(routed, str) else "no routed_experts"),
+        )
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
-        mark(d, "nonstream_version", bool(ids.versions) and None not in ids.versions,
-             f"a non-streamed answer's spans: {ids.spans}")  # fmt: skip
+        mark(
+            d,
+            "nonstream_version",
+            bool(ids.versions) and None not in ids.versions,
+            f"a non-streamed answer's spans: {ids.spans}",
+        )
         logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
         lps = logprobs.entries
         mark(d, "logprobs", bool(lps) and all("token_id" in e for e in lps), f"{len(lps)} logprobs entries")
         echoed = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True, "echo": True})
-        mark(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token "
-             "(input_token_logprobs)")  # fmt: skip
+        mark(
+            d,
+            "echo",
+            len(echoed.entries) > 1,
+            f"{len(echoed.entries)} entries for a prompt and one token (input_token_logprobs)",
+        )
         back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
-        mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list) and isinstance(
-            back.choice_field("prompt_token_ids"), list), "output_ids and prompt_token_ids")  # fmt: skip
+        mark(
+            d,
+            "token_ids",
+            isinstance(back.choice_field("token_ids"), list)
+            and isinstance(back.choice_field("prompt_token_ids"), list),
+            "output_ids and prompt_token_ids",
+        )
         return d
 
 
@@ -424,9 +471,16 @@ def native_body(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
     prompt = body.get("prompt")
     out: dict[str, Any] = {"input_ids" if token_prompt(prompt) else "text": prompt, "return_prompt_token_ids": True}
     params = {"max_new_tokens": body.get("max_tokens", COMPLETION_MAX_TOKENS)}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
-                         ("seed", "sampling_seed"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),
-                         ("ignore_eos", "ignore_eos"), ("n", "n")):  # fmt: skip
+    for ours, theirs in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("seed", "sampling_seed"),
+        ("stop", "stop"),
+        ("stop_token_ids", "stop_token_ids"),
+        ("ignore_eos", "ignore_eos"),
+        ("n", "n"),
+    ):
         if body.get(ours) is not None:
             params[theirs] = body[ours]
     out["sampling_params"] = params

@@ -101,8 +101,9 @@ class FannedOut:
         query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()}
         sent = {"Content-Type": "application/json"} | (headers or {})
         # a bodyless POST is sent with {} (an SGLang engine refuses a control POST without a body)
-        return as_one_answer(self._fanout("POST", path, json={} if body is None else body, headers=sent, params=query,
-                                          wait=wait))  # fmt: skip
+        return as_one_answer(
+            self._fanout("POST", path, json={} if body is None else body, headers=sent, params=query, wait=wait)
+        )
 
     def _get(self, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
         return as_one_answer(self._fanout("GET", path, headers=headers))
@@ -124,11 +125,14 @@ class FannedOut:
         failed = {url: (status, body) for url, (status, body) in sorted(engines.items()) if status != 200}
         served = {x.get("name"): x.get("current_snapshot_identity") for x in self.status().replicas}
         mixed = "mixed snapshots" if len(set(served.values())) > 1 else "one snapshot"
-        said = (f"the load failed on {', '.join(f'{url} (HTTP {status})' for url, (status, _) in failed.items())}, "
-                f"{len(failed)} of {len(engines)} engines, and the fleet now serves {mixed}: "
-                + ", ".join(f"{name} {identity!r}" for name, identity in sorted(served.items()))
-                + "; " + "; ".join(f"{url} answered {str(body)[:200]}" for url, (_, body) in failed.items())
-                + f". {self.fanned_by} (HTTP {r.status_code}): {r.text[:2000]}")  # fmt: skip
+        said = (
+            f"the load failed on {', '.join(f'{url} (HTTP {status})' for url, (status, _) in failed.items())}, "
+            f"{len(failed)} of {len(engines)} engines, and the fleet now serves {mixed}: "
+            + ", ".join(f"{name} {identity!r}" for name, identity in sorted(served.items()))
+            + "; "
+            + "; ".join(f"{url} answered {str(body)[:200]}" for url, (_, body) in failed.items())
+            + f". {self.fanned_by} (HTTP {r.status_code}): {r.text[:2000]}"
+        )
         return httpx.Response(r.status_code, text=said, request=r.request)
 
     def engine_kinds(self) -> list[str]:
@@ -157,9 +161,14 @@ class FannedOut:
             if not isinstance(label, str):
                 problems.append(f"{name}: GET {route} answered {status} {str(body)[:120]}")
             state = {"stage": "ready" if isinstance(label, str) else "error", "target_snapshot_identity": label or ""}
-            replicas.append({"name": name, "readiness": isinstance(label, str),
-                             "current_snapshot_identity": label if isinstance(label, str) else None,
-                             "loading_state": state})  # fmt: skip
+            replicas.append(
+                {
+                    "name": name,
+                    "readiness": isinstance(label, str),
+                    "current_snapshot_identity": label if isinstance(label, str) else None,
+                    "loading_state": state,
+                }
+            )
         return Status(r, replicas, problems)
 
 
@@ -188,8 +197,9 @@ class GatewayDriver(FannedOut, VLLMDriver):
         engine no longer has; the others keep theirs. The fleet serves mixed snapshots, and says so."""
         for url, (status, _) in per_engine(answer).items():
             if status == 200 and (route := self.engine_route(url, "/update_weight_version")) is not None:
-                self.client.request("POST", route, json={"new_version": identity},
-                                    headers=self.client.auth_headers() | (headers or {}))  # fmt: skip
+                self.client.request(
+                    "POST", route, json={"new_version": identity}, headers=self.client.auth_headers() | (headers or {})
+                )
 
     # ------------------------------------------------------------------ inference, routed
 
@@ -232,9 +242,12 @@ class GatewayDriver(FannedOut, VLLMDriver):
         sent, _, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
-        proxied = self.client.request("POST", route,
-                                      json={"model": self.target.body_model, **openai_body(sent)},
-                                      headers=self.client.auth_headers())  # fmt: skip
+        proxied = self.client.request(
+            "POST",
+            route,
+            json={"model": self.target.body_model, **openai_body(sent)},
+            headers=self.client.auth_headers(),
+        )
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
         status = doc.get("status") if isinstance(doc.get("status"), int) else proxied.status_code
         answer = doc.get("body")
@@ -276,8 +289,9 @@ class GatewayDriver(FannedOut, VLLMDriver):
         """The engine (its URL) the gateway routes `key` to: asked once per key, by a one-token
         text completion through the gateway (its own routing, never guessed here)."""
         if key not in self._route_of:
-            s = super().complete({"prompt": PROBE_TEXT, "max_tokens": 1},
-                                 headers={ROUTING_KEY: key} if key is not None else {})  # fmt: skip
+            s = super().complete(
+                {"prompt": PROBE_TEXT, "max_tokens": 1}, headers={ROUTING_KEY: key} if key is not None else {}
+            )
             served = s.headers.get(ROUTED_WORKER)
             if key is None:
                 return served
@@ -317,8 +331,11 @@ class GatewayDriver(FannedOut, VLLMDriver):
 
     def paused(self) -> bool | None:
         """True when every engine says it is paused, False when none does; None otherwise."""
-        said = {as_object(body).get("is_paused") for status, body in per_engine(self._fanout("GET", "/is_paused")).values()
-                if status == 200}  # fmt: skip
+        said = {
+            as_object(body).get("is_paused")
+            for status, body in per_engine(self._fanout("GET", "/is_paused")).values()
+            if status == 200
+        }
         return said.pop() if len(said) == 1 and isinstance(next(iter(said)), bool) else None
 
     # ------------------------------------------------------------------ discovery
@@ -338,6 +355,11 @@ class GatewayDriver(FannedOut, VLLMDriver):
             mark(d, "backend_host", True, f"{ROUTED_WORKER} names the engine that served")
         if d.has("token_id_prompts") and not self.prompts_in_ids:
             refused = super().complete({"prompt": PROBE_IDS, "max_tokens": 1})
-            mark(d, "token_id_prompts", True, "non-streamed, on the routed engine's proxy route"
-                 + ("" if refused.ok else f" (the gateway's /v1/completions: {said(refused)})"))  # fmt: skip
+            mark(
+                d,
+                "token_id_prompts",
+                True,
+                "non-streamed, on the routed engine's proxy route"
+                + ("" if refused.ok else f" (the gateway's /v1/completions: {said(refused)})"),
+            )
         return d

@@ -66,8 +66,22 @@ if TYPE_CHECKING:
 
 GENERATE = "/inference/v1/generate"
 # the contract's sampling fields that vLLM's generate route takes in `sampling_params`, as they are
-SAMPLING = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "stop",
-            "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "n")  # fmt: skip
+SAMPLING = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "ignore_eos",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+)
 REPLICA = ENGINE.name  # the one replica's name in the status
 
 
@@ -147,11 +161,19 @@ class VLLMDriver(Driver):
         if self.generate and token_prompt(body.get("prompt")) and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
             url = (base or self.target.base_url).rstrip("/") + GENERATE
-            return self.client.complete(_generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status,
-                                        url=url, reading=reading)  # fmt: skip
+            return self.client.complete(
+                _generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status, url=url, reading=reading
+            )
         url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
-        return self.client.complete(openai_body(sent, chat=chat), chat=chat, headers=headers, on_chunk=on_chunk,
-                                    on_status=on_status, url=url, reading=self.reading)  # fmt: skip
+        return self.client.complete(
+            openai_body(sent, chat=chat),
+            chat=chat,
+            headers=headers,
+            on_chunk=on_chunk,
+            on_status=on_status,
+            url=url,
+            reading=self.reading,
+        )
 
     # ----------------------------------------------------------------------- what is served
 
@@ -171,8 +193,9 @@ class VLLMDriver(Driver):
     ) -> Waited:
         if lora:
             raise self.unbound("LoRA adapters")
-        return super().wait(identity, timeout=timeout, poll=poll, progress=progress, stalled_after=stalled_after,
-                            first_poll=first_poll)  # fmt: skip
+        return super().wait(
+            identity, timeout=timeout, poll=poll, progress=progress, stalled_after=stalled_after, first_poll=first_poll
+        )
 
     # ----------------------------------------------------------------------- loading
 
@@ -296,8 +319,13 @@ class VLLMDriver(Driver):
         mark(d, "transition", True, f"{d.transition}: the load pauses generation in keep mode")
         info = self._get("/weight_info")
         label = (json_object(info) or {}).get("weight_version") if info.status_code == 200 else None
-        mark(d, "hot_load_api", isinstance(label, str), f"GET /weight_info: HTTP {info.status_code}"
-             + (f", weight_version {label!r}" if isinstance(label, str) else ""))  # fmt: skip
+        mark(
+            d,
+            "hot_load_api",
+            isinstance(label, str),
+            f"GET /weight_info: HTTP {info.status_code}"
+            + (f", weight_version {label!r}" if isinstance(label, str) else ""),
+        )
         d.replicas = 1 if isinstance(label, str) else 0
         mark(d, "incremental", False, "reload_weights takes whole checkpoints")
         paused = self._get("/is_paused")
@@ -310,24 +338,40 @@ class VLLMDriver(Driver):
         self.generate = generated.ok and bool(generated.spans)
         d.routes = [GENERATE] if self.generate else []
         routes = self.complete({"prompt": PROBE_TEXT, "max_tokens": 2, "stream": True})  # an OpenAI route's spans
-        mark(d, "policy_version", self.generate or bool(routes.spans),
-             f"POST {GENERATE}: {said(generated)}"
-             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions")
-             + "; POST /v1/completions with return_weight_versions: "
-             + (f"spans {routes.spans}" if routes.spans else "none (vLLM 0.33 returns them)"))  # fmt: skip
+        mark(
+            d,
+            "policy_version",
+            self.generate or bool(routes.spans),
+            f"POST {GENERATE}: {said(generated)}"
+            + (f", spans {generated.spans}" if generated.spans else ", no weight_versions")
+            + "; POST /v1/completions with return_weight_versions: "
+            + (f"spans {routes.spans}" if routes.spans else "none (vLLM 0.33 returns them)"),
+        )
         rows = routed_experts(generated.choice_field("routed_experts"))
-        mark(d, "routing_matrix", rows is not None, f"POST {GENERATE}: "
-             + (f"routed_experts {list(rows.shape)}" if rows is not None else "no routed_experts"))  # fmt: skip
+        mark(
+            d,
+            "routing_matrix",
+            rows is not None,
+            f"POST {GENERATE}: " + (f"routed_experts {list(rows.shape)}" if rows is not None else "no routed_experts"),
+        )
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))
-        mark(d, "nonstream_version", d.has("policy_version") and bool(ids.versions) and None not in ids.versions,
-             f"a non-streamed answer's spans: {ids.spans}")  # fmt: skip
+        mark(
+            d,
+            "nonstream_version",
+            d.has("policy_version") and bool(ids.versions) and None not in ids.versions,
+            f"a non-streamed answer's spans: {ids.spans}",
+        )
         logprobs = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True})
         lps = logprobs.entries
         mark(d, "logprobs", bool(lps) and all("token_id" in e for e in lps), f"{len(lps)} logprobs entries")
         echoed = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "logprobs": True, "echo": True})
-        mark(d, "echo", len(echoed.entries) > 1, f"{len(echoed.entries)} entries for a prompt and one token "
-             "(prompt_logprobs)")  # fmt: skip
+        mark(
+            d,
+            "echo",
+            len(echoed.entries) > 1,
+            f"{len(echoed.entries)} entries for a prompt and one token (prompt_logprobs)",
+        )
         back = self.complete({"prompt": PROBE_IDS, "max_tokens": 1, "return_token_ids": True})
         mark(d, "token_ids", isinstance(back.choice_field("token_ids"), list), "choices[].token_ids")
         return d
@@ -351,8 +395,12 @@ def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
     # skips the prefix cache: streamed, the prompt's tokens come back as `prompt_token_ids` alone
     if body.get("echo") and not body.get("stream"):
         params["prompt_logprobs"] = 0
-    out: dict[str, Any] = {"token_ids": body["prompt"], "sampling_params": params, "output_mode": "text",
-                           "return_token_ids": True}  # fmt: skip
+    out: dict[str, Any] = {
+        "token_ids": body["prompt"],
+        "sampling_params": params,
+        "output_mode": "text",
+        "return_token_ids": True,
+    }
     for k in ("model", "cache_salt", "request_id"):
         if k in body:
             out[k] = body[k]

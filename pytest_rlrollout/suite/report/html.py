@@ -30,8 +30,14 @@ from pytest_rlrollout.suite.report.text import (
 )
 from pytest_rlrollout.suite.report.timeline import ink, picture
 
-OUTCOME_COLOURS = {Outcome.PASS: "#2e7d32", Outcome.NOT_APPLICABLE: "#b0bec5", Outcome.UNSUPPORTED: "#78909c",
-                   Outcome.INCONCLUSIVE: "#f9a825", Outcome.FAIL: "#c62828", Outcome.ERROR: "#6a1b9a"}  # fmt: skip
+OUTCOME_COLOURS = {
+    Outcome.PASS: "#2e7d32",
+    Outcome.NOT_APPLICABLE: "#b0bec5",
+    Outcome.UNSUPPORTED: "#78909c",
+    Outcome.INCONCLUSIVE: "#f9a825",
+    Outcome.FAIL: "#c62828",
+    Outcome.ERROR: "#6a1b9a",
+}
 QUIET = (Outcome.PASS, Outcome.NOT_APPLICABLE)  # the clauses the page's filter hides: nothing to act on
 
 
@@ -44,8 +50,9 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.globals.update(ink=ink, one_line=one_line, measures_note=measures_note, upload_cells=upload_cells,
-                       timeline_picture=picture)  # fmt: skip
+    env.globals.update(
+        ink=ink, one_line=one_line, measures_note=measures_note, upload_cells=upload_cells, timeline_picture=picture
+    )
     return env
 
 
@@ -59,8 +66,10 @@ def html(report: Report, drawn: Drawn | None = None, soak_drawn: dict[str, bytes
     soak_why = report.soak.no_pictures if report.soak is not None else None
     if soak_drawn is None and report.soak is not None:
         soak_drawn, soak_why = draw_soak(report.soak)
-    soak_pictures = [(f"soak: {SOAK_TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
-                     for name, png in (soak_drawn or {}).items()]  # fmt: skip
+    soak_pictures = [
+        (f"soak: {SOAK_TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
+        for name, png in (soak_drawn or {}).items()
+    ]
     numerics = report.numerics_tests()
     pictures: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for t in numerics:

@@ -40,8 +40,13 @@ def markdown(report: Report) -> str:
         elif len(value) <= FOLD:
             lines.append(f"- **{name}**: {', '.join(value) or 'none'}")
         else:  # GitHub and most viewers fold <details>; the rest show the list under its name
-            lines += [f"- **{name}**: <details><summary>{len(value)} identities</summary>", "",
-                      *(f"  - {v}" for v in value), "", "  </details>"]  # fmt: skip
+            lines += [
+                f"- **{name}**: <details><summary>{len(value)} identities</summary>",
+                "",
+                *(f"  - {v}" for v in value),
+                "",
+                "  </details>",
+            ]
     if report.engine is not None:
         lines.append(f"- **engine**: {report.engine.name} ({report.engine.decided})")
     lines += [f"- **contract**: {report.contract.document}, version {report.contract.version}"]
@@ -99,8 +104,10 @@ def _soak(report: Report) -> list[str]:
         return []
     lines = ["", "## Soak", "", SOAK_INTRO, "", "| figure | value |", "|---|---|"]
     lines += [f"| {cell(name)} | {cell(str(value))} |" for name, value in soak.rows]
-    for heads, rows in ((SOAK_REPLICA_HEADS, map(soak_replica_cells, soak.replicas)),
-                        (SOAK_SWAP_HEADS, map(soak_swap_cells, soak.swaps))):  # fmt: skip
+    for heads, rows in (
+        (SOAK_REPLICA_HEADS, map(soak_replica_cells, soak.replicas)),
+        (SOAK_SWAP_HEADS, map(soak_swap_cells, soak.swaps)),
+    ):
         if cells := list(rows):
             lines += ["", "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
             lines += ["| " + " | ".join(map(cell, row)) + " |" for row in cells]
@@ -118,9 +125,16 @@ def _uploads(report: Report) -> list[str]:
     rows = [(c, t, u) for c in report.clauses.values() for t in c.tests for u in t.uploads]
     if not rows:
         return []
-    lines = ["", "## Uploads", "", "What the tests that swap snapshots uploaded to the bucket, copied or linked inside "
-             "it, and wrote on this machine to build them.", "",
-             "| clause | test | " + " | ".join(UPLOAD_HEADS) + " |", "|---" * (2 + len(UPLOAD_HEADS)) + "|"]  # fmt: skip
+    lines = [
+        "",
+        "## Uploads",
+        "",
+        "What the tests that swap snapshots uploaded to the bucket, copied or linked inside "
+        "it, and wrote on this machine to build them.",
+        "",
+        "| clause | test | " + " | ".join(UPLOAD_HEADS) + " |",
+        "|---" * (2 + len(UPLOAD_HEADS)) + "|",
+    ]
     seen = set()
     for c, t, u in rows:
         test = "" if (c.clause, t.test) in seen else f"`{cell(t.test.rpartition('::')[2])}`"
@@ -135,9 +149,16 @@ def _plan(report: Report) -> list[str]:
     if not tests:
         return []
     heads = ("swaps", "built", "uploaded", "copied", "linked", "written")
-    lines = ["", "## Plan and done", "", "What the run's plan said each test that changes the deployment would load, "
-             "and what it did (planned / done); a row in bold did otherwise.", "",
-             "| test | " + " | ".join(heads) + " |", "|---" * (1 + len(heads)) + "|"]  # fmt: skip
+    lines = [
+        "",
+        "## Plan and done",
+        "",
+        "What the run's plan said each test that changes the deployment would load, "
+        "and what it did (planned / done); a row in bold did otherwise.",
+        "",
+        "| test | " + " | ".join(heads) + " |",
+        "|---" * (1 + len(heads)) + "|",
+    ]
     sums = {k: [0, 0] for k in heads}
     for name, t in sorted(tests.items()):
         done = t.done or {}

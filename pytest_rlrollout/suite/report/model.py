@@ -78,14 +78,28 @@ class Upload:
     written: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"identity": self.identity, "kind": self.kind, "uploaded": self.uploaded, "copied": self.copied,
-                "linked": self.linked, "written": self.written, "of_full": self.of_full}  # fmt: skip
+        return {
+            "identity": self.identity,
+            "kind": self.kind,
+            "uploaded": self.uploaded,
+            "copied": self.copied,
+            "linked": self.linked,
+            "written": self.written,
+            "of_full": self.of_full,
+        }
 
     @classmethod
     def from_json(cls, doc: Any) -> Upload:
         doc = _object(doc, "upload")
-        return cls(str(doc.get("identity", "")), str(doc.get("kind", "")), doc.get("uploaded", 0),
-                   doc.get("copied", 0), doc.get("of_full", 0.0), doc.get("linked", 0), doc.get("written", 0))  # fmt: skip
+        return cls(
+            str(doc.get("identity", "")),
+            str(doc.get("kind", "")),
+            doc.get("uploaded", 0),
+            doc.get("copied", 0),
+            doc.get("of_full", 0.0),
+            doc.get("linked", 0),
+            doc.get("written", 0),
+        )
 
 
 @dataclass
@@ -110,9 +124,15 @@ class Timeline:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "old": self.old, "new": self.new,
-                "chunks": [list(c) for c in self.chunks], "marks": [list(m) for m in self.marks],
-                "replicas": [list(r) for r in self.replicas], "probes": [list(p) for p in self.probes]}  # fmt: skip
+        return {
+            "title": self.title,
+            "old": self.old,
+            "new": self.new,
+            "chunks": [list(c) for c in self.chunks],
+            "marks": [list(m) for m in self.marks],
+            "replicas": [list(r) for r in self.replicas],
+            "probes": [list(p) for p in self.probes],
+        }
 
     @classmethod
     def from_json(cls, doc: Any) -> Timeline:
@@ -201,10 +221,19 @@ class TestResult:
 
     def to_json(self) -> dict[str, Any]:
         figures = self.numerics.to_json() if self.numerics is not None else (dict(self.measures) or None)
-        return {"test": self.test, "outcome": str(self.outcome), "reason": self.reason, "observed": self.observed,
-                "exchanges": list(self.exchanges), "timeline": self.timeline.to_json() if self.timeline else None,
-                "uploads": [u.to_json() for u in self.uploads], "figures": figures,
-                "duration": self.duration, "planned": self.planned, "done": self.done}  # fmt: skip
+        return {
+            "test": self.test,
+            "outcome": str(self.outcome),
+            "reason": self.reason,
+            "observed": self.observed,
+            "exchanges": list(self.exchanges),
+            "timeline": self.timeline.to_json() if self.timeline else None,
+            "uploads": [u.to_json() for u in self.uploads],
+            "figures": figures,
+            "duration": self.duration,
+            "planned": self.planned,
+            "done": self.done,
+        }
 
     @classmethod
     def from_json(cls, doc: Any) -> TestResult:
@@ -257,18 +286,31 @@ class ClauseResult:
         return self.outcome in FAILED
 
     def to_json(self) -> dict[str, Any]:
-        return {"clause": self.clause, "level": self.level, "area": self.area, "rule": self.rule,
-                "outcome": str(self.outcome), "evidence": self.evidence,
-                "tests": [t.to_json() for t in self.tests], "duration": self.duration}  # fmt: skip
+        return {
+            "clause": self.clause,
+            "level": self.level,
+            "area": self.area,
+            "rule": self.rule,
+            "outcome": str(self.outcome),
+            "evidence": self.evidence,
+            "tests": [t.to_json() for t in self.tests],
+            "duration": self.duration,
+        }
 
     @classmethod
     def from_json(cls, cid: str, doc: Any) -> ClauseResult:
         doc = _object(doc, cid)
         try:
-            return cls(clause=cid, level=str(doc["level"]), area=str(doc["area"]), rule=str(doc["rule"]),
-                       outcome=_outcome(doc["outcome"], cid), evidence=str(doc.get("evidence") or ""),
-                       tests=[TestResult.from_json(t) for t in doc.get("tests") or []],
-                       duration=float(doc.get("duration") or 0.0))  # fmt: skip
+            return cls(
+                clause=cid,
+                level=str(doc["level"]),
+                area=str(doc["area"]),
+                rule=str(doc["rule"]),
+                outcome=_outcome(doc["outcome"], cid),
+                evidence=str(doc.get("evidence") or ""),
+                tests=[TestResult.from_json(t) for t in doc.get("tests") or []],
+                duration=float(doc.get("duration") or 0.0),
+            )
         except KeyError as e:
             raise ReportError(f"{cid}: no {e.args[0]!r}") from None
 
@@ -322,13 +364,18 @@ class Provenance:
             raise ReportError(f"provenance: unknown {', '.join(sorted(unknown))}")
         if "deployment" not in doc:
             raise ReportError("provenance: no deployment")
-        return cls(**{k: _strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v
-                      for k, v in doc.items()})  # fmt: skip
+        return cls(
+            **{
+                k: _strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v
+                for k, v in doc.items()
+            }
+        )
 
 
 # the provenance's lists of snapshot identities (a live run's); every other fact is one text
-IDENTITY_LISTS = frozenset({"served_at_start", "served_at_end", "uploaded_and_removed", "uploaded_and_kept",
-                            "adapters_left_loaded"})  # fmt: skip
+IDENTITY_LISTS = frozenset(
+    {"served_at_start", "served_at_end", "uploaded_and_removed", "uploaded_and_kept", "adapters_left_loaded"}
+)
 
 
 @dataclass(frozen=True)
@@ -352,8 +399,13 @@ class Capability:
     @classmethod
     def from_json(cls, doc: Any) -> Capability:
         doc = _object(doc, "capability")
-        return cls(str(doc.get("name", "")), bool(doc.get("has")), str(doc.get("seen", "")),
-                   str(doc.get("about", "")), bool(doc.get("required")))  # fmt: skip
+        return cls(
+            str(doc.get("name", "")),
+            bool(doc.get("has")),
+            str(doc.get("seen", "")),
+            str(doc.get("about", "")),
+            bool(doc.get("required")),
+        )
 
     @classmethod
     def table(cls, discovery: dict[str, Any] | None) -> list[Capability]:
@@ -363,8 +415,11 @@ class Capability:
         from pytest_rlrollout.contract.capabilities import CAPABILITIES
 
         engine, has, seen = discovery["engine"], discovery["capabilities"], discovery["seen"]
-        return [cls(n, has[n], str(seen.get(n, c.probe)), c.about, c.required(engine))
-                for n, c in CAPABILITIES.items() if n in has]  # fmt: skip
+        return [
+            cls(n, has[n], str(seen.get(n, c.probe)), c.about, c.required(engine))
+            for n, c in CAPABILITIES.items()
+            if n in has
+        ]
 
 
 @dataclass(frozen=True)
@@ -404,8 +459,10 @@ class Summary:
             levels.setdefault(c.level, Counter())[c.outcome] += 1
             areas.setdefault(c.area, Counter())[c.outcome] += 1
         ordered = {k: dict(levels[k]) for k in LEVELS if k in levels}
-        return cls({**ordered, **{k: dict(v) for k, v in levels.items() if k not in ordered}},
-                   {k: dict(v) for k, v in areas.items()})  # fmt: skip
+        return cls(
+            {**ordered, **{k: dict(v) for k, v in levels.items() if k not in ordered}},
+            {k: dict(v) for k, v in areas.items()},
+        )
 
     def groups(self) -> list[tuple[str, dict[str, Counts]]]:
         return [("by level", self.levels), ("by area", self.areas)]
@@ -503,10 +560,14 @@ class SoakSummary:
     replicas: tuple[SoakReplica, ...] = ()  # per replica the answers named (a fleet: per engine)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": [list(r) for r in self.rows], "swaps": [s.to_json() for s in self.swaps],
-                "series": {k: [list(p) for p in v] for k, v in self.series.items()},
-                "pictures": list(self.pictures), "no_pictures": self.no_pictures,
-                "replicas": [r.to_json() for r in self.replicas]}  # fmt: skip
+        return {
+            "rows": [list(r) for r in self.rows],
+            "swaps": [s.to_json() for s in self.swaps],
+            "series": {k: [list(p) for p in v] for k, v in self.series.items()},
+            "pictures": list(self.pictures),
+            "no_pictures": self.no_pictures,
+            "replicas": [r.to_json() for r in self.replicas],
+        }
 
     @classmethod
     def from_json(cls, doc: Any) -> SoakSummary:
@@ -515,12 +576,14 @@ class SoakSummary:
             return cls(
                 tuple((str(k), v) for k, v in doc["rows"]),
                 tuple(SoakSwap(**_object(s, "soak: swap")) for s in doc.get("swaps") or []),
-                {str(k): tuple((float(t), float(x)) for t, x in v)
-                 for k, v in _object(doc.get("series") or {}, "soak: series").items()},
+                {
+                    str(k): tuple((float(t), float(x)) for t, x in v)
+                    for k, v in _object(doc.get("series") or {}, "soak: series").items()
+                },
                 tuple(_strings(doc.get("pictures") or [], "soak: pictures")),
                 doc.get("no_pictures"),
                 tuple(SoakReplica(**_object(r, "soak: replica")) for r in doc.get("replicas") or []),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"soak: {e}") from None
 

@@ -63,8 +63,11 @@ def draw_soak(soak: SoakSummary) -> tuple[dict[str, bytes], str | None]:
     if why is not None:
         return {}, why
     try:
-        return {"throughput": png_of(lambda ax: _throughput(ax, soak)), "latency": png_of(lambda ax: _latency(ax, soak)),
-                "stalls": png_of(lambda ax: _stalls(ax, soak))}, None  # fmt: skip
+        return {
+            "throughput": png_of(lambda ax: _throughput(ax, soak)),
+            "latency": png_of(lambda ax: _latency(ax, soak)),
+            "stalls": png_of(lambda ax: _stalls(ax, soak)),
+        }, None
     except (TypeError, ValueError, KeyError) as e:  # figures edited by hand cost their pictures, not the report
         return {}, f"the soak's figures do not draw ({type(e).__name__}: {e})"
 

@@ -14,13 +14,20 @@ OUTCOMES: tuple[Outcome, ...] = tuple(reversed(SEVERITY))
 
 FOLD = 3  # a provenance list longer than this is folded (a live run uploads dozens of identities)
 
-NUMERICS_INTRO = ("The deployment's logprobs and routing for tokens it sampled, against a local forward pass of the "
-                  "same weights (Δlogprob = local − served).")  # fmt: skip
+NUMERICS_INTRO = (
+    "The deployment's logprobs and routing for tokens it sampled, against a local forward pass of the "
+    "same weights (Δlogprob = local − served)."
+)
 
 # FID's few figures, as the report names them (other keys are shown as spelt)
-FIGURE_LABELS = {"max_abs_delta": "max |Δ|", "min_abs_delta": "min |Δ|", "tolerance": "tolerance",
-                 "changed_weights_delta": "changed weights moved", "swap_moved": "the swap moved",
-                 "concurrent_streams": "concurrent streams"}  # fmt: skip
+FIGURE_LABELS = {
+    "max_abs_delta": "max |Δ|",
+    "min_abs_delta": "min |Δ|",
+    "tolerance": "tolerance",
+    "changed_weights_delta": "changed weights moved",
+    "swap_moved": "the swap moved",
+    "concurrent_streams": "concurrent streams",
+}
 
 
 def number(value: Any, spec: str = ".3g") -> str:
@@ -59,28 +66,49 @@ def plan_figure(key: str, n: int) -> str:
     return str(n) if key in ("swaps", "built") else size(n)
 
 
-UPLOAD_HEADS = ("snapshot", "kind", "uploaded", "copied in the bucket", "linked in the bucket", "written here",
-                "of a full snapshot")  # fmt: skip
+UPLOAD_HEADS = (
+    "snapshot",
+    "kind",
+    "uploaded",
+    "copied in the bucket",
+    "linked in the bucket",
+    "written here",
+    "of a full snapshot",
+)
 
 
 def upload_cells(u: Upload) -> tuple[str, ...]:
     """What building one snapshot cost, as `UPLOAD_HEADS` name the cells."""
-    return (u.identity, u.kind, size(u.uploaded), size(u.copied), size(u.linked), size(u.written),
-            number(u.of_full, ".2%"))  # fmt: skip
+    return (
+        u.identity,
+        u.kind,
+        size(u.uploaded),
+        size(u.copied),
+        size(u.linked),
+        size(u.written),
+        number(u.of_full, ".2%"),
+    )
 
 
 def numerics_rows(num: NumFigures) -> list[tuple[str, str]]:
     """The NUM figures of one test as (figure, value) rows: the R3 paper's mismatch figures."""
     f = num.figures
-    rows = [("tokens compared", number(f.tokens, "d")), ("mean |Δlogprob|", number(f.mean_abs)),
-            ("max |Δlogprob|", number(f.max_abs)), ("k3 KL(served‖local)", number(f.k3_kl)),
-            ("ratio outside [0.5, 2]", number(f.ratio_outside, ".3%"))]  # fmt: skip
+    rows = [
+        ("tokens compared", number(f.tokens, "d")),
+        ("mean |Δlogprob|", number(f.mean_abs)),
+        ("max |Δlogprob|", number(f.max_abs)),
+        ("k3 KL(served‖local)", number(f.k3_kl)),
+        ("ratio outside [0.5, 2]", number(f.ratio_outside, ".3%")),
+    ]
     if f.route_agreement is not None:
-        rows += [("routing agreement", f"{number(f.route_agreement, '.3%')} of (layer, token) over "
-                                       f"{number(f.route_tokens, 'd')} tokens"),
-                 ("tokens with any layer disagreeing", number(f.any_disagreement, ".3%")),
-                 ("agreement per MoE layer", " ".join(number(a, ".1%") for a in f.layer_agreement or [])),
-                 ]  # fmt: skip
+        rows += [
+            (
+                "routing agreement",
+                f"{number(f.route_agreement, '.3%')} of (layer, token) over {number(f.route_tokens, 'd')} tokens",
+            ),
+            ("tokens with any layer disagreeing", number(f.any_disagreement, ".3%")),
+            ("agreement per MoE layer", " ".join(number(a, ".1%") for a in f.layer_agreement or [])),
+        ]
         if num.alignment:
             rows.append(("routing alignment", str(num.alignment)))
     return rows
@@ -93,15 +121,37 @@ def numerics_grid(tests: list[NumericsTest]) -> list[tuple[str, list[str]]]:
     return [(label, [c.get(label, "") for c in columns]) for label in labels]
 
 
-SOAK_INTRO = ("Simulated agentic rollouts on Locust at concurrency while a trainer swapped snapshots in; every turn "
-              "and swap was judged by the clauses above (the SOAK tests). A stall is the longest gap between two "
-              "chunks of a stream across the swap.")  # fmt: skip
-SOAK_SWAP_HEADS = ("swap", "snapshot", "kind", "reset", "signalled (s)", "served (s)", "streams across",
-                   "stall p50 (ms)", "stall p99 (ms)", "stall max (ms)", "fingerprint moved")  # fmt: skip
+SOAK_INTRO = (
+    "Simulated agentic rollouts on Locust at concurrency while a trainer swapped snapshots in; every turn "
+    "and swap was judged by the clauses above (the SOAK tests). A stall is the longest gap between two "
+    "chunks of a stream across the swap."
+)
+SOAK_SWAP_HEADS = (
+    "swap",
+    "snapshot",
+    "kind",
+    "reset",
+    "signalled (s)",
+    "served (s)",
+    "streams across",
+    "stall p50 (ms)",
+    "stall p99 (ms)",
+    "stall max (ms)",
+    "fingerprint moved",
+)
 
 
-SOAK_REPLICA_HEADS = ("replica", "turns", "tokens", "errors", "first token p50 (ms)", "first token p99 (ms)",
-                      "gap p99 (ms)", "fingerprint moved", "least move")  # fmt: skip
+SOAK_REPLICA_HEADS = (
+    "replica",
+    "turns",
+    "tokens",
+    "errors",
+    "first token p50 (ms)",
+    "first token p99 (ms)",
+    "gap p99 (ms)",
+    "fingerprint moved",
+    "least move",
+)
 
 
 def ms(x: float | None) -> str:
@@ -110,11 +160,31 @@ def ms(x: float | None) -> str:
 
 def soak_replica_cells(r: SoakReplica) -> tuple[str, ...]:
     moved = f"{r.moved} of {r.fingerprinted} swaps" if r.fingerprinted else ""
-    return (r.name, str(r.turns), str(r.tokens), str(r.errors), ms(r.ttft_p50), ms(r.ttft_p99), ms(r.gap_p99),
-            moved, "" if r.least_moved is None else number(r.least_moved))  # fmt: skip
+    return (
+        r.name,
+        str(r.turns),
+        str(r.tokens),
+        str(r.errors),
+        ms(r.ttft_p50),
+        ms(r.ttft_p99),
+        ms(r.gap_p99),
+        moved,
+        "" if r.least_moved is None else number(r.least_moved),
+    )
 
 
 def soak_swap_cells(s: SoakSwap) -> tuple[str, ...]:
     served = (s.error or "never") if s.served_at is None else number(s.served_at, ".4g")
-    return (str(s.epoch), s.identity, s.kind, s.reset, number(s.signalled_at, ".4g"), served, str(s.streams),
-            ms(s.stall_p50), ms(s.stall_p99), ms(s.stall_max), "" if s.moved is None else number(s.moved))  # fmt: skip
+    return (
+        str(s.epoch),
+        s.identity,
+        s.kind,
+        s.reset,
+        number(s.signalled_at, ".4g"),
+        served,
+        str(s.streams),
+        ms(s.stall_p50),
+        ms(s.stall_p99),
+        ms(s.stall_max),
+        "" if s.moved is None else number(s.moved),
+    )

@@ -44,8 +44,9 @@ class Shape:
 
 def shape(tag: str, text: str = "", tip: str = "", **attrs: float | int | str) -> Shape:
     """`class_` and `stroke_dasharray` spell class and stroke-dasharray; floats get one decimal."""
-    said = tuple((k.rstrip("_").replace("_", "-"), f"{v:.1f}" if isinstance(v, float) else str(v))
-                 for k, v in attrs.items())  # fmt: skip
+    said = tuple(
+        (k.rstrip("_").replace("_", "-"), f"{v:.1f}" if isinstance(v, float) else str(v)) for k, v in attrs.items()
+    )
     return Shape(tag, said, text, tip)
 
 
@@ -110,8 +111,10 @@ def pack(spans: list[tuple[float, float]], rows: int) -> list[int]:
 
 
 def _lane(y: float, height: float, name: str) -> list[Shape]:
-    return [shape("rect", x=LEFT, y=y, width=WIDTH - LEFT - RIGHT, height=height, fill="#f3f4f6"),
-            shape("text", name, x=LEFT - 8, y=y + height / 2 + 4, text_anchor="end")]  # fmt: skip
+    return [
+        shape("rect", x=LEFT, y=y, width=WIDTH - LEFT - RIGHT, height=height, fill="#f3f4f6"),
+        shape("text", name, x=LEFT - 8, y=y + height / 2 + 4, text_anchor="end"),
+    ]
 
 
 def _axis(y: float, lo: float, hi: float, x: X) -> list[Shape]:
@@ -121,8 +124,10 @@ def _axis(y: float, lo: float, hi: float, x: X) -> list[Shape]:
     k = -(-lo // step)
     while k * step <= hi + 1e-9:
         tx = x(k * step)
-        out += [shape("line", x1=tx, x2=tx, y1=y, y2=y + 5, stroke="#666"),
-                shape("text", f"{round(k * step, 6):g} s", x=tx, y=y + 17, text_anchor="middle")]  # fmt: skip
+        out += [
+            shape("line", x1=tx, x2=tx, y1=y, y2=y + 5, stroke="#666"),
+            shape("text", f"{round(k * step, 6):g} s", x=tx, y=y + 17, text_anchor="middle"),
+        ]
         k += 1
     return out
 
@@ -159,8 +164,18 @@ def _probes(y: float, probes: list[tuple[float, float, int]], x: X) -> tuple[lis
     for (sent, answered, status), row in zip(probes, rows, strict=True):
         tip = f"HTTP {status}: sent {sent:g} s, answered {answered:g} s"
         width = max(x(answered) - x(sent), 2.0)
-        out.append(shape("rect", tip=tip, class_="probe", x=x(sent), y=y + 2 + 8 * row, width=width, height=6,
-                         fill=probe_colour(status)))  # fmt: skip
+        out.append(
+            shape(
+                "rect",
+                tip=tip,
+                class_="probe",
+                x=x(sent),
+                y=y + 2 + 8 * row,
+                width=width,
+                height=6,
+                fill=probe_colour(status),
+            )
+        )
     return out, height
 
 
@@ -176,8 +191,10 @@ def _marks(marks: list[tuple[float, str]], labels: list[tuple[float, int]], bott
     out: list[Shape] = []
     for (t, what), (lx, row) in zip(marks, labels, strict=True):
         ly = 14 * row + 11
-        out += [shape("line", x1=x(t), x2=x(t), y1=ly + 2, y2=bottom, stroke=MARK_COLOUR, stroke_dasharray="4 3"),
-                shape("text", what, x=lx, y=ly, fill=MARK_COLOUR)]  # fmt: skip
+        out += [
+            shape("line", x1=x(t), x2=x(t), y1=ly + 2, y2=bottom, stroke=MARK_COLOUR, stroke_dasharray="4 3"),
+            shape("text", what, x=lx, y=ly, fill=MARK_COLOUR),
+        ]
     return out
 
 
@@ -207,9 +224,14 @@ def _legend_items(tl: Timeline, colours: dict[str | None, str]) -> list[tuple[st
         items.append((NONE_COLOUR, "no policy version", True))
     states = {state_colour(s, colours) for _, _, s in tl.replicas}
     codes = {probe_colour(p[2]) for p in tl.probes}
-    keys = [(TRANSITION_COLOUR, "loading / swapping", states), (ERROR_STATE_COLOUR, "error", states),
-            (OTHER_STATE_COLOUR, "other state", states), (PROBE_OK_COLOUR, "probe 200", codes),
-            (PROBE_RETRY_COLOUR, "probe 425", codes), (PROBE_BAD_COLOUR, "probe, other status", codes)]  # fmt: skip
+    keys = [
+        (TRANSITION_COLOUR, "loading / swapping", states),
+        (ERROR_STATE_COLOUR, "error", states),
+        (OTHER_STATE_COLOUR, "other state", states),
+        (PROBE_OK_COLOUR, "probe 200", codes),
+        (PROBE_RETRY_COLOUR, "probe 425", codes),
+        (PROBE_BAD_COLOUR, "probe, other status", codes),
+    ]
     return items + [(c, text, False) for c, text, used in keys if c in used]
 
 

@@ -83,7 +83,7 @@ def test_openai_and_httpx(rl_session):
 
 
 def test_the_fixture_api_is_explicit_and_typed():
-    """No attribute forwarding: what the README documents is what the class defines."""
+    """No attribute forwarding: what the docs (docs/your-own-tests.md) document is what the class defines."""
     import inspect
 
     from pytest_rlrollout.remote.client import Target
@@ -140,7 +140,8 @@ def test_reading(rl_deployment, request):
 
 def test_public_names_at_the_package_top():
     """What a test of one's own needs is importable from the package itself, each name the one
-    the module that defines it holds, and every fixture the plugin defines is in the README."""
+    the module that defines it holds, and every fixture the plugin defines is on the docs page of
+    fixtures (docs/your-own-tests.md)."""
     import re
     from pathlib import Path
 
@@ -155,8 +156,8 @@ def test_public_names_at_the_package_top():
     )
     package = Path(pytest_rlrollout.__file__).parent / "suite"
     fixtures = set(re.findall(r"^def (rl_\w+)\(", "".join(p.read_text() for p in package.glob("*.py")), re.M))
-    readme = (Path(pytest_rlrollout.__file__).parents[1] / "README.md").read_text()
-    assert fixtures and {f for f in fixtures if f"`{f}`" not in readme} == set()
+    page = (Path(pytest_rlrollout.__file__).parents[1] / "docs" / "your-own-tests.md").read_text()
+    assert fixtures and {f for f in fixtures if f"`{f}`" not in page} == set()
 
 
 BREAKING = """

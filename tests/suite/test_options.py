@@ -159,15 +159,15 @@ def test_ini_keys_set_what_options_did(pytester):
     assert "SETTINGS 8.0 0.5 SYNC 9.0" in result.stdout.str()
 
 
-def test_a_dozen_options_and_every_setting_in_the_readme():
+def test_a_dozen_options_and_every_setting_on_the_suites_page():
     from pathlib import Path
 
     from pytest_rlrollout.suite.options import SETTINGS
 
     options = [s.option for s in SETTINGS if s.option]
     assert len(options) <= 12, options
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert [s.key for s in SETTINGS if (s.option or s.key) not in readme] == []
+    page = (Path(__file__).parents[2] / "docs" / "conformance.md").read_text()
+    assert [s.key for s in SETTINGS if (s.option or s.key) not in page] == []
 
 
 def test_a_replay_leaves_the_projects_usual_deployment_alone(pytester):

@@ -129,6 +129,7 @@ def workspace(tmp_path_factory) -> Path:
 EXITS: dict[str, int] = {}
 
 
+@pytest.mark.xdist_group("docs-commands")  # one worker, one workspace: the quick start runs once in CI too
 @pytest.mark.parametrize("block", RUN, ids=str)
 def test_the_block_runs(block, workspace, pytester, monkeypatch, capsys):
     """Each command of the block exits 0, in order, in the workspace (pytester makes the suite's

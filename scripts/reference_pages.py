@@ -24,6 +24,7 @@ import io
 import sys
 import tempfile
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,10 @@ def plugin_fixtures(*more: object) -> list[tuple[str, str, str]]:
     with tempfile.TemporaryDirectory(prefix="rlrollout-fixtures-") as scratch:
         ini = Path(scratch) / "pytest.ini"
         ini.write_text("[pytest]\n")  # so that no project's addopts or plugins change the session
-        args = [scratch, "-c", str(ini), "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        # the plugin alone: other installed plugins cost seconds, and locust's patches the process for gevent
+        args = [scratch, "-c", str(ini), "--collect-only", "-q", "-p", "no:cacheprovider", "--disable-plugin-autoload"]
+        [plugin] = entry_points(group="pytest11", name="rlrollout")  # the plugin pip's install registers
+        args += ["-p", plugin.value]
         with contextlib.redirect_stdout(io.StringIO()) as out:
             code = pytest.main(args, plugins=[grab, *more])
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):

@@ -50,15 +50,15 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 def served(site: Path) -> Iterator[str]:
     """The built site over HTTP on a free local port (the theme's scripts and search need a
     server: a browser keeps them from file:// pages)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    handler = functools.partial(_Quiet, directory=str(site))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:  # its socket closed at the end
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_address[1]}/"  # a fixture's teardown runs whatever its tests did
+        server.shutdown()  # serve_forever returns: the thread ends
+
+
+# no sandbox: CI runs as root, which Chromium's sandbox refuses; /dev/shm: a container's is too small
+HEADLESS = ("--headless", "--no-sandbox", "--disable-dev-shm-usage")
 
 
 def rendered(url: str, profile: Path) -> Page:
@@ -67,18 +67,7 @@ def rendered(url: str, profile: Path) -> Page:
     if chromium is None:
         pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     browser = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--disable-background-networking",
-            f"--user-data-dir={profile}",
-            "--dump-dom",
-            url,
-        ],
+        [chromium, *HEADLESS, f"--user-data-dir={profile}", "--dump-dom", url],
         capture_output=True,
         text=True,
         timeout=60,

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import inspect
 import io
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -207,7 +208,7 @@ def plugin_fixtures(*more: object) -> list[tuple[str, str, str]]:
         args = [scratch, "-c", str(ini), "--collect-only", "-q", "-p", "no:cacheprovider", "--disable-plugin-autoload"]
         [plugin] = entry_points(group="pytest11", name="rlrollout")  # the plugin pip's install registers
         args += ["-p", plugin.value]
-        with contextlib.redirect_stdout(io.StringIO()) as out:
+        with contextlib.redirect_stdout(io.StringIO()) as out, _without("PYTEST_ADDOPTS"):
             code = pytest.main(args, plugins=[grab, *more])
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         raise RuntimeError(f"pytest could not start the plugin to list its fixtures (exit {code}):\n{out.getvalue()}")
@@ -219,6 +220,18 @@ def plugin_fixtures(*more: object) -> list[tuple[str, str, str]]:
     if undocumented:
         raise ValueError(f"fixtures without a docstring (the fixtures page is made of them): {', '.join(undocumented)}")
     return sorted(found.values())
+
+
+@contextlib.contextmanager
+def _without(variable: str) -> Iterator[None]:
+    """The environment without `variable` for a while: a run's PYTEST_ADDOPTS (`-n 2`, ...) is
+    for that run's session, not for the one that lists the fixtures."""
+    kept = os.environ.pop(variable, None)
+    try:
+        yield
+    finally:
+        if kept is not None:
+            os.environ[variable] = kept
 
 
 def fixtures_page() -> str:

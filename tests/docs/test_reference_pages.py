@@ -12,6 +12,8 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "reference_pages.py"
 
+pytestmark = pytest.mark.xdist_group("reference_pages")  # one worker makes the pages once for all its tests
+
 
 def _script() -> ModuleType:
     # scripts/ is a folder of commands, not a package: the script is loaded from its file

@@ -24,12 +24,15 @@ import io
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_rlrollout.suite.options import Setting
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -73,9 +76,6 @@ def _prose(text: str) -> str:
 # Settings
 
 
-_KINDS = {str: "text", float: "a number", int: "a whole number", bool: "true or false", list: "words"}
-
-
 def settings_page() -> str:
     from pytest_rlrollout.suite.options import SETTINGS
 
@@ -105,12 +105,22 @@ def settings_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _kind(kind: type, metavar: str | None) -> str:
-    words = _KINDS.get(kind, "a size (61GB, 500MiB: powers of 1024)")  # the one kind left is byte_size
+def _kind(kind: Callable[[str], Any], metavar: str | None) -> str:
+    from pytest_rlrollout.snapshot.layout import parse_size
+
+    # a kind added to the settings without words here stops the page (KeyError) rather than mislabel it
+    words = {
+        str: "text",
+        float: "a number",
+        int: "a whole number",
+        bool: "true or false",
+        list: "words, separated by spaces",
+        parse_size: "a size (61GB, 500MiB: powers of 1024)",
+    }[kind]
     return f"{words} (`{metavar}`)" if metavar else words
 
 
-def _value(s: Any) -> str:
+def _value(s: Setting) -> str:
     return s.example.split("=", 1)[1]
 
 
@@ -134,23 +144,27 @@ def commands_page() -> str:
     ]
     for name, help_, sub in _subcommands(top):
         lines += ["", f"## `rlrollout {name}`", "", _prose(help_), ""]
-        if sub.description:
-            lines += [_prose(sub.description), ""]
-        lines += ["```text", _usage(sub), "```", ""]
-        lines += _arguments(name, sub)
+        own = sub
+        if name == "soak":  # its own options are read by a parser of its own, the rest goes to pytest
+            from pytest_rlrollout.cli import soak
+
+            own = soak._parser()
+        if own.description:
+            lines += [_prose(own.description), ""]
+        lines += ["```text", _usage(own), "```", ""]
+        lines += _arguments(own)
+        if any(a.nargs == argparse.REMAINDER for a in sub._actions):
+            lines.append("- every other argument goes to pytest unchanged: pytest's own options, and the suite's")
+            lines.append("  `--rl-*` options and `-o KEY=VALUE` ini keys ([Settings](settings.md))")
     return "\n".join(lines) + "\n"
 
 
 def _subcommands(top: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
-    """Each command in the order `rlrollout --help` lists them: its name, its one-line help and
-    the parser of its arguments (the soak's own options are parsed by a parser of its own)."""
-    from pytest_rlrollout.cli import soak
-
+    """Each command in the order `rlrollout --help` lists them: its name, its one-line help and its parser."""
     for action in top._actions:
         if isinstance(action, argparse._SubParsersAction):
             for choice in action._choices_actions:
-                sub = action.choices[choice.dest]
-                yield choice.dest, choice.help or "", soak._parser() if choice.dest == "soak" else sub
+                yield choice.dest, choice.help or "", action.choices[choice.dest]
 
 
 def _usage(p: argparse.ArgumentParser) -> str:
@@ -159,13 +173,10 @@ def _usage(p: argparse.ArgumentParser) -> str:
     return p.format_usage().strip()
 
 
-def _arguments(name: str, sub: argparse.ArgumentParser) -> list[str]:
+def _arguments(p: argparse.ArgumentParser) -> list[str]:
     lines = []
-    for a in sub._actions:
-        if isinstance(a, argparse._HelpAction):
-            continue
-        if a.nargs == argparse.REMAINDER:
-            lines.append(f"- `{a.metavar or a.dest.upper()} ...`: every other argument goes to pytest unchanged")
+    for a in p._actions:
+        if isinstance(a, argparse._HelpAction) or a.nargs == argparse.REMAINDER:  # what goes to pytest: below
             continue
         said = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
         more = []
@@ -176,9 +187,7 @@ def _arguments(name: str, sub: argparse.ArgumentParser) -> list[str]:
             more.append(f"default `{a.default}`")
         words = " ".join(w for w in (_prose(a.help or ""), f"({'; '.join(more)})" if more else "") if w)
         lines.append(f"- {said}: {words}" if words else f"- {said}")
-    if name in ("conformance", "plan", "soak"):
-        lines.append("- the suite's `--rl-*` options and `-o KEY=VALUE` ini keys: [Settings](settings.md)")
-    return lines or ["No arguments."]
+    return lines
 
 
 # Fixtures

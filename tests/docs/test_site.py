@@ -170,7 +170,7 @@ def test_the_landing_page_shows_its_title_and_every_page_of_the_nav(served, tmp_
     assert set(generated) <= listed, "every generated page is in the site's nav"
 
 
-def test_the_contract_page_shows_each_clause_with_its_rule(served, tmp_path):
+def test_the_contract_page_shows_a_clause_under_its_id_with_its_rule(served, tmp_path):
     from pytest_rlrollout.contract import catalogue
 
     # a clause whose rule is plain words, so that the rendered text is the rule itself

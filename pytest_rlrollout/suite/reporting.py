@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.suite.deployment import run_state
 from pytest_rlrollout.suite.evidence import evidence_of
-from pytest_rlrollout.suite.options import RLConfig, options
+from pytest_rlrollout.suite.options import options
 from pytest_rlrollout.suite.outcomes import outcome_of
 from pytest_rlrollout.suite.report.files import paths, write
 from pytest_rlrollout.suite.report.model import (
@@ -31,6 +30,8 @@ from pytest_rlrollout.suite.report.model import (
     in_catalogue_order,
 )
 from pytest_rlrollout.suite.report.text import OUTCOMES
+from pytest_rlrollout.suite.run_config import RLConfig
+from pytest_rlrollout.suite.run_start import run_state
 from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
 

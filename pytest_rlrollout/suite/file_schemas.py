@@ -66,43 +66,49 @@ def _named(node: Any, names: dict[str, Callable[[], list[str]]]) -> Any:
 
 
 @cache
-def schema(name: str) -> dict[str, Any]:
-    """`schemas/<name>.schema.json`, its `x-names` filled in."""
-    raw = json.loads((shipped("schemas") / f"{name}.schema.json").read_text())
-    return _named(raw, _registry_names())
+def schema(name: str, part: str | None = None) -> dict[str, Any]:
+    """`schemas/<name>.schema.json`, its `x-names` filled in; with `part`, the schema of one of
+    its `$defs` (a run-state file holds one kind of record, its name says which)."""
+    if part is not None:
+        root = schema(name)
+        return {"$defs": root["$defs"], "$ref": f"#/$defs/{part}"}
+    named: dict[str, Any] = _named(
+        json.loads((shipped("schemas") / f"{name}.schema.json").read_text()), _registry_names()
+    )
+    return named
 
 
 @cache
-def _compiled(name: str) -> Any:
+def _compiled(name: str, part: str | None) -> Any:
     import jsonschema_rs
 
-    return jsonschema_rs.validator_for(schema(name))
+    return jsonschema_rs.validator_for(schema(name, part))
 
 
 @cache
-def _explaining(name: str) -> Any:
+def _explaining(name: str, part: str | None) -> Any:
     import jsonschema
 
-    return jsonschema.Draft202012Validator(schema(name))
+    return jsonschema.Draft202012Validator(schema(name, part))
 
 
-def _valid(name: str, document: Any) -> bool:
+def _valid(name: str, part: str | None, document: Any) -> bool:
     try:
-        return bool(_compiled(name).is_valid(document))
+        return bool(_compiled(name, part).is_valid(document))
     except (ValueError, TypeError, OverflowError):  # values jsonschema-rs cannot take (integers beyond 64 bits)
-        return not any(True for _ in _explaining(name).iter_errors(document))
+        return not any(True for _ in _explaining(name, part).iter_errors(document))
 
 
-def problems(name: str, document: Any) -> dict[tuple[Any, ...], str]:
-    """How `document` breaks `<name>.schema.json`: for each top-level field at fault (the empty
-    path: the document itself), the most telling error, worded with the path inside the field;
-    empty when it is valid."""
-    if _valid(name, document):
+def problems(name: str, document: Any, part: str | None = None) -> dict[tuple[Any, ...], str]:
+    """How `document` breaks `<name>.schema.json` (or its `$defs` `part`): for each top-level
+    field at fault (the empty path: the document itself), the most telling error, worded with
+    the path inside the field; empty when it is valid."""
+    if _valid(name, part, document):
         return {}
     import jsonschema
 
     by_field: dict[tuple[Any, ...], list[Any]] = {}
-    for e in _explaining(name).iter_errors(document):
+    for e in _explaining(name, part).iter_errors(document):
         by_field.setdefault(tuple(e.absolute_path)[:1], []).append(e)
     return {k: _worded(jsonschema.exceptions.best_match(v)) for k, v in sorted(by_field.items(), key=str)}
 
@@ -114,5 +120,7 @@ def _worded(e: Any) -> str:
     elif e.validator in SIZES:  # said without quoting the value, which may be megabytes
         why = SIZES[e.validator].format(e.validator_value)
     else:
-        why = f"not {e.schema['description']}" if "description" in e.schema else e.message
+        # a value a pattern or a choice of shapes refuses is worded by what the schema says it must be
+        described = e.validator in ("pattern", "not", "anyOf", "oneOf") and "description" in e.schema
+        why = f"not {e.schema['description']}" if described else e.message
     return (f"{where}: {why}" if where else why)[:MESSAGE_CHARS]

@@ -34,20 +34,21 @@ def local_deployment(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RL
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.client import DeploymentClient, Target
     from pytest_rlrollout.remote.drivers import driver_for
+    from pytest_rlrollout.remote.secret import Secret
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
     engine = opts.engine or DEFAULT  # the dialect the bundled deployment speaks (--rl-engine)
     # full speed; tests that observe a swap in progress slow it down (RLDeployment.observable_swaps)
     # with an API key in either dialect (vLLM asks for none by default): HL-AUTH-1 is judged too
-    release = {"vllm_release": opts.local_vllm_release} if opts.local_vllm_release else {}
+    release: dict[str, Any] = {"vllm_release": opts.local_vllm_release} if opts.local_vllm_release else {}
     with reference_deployment(
         bucket, engine=engine, faults=opts.local_faults, transition=opts.transition, api_key=LOCAL_KEY, **release
     ) as dep:
         # a self-hosted server is addressed by its URL alone; a hosted deployment by its name
         # (accounts/<a>/deployments/<d>) or its UUID (its hot-loads name it)
         name = {"path": dep.name, "uuid": dep.settings.deployment_id, None: None}[spec(engine).names]
-        target = Target(name, dep.base_url, dep.model, dep.api_key, engine=engine)
+        target = Target(name, dep.base_url, dep.model, Secret(LOCAL_KEY), engine=engine)
         transport = _recorder(opts, target.api_key)
         with DeploymentClient(target, transport=transport, timeout=opts.timeouts.request, limits=opts.limits) as client:
             driver = driver_for(engine, client, bucket=str(bucket.resolve()))

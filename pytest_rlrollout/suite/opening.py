@@ -46,8 +46,9 @@ def rl_deployment(
             run_state(config).ended(Served(dep.replicas_if_answering() or []))
         cassettes = dep.cassettes
         if cassettes is not None and cassettes.mode == "record":
-            if getattr(dep.driver, "bucket", None) is not None:  # part of the recorded load requests
-                cassettes.session.meta["served_bucket"] = dep.driver.bucket
+            served_bucket = getattr(dep.driver, "bucket", None)  # part of the recorded load requests
+            if served_bucket is not None:
+                cassettes.session.meta["served_bucket"] = served_bucket
             cassettes.session.meta.update(
                 deployment=dep.target.deployment,
                 model=dep.target.model,
@@ -76,10 +77,11 @@ def discovered(config: pytest.Config, dep: RLDeployment) -> Discovery:
     (replay), or probed here (the local reference deployment, one per worker)."""
     from pytest_rlrollout.remote.discovery import Discovery
 
+    recorded = dep.options.replay_meta or {}
     if dep.mode == "live":
         found = preflighted(config)
-    elif dep.mode == "replay" and "discovery" in (dep.options.replay_meta or {}):
-        found = Discovery.from_dict(dep.options.replay_meta["discovery"])
+    elif dep.mode == "replay" and "discovery" in recorded:
+        found = Discovery.from_dict(recorded["discovery"])
     else:
         found = dep.driver.discover(transition=dep.options.transition, decided="the bundled reference deployment")
         if dep.mode == "local":  # a recording without its discovery holds no such exchanges

@@ -32,6 +32,7 @@ from pytest_rlrollout.suite.run_config import (
     LOCAL,
     Budget,
     Numerics,
+    Profile,
     RLConfig,
     Timeouts,
 )
@@ -237,7 +238,8 @@ def _budget(get: Callable[[str], Any], *, allow: bool) -> Budget:
     """The profile and limits of a live run; a profile that changes state needs --rl-allow-hot-load
     (a plan does not: it changes nothing)."""
     plan = Path(get("rl_plan")) if get("rl_plan") else None
-    profile = get("rl_profile") or ("full" if allow or plan is not None else "read-only")
+    # one of PROFILES: the setting's choices
+    profile: Profile = get("rl_profile") or ("full" if allow or plan is not None else "read-only")
     if profile != "read-only" and not allow and plan is None and get("rl_profile"):
         usage(
             f"rl_profile = {profile} changes what the deployment serves: also pass --rl-allow-hot-load "

@@ -87,7 +87,8 @@ class Numerics:
     scorer_device: str = "cpu"
 
 
-PROFILES = ("read-only", "core", "full")
+Profile = Literal["read-only", "core", "full"]
+PROFILES: tuple[Profile, ...] = ("read-only", "core", "full")
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Budget:
     """What a run may do to a live deployment (`rl_profile`, `rl_max_*`), and the swap time its
     plan estimates wall time with. A test left out by them is reported so, never as a pass."""
 
-    profile: Literal["read-only", "core", "full"] = "full"
+    profile: Profile = "full"
     swaps: int | None = None  # the most loads the deployment serves
     upload_bytes: int | None = None  # the most bytes sent to the bucket from this machine
     full_uploads: int | None = None  # the most whole snapshots sent (copies inside the bucket are not)

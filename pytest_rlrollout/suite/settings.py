@@ -6,6 +6,7 @@ settings reference is written from them, and `setting` reads one, typed and chec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -30,7 +31,7 @@ class Setting:
 
     key: str  # the ini key, and the option's dest
     help: str
-    kind: type = str  # str | float | int | bool | list (whitespace-separated words) | byte_size
+    kind: type | Callable[[str], int] = str  # str | float | int | bool | list (whitespace-separated words) | byte_size
     option: str | None = None  # the command-line flag
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
@@ -53,7 +54,7 @@ class Setting:
             return list(raw)
         text = str(raw).strip()
         try:
-            value: Any = {float: float, int: int, bool: _boolean, byte_size: byte_size}.get(self.kind, str)(text)
+            value: Any = _PARSERS.get(self.kind, str)(text)
         except ValueError:
             usage(f"{self.key} = {text!r} is not {_KIND_WORDS[self.kind]} ({self.example})")
         if self.choices:  # ASYNC or async alike
@@ -67,7 +68,7 @@ class Setting:
         return value
 
 
-_KIND_WORDS = {
+_KIND_WORDS: dict[Any, str] = {
     float: "a number",
     int: "a whole number",
     bool: "true or false",
@@ -80,6 +81,10 @@ def _boolean(text: str) -> bool:
     if text.lower() not in words:
         raise ValueError(text)
     return words[text.lower()]
+
+
+# how an ini value of each kind is read (any other: as the text it is)
+_PARSERS: dict[Any, Callable[[str], Any]] = {float: float, int: int, bool: _boolean, byte_size: byte_size}
 
 
 # Every setting of a run, once: the plugin registers them, `rlrollout conformance --help` lists
@@ -355,6 +360,7 @@ SETTING = {s.key: s for s in SETTINGS}
 
 def option_arguments(s: Setting) -> tuple[tuple[str, ...], dict[str, Any]]:
     """`add_argument`'s arguments for a setting's command-line option (pytest's and argparse's)."""
+    assert s.option is not None, f"{s.key} is an ini key only"
     if s.kind is bool:
         return (s.option,), {"dest": s.key, "action": "store_true", "default": False, "help": s.help}
     names = (s.option, "--rl-base") if s.key == "rl_base_snapshot" else (s.option,)  # --rl-base: its old spelling
@@ -369,9 +375,8 @@ def add_options(parser: pytest.Parser) -> None:
             names, kwargs = option_arguments(s)
             group.addoption(*names, **kwargs)
         if s.ini:
-            parser.addini(
-                s.key, s.help, type="args" if s.kind is list else "string", default=[] if s.kind is list else ""
-            )
+            kind: Literal["args", "string"] = "args" if s.kind is list else "string"
+            parser.addini(s.key, s.help, type=kind, default=[] if s.kind is list else "")
 
 
 def setting(config: pytest.Config, key: str) -> Any:

@@ -53,12 +53,10 @@ class Provenance:
             raise ReportError(f"provenance: unknown {', '.join(sorted(unknown))}")
         if "deployment" not in doc:
             raise ReportError("provenance: no deployment")
-        return cls(
-            **{
-                k: as_strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v
-                for k, v in doc.items()
-            }
-        )
+        facts: dict[str, Any] = {
+            k: as_strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v for k, v in doc.items()
+        }
+        return cls(**facts)
 
 
 # the provenance's lists of snapshot identities (a live run's); every other fact is one text

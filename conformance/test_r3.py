@@ -14,7 +14,7 @@ from pytest_rlrollout.contract.capabilities import CAPABILITIES
 from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.runs.plan import served
-from pytest_rlrollout.suite.deployment import fail_in_call
+from pytest_rlrollout.suite.holding import fail_in_call
 from pytest_rlrollout.suite.marks import clause, loads_from, requires
 from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
 from pytest_rlrollout.suite.prompts import CACHED_PREFIX

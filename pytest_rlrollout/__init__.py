@@ -24,8 +24,8 @@ _EXPORTS = {
     "reference_deployment": "pytest_rlrollout.reference",
     # for tests of one's own: the fixtures' types, the outcome helpers, the driver protocol
     "RLDeployment": "pytest_rlrollout.suite.deployment",
-    "RLTest": "pytest_rlrollout.suite.deployment",
-    "RLConfig": "pytest_rlrollout.suite.options",
+    "RLTest": "pytest_rlrollout.suite.holding",
+    "RLConfig": "pytest_rlrollout.suite.run_config",
     "not_applicable": "pytest_rlrollout.suite.outcomes",
     "unsupported": "pytest_rlrollout.suite.outcomes",
     "inconclusive": "pytest_rlrollout.suite.outcomes",

@@ -101,7 +101,7 @@ def test_clauses_lists_the_catalogue(capsys):
 def test_conformance_help_lists_every_rl_option_of_the_plugin(flag, capsys, monkeypatch):
     from _pytest.config.argparsing import Parser
 
-    from pytest_rlrollout.suite.options import SETTINGS, add_options
+    from pytest_rlrollout.suite.settings import SETTINGS, add_options
 
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option: help texts compare unwrapped
     assert main(["conformance", flag]) == 0

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 def conformance_help() -> str:
     """`rlrollout conformance --help`: the usage, the plugin's options and its ini keys, from the
     one table of settings the plugin registers (`suite.options.SETTINGS`)."""
-    from pytest_rlrollout.suite.options import CONFORMANCE, SETTINGS, option_arguments
+    from pytest_rlrollout.suite.options import CONFORMANCE
+    from pytest_rlrollout.suite.settings import SETTINGS, option_arguments
 
     modules = ", ".join(sorted(p.stem.removeprefix("test_") for p in CONFORMANCE.glob("test_*.py")))
     description = (

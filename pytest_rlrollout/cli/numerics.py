@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     holds, 1 naming each one crossed, 2 for a usage or connection error (one line, never the key)."""
     # imported here: `rlrollout --help` stays clear of httpx, numpy and the scorers
     from pytest_rlrollout.numerics import workflow
-    from pytest_rlrollout.suite.options import DEFAULT_BASE_URL
+    from pytest_rlrollout.suite.run_config import DEFAULT_BASE_URL
 
     if not 0.0 <= args.min_route_agreement <= 1.0:
         raise UsageError(f"--min-route-agreement {args.min_route_agreement:g}: a fraction in [0, 1] (0.9 is 90%)")

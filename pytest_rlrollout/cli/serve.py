@@ -389,7 +389,7 @@ def _paced(dep: Running, engine: str) -> str:
     at once, the last one `stagger` seconds per replica later, then pauses at the swap), for the
     plan's estimate, and a swap timeout of three swaps, never under 10 s. On the vLLM and SGLang
     dialects the timeout is the live profile's 900 s unless a swap outgrows it."""
-    from pytest_rlrollout.suite.options import LIVE
+    from pytest_rlrollout.suite.run_config import LIVE
 
     s = dep.settings
     swap = s.load_delay + s.stagger * (len(dep.deployment.replicas) - 1) + s.swap_delay

@@ -7,7 +7,8 @@ import statistics
 from typing import TYPE_CHECKING
 
 from pytest_rlrollout.soak.figures import BIN, Latencies, Served
-from pytest_rlrollout.suite.report.model import Scalar, SoakReplica, SoakSummary, SoakSwap
+from pytest_rlrollout.suite.report.fields import Scalar
+from pytest_rlrollout.suite.report.soak import SoakReplica, SoakSummary, SoakSwap
 
 if TYPE_CHECKING:
     from pytest_rlrollout.soak.run import Result, Swap

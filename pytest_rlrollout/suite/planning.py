@@ -26,7 +26,7 @@ from pytest_rlrollout.suite.shared import share_planned, shared_loads
 if TYPE_CHECKING:
     from pytest_rlrollout.runs.plan import Load, Planner, TestPlan
     from pytest_rlrollout.suite.deployment import RLDeployment
-    from pytest_rlrollout.suite.options import Budget
+    from pytest_rlrollout.suite.run_config import Budget
 
 
 @dataclass
@@ -94,7 +94,7 @@ class Spent:
 def spent(config: pytest.Config, dep: RLDeployment) -> Spent:
     import hashlib
 
-    from pytest_rlrollout.suite.deployment import run_dir
+    from pytest_rlrollout.suite.run_start import run_dir
 
     return Spent(run_dir(config) / f"rl-spent-{hashlib.sha256(dep.key.encode()).hexdigest()[:12]}.json")
 

@@ -14,8 +14,10 @@ import pytest
 
 from pytest_rlrollout.contract.outcomes import Outcome
 from pytest_rlrollout.suite.evidence import Observed, attach, observed, telling
-from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, RLConfig, add_options, options, read_options
+from pytest_rlrollout.suite.options import CONFORMANCE, OPTIONS, options, read_options
 from pytest_rlrollout.suite.outcomes import SHOULD_FAILURE, SUITE_ERROR
+from pytest_rlrollout.suite.run_config import RLConfig
+from pytest_rlrollout.suite.settings import add_options
 from pytest_rlrollout.suite.stash import DISCOVERED, MISSING, RL_TEST, WORKER_DISCOVERY
 
 if TYPE_CHECKING:
@@ -25,7 +27,8 @@ EXCHANGES = 4  # the last exchanges of a failed test shown as its evidence
 ASSERTION = 2000  # characters of a failure's message kept as evidence
 
 pytest_plugins = [
-    "pytest_rlrollout.suite.deployment",
+    "pytest_rlrollout.suite.opening",
+    "pytest_rlrollout.suite.holding",
     "pytest_rlrollout.suite.swaps",
     "pytest_rlrollout.suite.session",
     "pytest_rlrollout.suite.gate",
@@ -82,7 +85,8 @@ def _preflight(config: pytest.Config) -> Discovery:
     from pytest_rlrollout.remote.discovery import PreflightError, preflight
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
-    from pytest_rlrollout.suite.deployment import connect, fingerprint_start, served_path
+    from pytest_rlrollout.suite.connecting import connect, served_path
+    from pytest_rlrollout.suite.run_start import fingerprint_start
 
     o = options(config)
     # before the preflight decides: the engine the names given point to (a CoreWeave UUID comes with a control plane)
@@ -169,7 +173,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if found is not None and hasattr(config, "workeroutput"):
         config.workeroutput[WORKER_DISCOVERY] = json.dumps(found.as_dict())
     elif found is not None:
-        from pytest_rlrollout.suite.deployment import restore_start
+        from pytest_rlrollout.suite.run_start import restore_start
 
         restore_start(config, found.engine)
 

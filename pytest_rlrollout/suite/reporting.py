@@ -15,22 +15,23 @@ from typing import Any
 import pytest
 
 from pytest_rlrollout.contract import catalogue
-from pytest_rlrollout.suite.deployment import run_state
 from pytest_rlrollout.suite.evidence import evidence_of
-from pytest_rlrollout.suite.options import RLConfig, options
+from pytest_rlrollout.suite.options import options
 from pytest_rlrollout.suite.outcomes import outcome_of
 from pytest_rlrollout.suite.report.files import paths, write
+from pytest_rlrollout.suite.report.header import Provenance
 from pytest_rlrollout.suite.report.model import (
     FAILED,
     ClauseResult,
-    Provenance,
     Report,
-    SoakSummary,
     Summary,
     TestResult,
     in_catalogue_order,
 )
+from pytest_rlrollout.suite.report.soak import SoakSummary
 from pytest_rlrollout.suite.report.text import OUTCOMES
+from pytest_rlrollout.suite.run_config import RLConfig
+from pytest_rlrollout.suite.run_start import run_state
 from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
 

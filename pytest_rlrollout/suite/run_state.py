@@ -2,7 +2,9 @@
 worker's end, the restore of the start, and the uploads each worker removed or kept.
 
 xdist workers and the controller are separate processes: each record is one JSON file in the
-run's `rl-state` folder, written once (the first start wins), read back into the same types.
+run's `rl-state` folder, written once (the first start wins), read back into the same types once
+it satisfies `schemas/run-state.schema.json` (a file that does not raises `RunStateError` naming
+it and the field at fault).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pytest_rlrollout.suite.file_schemas import problems
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,14 @@ class Cleanup:
     kept: list[str]
 
 
+class RunStateError(ValueError):
+    """A run-state file that is not the record its name says (which file, which field)."""
+
+
+# the schema's record of each kind (its `$defs`)
+RECORDS: dict[type, str] = {Served: "served", Restored: "restored", Cleanup: "cleanup"}
+
+
 class RunState:
     """The run's `rl-state` folder."""
 
@@ -64,7 +76,14 @@ class RunState:
             f.write(text)
 
     def _read(self, path: Path, kind: type) -> Any:
-        return kind(**json.loads(path.read_text()))
+        try:
+            doc = json.loads(path.read_text())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise RunStateError(f"{path}: not JSON ({e})") from None
+        wrong = problems("run-state", doc, RECORDS[kind])
+        if wrong:
+            raise RunStateError(f"{path}: not a {RECORDS[kind]} record: {'; '.join(wrong.values())}")
+        return kind(**doc)
 
     # ------------------------------------------------------------------------- written
 

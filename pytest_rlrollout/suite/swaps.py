@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlrollout.contract.catalogue import catalogue
-from pytest_rlrollout.suite.deployment import RLDeployment, RLTest, run_dir, run_id, run_state
+from pytest_rlrollout.suite.deployment import RLDeployment
+from pytest_rlrollout.suite.holding import RLTest
 from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.run_start import run_dir, run_id, run_state
 from pytest_rlrollout.suite.run_state import Cleanup
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from pytest_rlrollout.suite.options import CONFORMANCE
-from pytest_rlrollout.suite.options import SHIPPED_CASSETTES as SHIPPED
+from pytest_rlrollout.suite.recorded_session import SHIPPED_CASSETTES as SHIPPED
 
 from .budget import Budget
 

@@ -162,7 +162,7 @@ def test_ini_keys_set_what_options_did(pytester):
 def test_a_dozen_options_and_every_setting_on_the_suites_page():
     from pathlib import Path
 
-    from pytest_rlrollout.suite.options import SETTINGS
+    from pytest_rlrollout.suite.settings import SETTINGS
 
     options = [s.option for s in SETTINGS if s.option]
     assert len(options) <= 12, options

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pytest_rlrollout.suite.options import CONFORMANCE, SETTING
+from pytest_rlrollout.suite.options import CONFORMANCE
+from pytest_rlrollout.suite.settings import SETTING
 
 
 def closed_port() -> int:

@@ -12,7 +12,7 @@ from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.remote.cassette import Cassette, digest
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
-from pytest_rlrollout.suite.options import SHIPPED_CASSETTES as SHIPPED
+from pytest_rlrollout.suite.recorded_session import SHIPPED_CASSETTES as SHIPPED
 
 from ..support import FAST_POLLS
 from .offline import NO_SOCKET

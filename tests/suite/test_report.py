@@ -8,18 +8,11 @@ from pathlib import Path
 import pytest
 
 from pytest_rlrollout.contract import Outcome, catalogue
+from pytest_rlrollout.suite.report.fields import ReportError
+from pytest_rlrollout.suite.report.header import Contract, Provenance
 from pytest_rlrollout.suite.report.html import html
 from pytest_rlrollout.suite.report.markdown import markdown
-from pytest_rlrollout.suite.report.model import (
-    ClauseResult,
-    Contract,
-    Provenance,
-    Report,
-    ReportError,
-    TestResult,
-    Timeline,
-    Upload,
-)
+from pytest_rlrollout.suite.report.model import ClauseResult, Report, TestResult, Timeline, Upload
 
 TESTS = """
 import pytest
@@ -238,7 +231,7 @@ def test_the_writers_read_the_model_top_down():
 def _soaked() -> Report:
     from dataclasses import replace
 
-    from pytest_rlrollout.suite.report.model import SoakSummary, SoakSwap
+    from pytest_rlrollout.suite.report.soak import SoakSummary, SoakSwap
 
     swaps = (
         SoakSwap(1, "rlt-1", "incremental", "all", 20.0, 20.8, 12, 0.21, 0.36, 0.37, 3.4),

@@ -7,8 +7,9 @@ the `Report`. When several tests judge one clause, the most telling outcome wins
 
 `Report.to_json` is the JSON report's shape (other tools read `clauses[ID]["outcome"]` and each
 test's `reason`, `exchanges`, `observed`, `outcome`: those keys stay); `Report.from_json` reads it
-back into the same model, so a report on disk can be written again in any format. This module
-imports no writer and nothing of pytest.
+back into the same model, so a report on disk can be written again in any format. What the
+report says about its run is `report.header`, a soak's figures `report.soak`, and reading a
+field back `report.fields`. This module imports no writer and nothing of pytest.
 """
 
 from __future__ import annotations
@@ -20,44 +21,12 @@ from typing import Any
 
 from pytest_rlrollout.contract import Outcome, catalogue, roll_up
 from pytest_rlrollout.numerics.figures import Figures
+from pytest_rlrollout.suite.report.fields import ReportError, Scalar, as_counts, as_object, as_outcome, as_strings
+from pytest_rlrollout.suite.report.header import CONTRACT_DOC, Capability, Contract, Engine, Provenance
+from pytest_rlrollout.suite.report.soak import SoakSummary
 
-CONTRACT_DOC = "docs/contract.md (or `rlrollout clauses --format md`)"
 LEVELS = ("MUST", "SHOULD", "MAY")
-
-Scalar = int | float | str | bool | None
 FAILED = (Outcome.FAIL, Outcome.ERROR)  # the outcomes a report shows as failures, with their exchanges
-
-
-class ReportError(ValueError):
-    """A document that is not a report of the suite (what is wrong, and where)."""
-
-
-def _outcome(value: Any, where: str) -> Outcome:
-    try:
-        return Outcome(value)
-    except ValueError:
-        raise ReportError(f"{where}: {value!r} is not an outcome ({', '.join(Outcome)})") from None
-
-
-def _object(doc: Any, where: str) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ReportError(f"{where}: expected a JSON object, got {type(doc).__name__}")
-    return doc
-
-
-def _strings(doc: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(doc, list | tuple):
-        raise ReportError(f"{where}: expected a list, got {type(doc).__name__}")
-    return tuple(str(x) for x in doc)
-
-
-def _counts(doc: Any, where: str) -> dict[str, int] | None:
-    if doc is None:
-        return None
-    counts = _object(doc, where)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
-        raise ReportError(f"{where}: expected whole numbers")
-    return {str(k): v for k, v in counts.items()}
 
 
 # --------------------------------------------------------------------------- what a test saw
@@ -90,7 +59,7 @@ class Upload:
 
     @classmethod
     def from_json(cls, doc: Any) -> Upload:
-        doc = _object(doc, "upload")
+        doc = as_object(doc, "upload")
         return cls(
             str(doc.get("identity", "")),
             str(doc.get("kind", "")),
@@ -136,7 +105,7 @@ class Timeline:
 
     @classmethod
     def from_json(cls, doc: Any) -> Timeline:
-        doc = _object(doc, "timeline")
+        doc = as_object(doc, "timeline")
         try:
             return cls(
                 title=str(doc.get("title", "timeline")),
@@ -237,22 +206,22 @@ class TestResult:
 
     @classmethod
     def from_json(cls, doc: Any) -> TestResult:
-        doc = _object(doc, "test")
+        doc = as_object(doc, "test")
         name = str(doc.get("test", ""))
         numerics, measures = figures_from_json(doc.get("figures"))
         return cls(
             test=name,
-            outcome=_outcome(doc.get("outcome"), name),
+            outcome=as_outcome(doc.get("outcome"), name),
             reason=str(doc.get("reason") or ""),
             observed=str(doc.get("observed") or ""),
-            exchanges=list(_strings(doc.get("exchanges") or [], f"{name}: exchanges")),
+            exchanges=list(as_strings(doc.get("exchanges") or [], f"{name}: exchanges")),
             timeline=Timeline.from_json(doc["timeline"]) if doc.get("timeline") else None,
             uploads=[Upload.from_json(u) for u in doc.get("uploads") or []],
             numerics=numerics,
             measures=measures,
             duration=float(doc.get("duration") or 0.0),
-            planned=_counts(doc.get("planned"), f"{name}: planned"),
-            done=_counts(doc.get("done"), f"{name}: done"),
+            planned=as_counts(doc.get("planned"), f"{name}: planned"),
+            done=as_counts(doc.get("done"), f"{name}: done"),
         )
 
 
@@ -299,14 +268,14 @@ class ClauseResult:
 
     @classmethod
     def from_json(cls, cid: str, doc: Any) -> ClauseResult:
-        doc = _object(doc, cid)
+        doc = as_object(doc, cid)
         try:
             return cls(
                 clause=cid,
                 level=str(doc["level"]),
                 area=str(doc["area"]),
                 rule=str(doc["rule"]),
-                outcome=_outcome(doc["outcome"], cid),
+                outcome=as_outcome(doc["outcome"], cid),
                 evidence=str(doc.get("evidence") or ""),
                 tests=[TestResult.from_json(t) for t in doc.get("tests") or []],
                 duration=float(doc.get("duration") or 0.0),
@@ -322,123 +291,6 @@ def in_catalogue_order(clauses: dict[str, ClauseResult]) -> dict[str, ClauseResu
 
 
 # --------------------------------------------------------------------------- the run
-
-
-@dataclass(frozen=True, kw_only=True)
-class Provenance:
-    """Where the verdicts come from: deployment, mode, recording, suite version, base digest, and
-    for a live run what was served at the start and at the end (identity lists)."""
-
-    deployment: str
-    mode: str | None = None
-    cassettes: str | None = None
-    recorded: str | None = None
-    base_url: str | None = None
-    suite_version: str | None = None
-    level: str | None = None
-    transition: str | None = None
-    snapshot: str | None = None
-    base_digest: str | None = None
-    numerics: str | None = None  # the served dtype, the tolerances it gave, and their source
-    finished: str | None = None
-    served_at_start: tuple[str, ...] | None = None
-    served_at_end: tuple[str, ...] | None = None
-    uploaded_and_removed: tuple[str, ...] | None = None
-    uploaded_and_kept: tuple[str, ...] | None = None
-    adapters_left_loaded: tuple[str, ...] | None = None
-    restored: str | None = None  # how the start was served again, and whether it scores as before
-    restore: str | None = None  # how to serve the start again, when the run did not
-
-    def items(self) -> list[tuple[str, str | tuple[str, ...]]]:
-        """The facts that were recorded, in order: a text, or a list of identities."""
-        return [(f.name, v) for f in fields(self) if (v := getattr(self, f.name)) is not None]
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
-
-    @classmethod
-    def from_json(cls, doc: Any) -> Provenance:
-        doc = _object(doc, "provenance")
-        unknown = set(doc) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ReportError(f"provenance: unknown {', '.join(sorted(unknown))}")
-        if "deployment" not in doc:
-            raise ReportError("provenance: no deployment")
-        return cls(
-            **{
-                k: _strings(v, f"provenance: {k}") if k in IDENTITY_LISTS and v is not None else v
-                for k, v in doc.items()
-            }
-        )
-
-
-# the provenance's lists of snapshot identities (a live run's); every other fact is one text
-IDENTITY_LISTS = frozenset(
-    {"served_at_start", "served_at_end", "uploaded_and_removed", "uploaded_and_kept", "adapters_left_loaded"}
-)
-
-
-@dataclass(frozen=True)
-class Capability:
-    """A row of the capability table: whether the deployment has it, what the probe saw, and
-    whether its engine requires it."""
-
-    name: str
-    has: bool
-    seen: str
-    about: str = ""
-    required: bool = False
-
-    @property
-    def missing(self) -> bool:
-        return self.required and not self.has
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "has": self.has, "seen": self.seen, "about": self.about, "required": self.required}
-
-    @classmethod
-    def from_json(cls, doc: Any) -> Capability:
-        doc = _object(doc, "capability")
-        return cls(
-            str(doc.get("name", "")),
-            bool(doc.get("has")),
-            str(doc.get("seen", "")),
-            str(doc.get("about", "")),
-            bool(doc.get("required")),
-        )
-
-    @classmethod
-    def table(cls, discovery: dict[str, Any] | None) -> list[Capability]:
-        """The rows of what the preflight discovered (`remote.discovery.Discovery.as_dict`)."""
-        if not discovery:
-            return []
-        from pytest_rlrollout.contract.capabilities import CAPABILITIES
-
-        engine, has, seen = discovery["engine"], discovery["capabilities"], discovery["seen"]
-        return [
-            cls(n, has[n], str(seen.get(n, c.probe)), c.about, c.required(engine))
-            for n, c in CAPABILITIES.items()
-            if n in has
-        ]
-
-
-@dataclass(frozen=True)
-class Engine:
-    name: str
-    decided: str  # why the run judged the deployment as this engine
-    version: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "decided": self.decided, "version": self.version}
-
-
-@dataclass(frozen=True)
-class Contract:
-    version: str
-    document: str = CONTRACT_DOC
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "document": self.document}
 
 
 Counts = dict[Outcome, int]
@@ -499,93 +351,9 @@ class Pictures:
 
     @classmethod
     def from_json(cls, doc: Any) -> Pictures:
-        doc = _object(doc, "numerics")
-        files = tuple(PictureFile(**_object(p, "numerics: picture")) for p in doc.get("pictures") or [])
+        doc = as_object(doc, "numerics")
+        files = tuple(PictureFile(**as_object(p, "numerics: picture")) for p in doc.get("pictures") or [])
         return cls(files, doc.get("no_pictures"))
-
-
-@dataclass(frozen=True)
-class SoakSwap:
-    """One of a soak's swaps: when (seconds since the soak began), the stall the streams across it
-    saw (each stream's longest gap between chunks), and the least any replica's fingerprint moved."""
-
-    epoch: int
-    identity: str
-    kind: str  # full, incremental
-    reset: str  # its reset_prompt_cache
-    signalled_at: float
-    served_at: float | None  # None: never served everywhere (`error` says why)
-    streams: int = 0  # streams in flight across it
-    stall_p50: float | None = None
-    stall_p99: float | None = None
-    stall_max: float | None = None
-    moved: float | None = None  # max |Δlogprob| of the replica whose fingerprint moved least
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class SoakReplica:
-    """What one replica (a fleet: one engine) served through a soak, as the answers named it, and
-    how its fingerprint moved across the swaps (FID-SWAP-1 judges each move)."""
-
-    name: str
-    turns: int
-    tokens: int
-    errors: int = 0
-    ttft_p50: float | None = None  # seconds
-    ttft_p99: float | None = None
-    gap_p99: float | None = None
-    fingerprinted: int = 0  # swaps after which its fingerprint was read
-    moved: int = 0  # ... and moved past the tolerance
-    least_moved: float | None = None  # max |Δlogprob| on the swap it moved least
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class SoakSummary:
-    """A soak's figures as the report shows them (`soak.summary` makes one): rows of figures,
-    each swap, series over time for the pictures, and the pictures written beside the report."""
-
-    rows: tuple[tuple[str, Scalar], ...]
-    swaps: tuple[SoakSwap, ...] = ()
-    # name (tokens_per_s, ttft_p50, ttft_p99, gap_p50, gap_p99) -> (seconds since the start, value)
-    series: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
-    pictures: tuple[str, ...] = ()  # files beside the report: <stem>.soak-<name>.png
-    no_pictures: str | None = None
-    replicas: tuple[SoakReplica, ...] = ()  # per replica the answers named (a fleet: per engine)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rows": [list(r) for r in self.rows],
-            "swaps": [s.to_json() for s in self.swaps],
-            "series": {k: [list(p) for p in v] for k, v in self.series.items()},
-            "pictures": list(self.pictures),
-            "no_pictures": self.no_pictures,
-            "replicas": [r.to_json() for r in self.replicas],
-        }
-
-    @classmethod
-    def from_json(cls, doc: Any) -> SoakSummary:
-        doc = _object(doc, "soak")
-        try:
-            return cls(
-                tuple((str(k), v) for k, v in doc["rows"]),
-                tuple(SoakSwap(**_object(s, "soak: swap")) for s in doc.get("swaps") or []),
-                {
-                    str(k): tuple((float(t), float(x)) for t, x in v)
-                    for k, v in _object(doc.get("series") or {}, "soak: series").items()
-                },
-                tuple(_strings(doc.get("pictures") or [], "soak: pictures")),
-                doc.get("no_pictures"),
-                tuple(SoakReplica(**_object(r, "soak: replica")) for r in doc.get("replicas") or []),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportError(f"soak: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -668,14 +436,14 @@ class Report:
     def from_json(cls, doc: Any) -> Report:
         """A report as `to_json` wrote it (its summary is recomputed from the clauses); ReportError
         saying what is wrong otherwise."""
-        doc = _object(doc, "report")
+        doc = as_object(doc, "report")
         try:
-            contract, engine = _object(doc["contract"], "contract"), doc.get("engine")
+            contract, engine = as_object(doc["contract"], "contract"), doc.get("engine")
             return cls(
                 provenance=Provenance.from_json(doc["provenance"]),
                 contract=Contract(str(contract["version"]), str(contract.get("document", CONTRACT_DOC))),
                 clauses={
-                    str(k): ClauseResult.from_json(str(k), v) for k, v in _object(doc["clauses"], "clauses").items()
+                    str(k): ClauseResult.from_json(str(k), v) for k, v in as_object(doc["clauses"], "clauses").items()
                 },
                 engine=Engine(str(engine["name"]), str(engine["decided"]), engine.get("version")) if engine else None,
                 capabilities=[Capability.from_json(c) for c in doc.get("capabilities") or []],

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, png_of, unavailable
-from pytest_rlrollout.suite.report.model import Report, SoakSummary
+from pytest_rlrollout.suite.report.model import Report
+from pytest_rlrollout.suite.report.soak import SoakSummary
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

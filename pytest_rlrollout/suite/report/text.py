@@ -7,7 +7,9 @@ import contextlib
 from typing import Any
 
 from pytest_rlrollout.contract import SEVERITY, Outcome
-from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Scalar, SoakReplica, SoakSwap, Upload
+from pytest_rlrollout.suite.report.fields import Scalar
+from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Upload
+from pytest_rlrollout.suite.report.soak import SoakReplica, SoakSwap
 
 # Outcomes as the tables list them: the plain pass first, the most telling last.
 OUTCOMES: tuple[Outcome, ...] = tuple(reversed(SEVERITY))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.suite.options import Setting
+    from pytest_rlrollout.suite.settings import Setting
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -77,7 +77,7 @@ def _prose(text: str) -> str:
 
 
 def settings_page() -> str:
-    from pytest_rlrollout.suite.options import SETTINGS
+    from pytest_rlrollout.suite.settings import SETTINGS
 
     options = [s for s in SETTINGS if s.option]
     lines = [

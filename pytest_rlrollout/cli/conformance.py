@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 def conformance_help() -> str:
     """`rlrollout conformance --help`: the usage, the plugin's options and its ini keys, from the
-    one table of settings the plugin registers (`suite.options.SETTINGS`)."""
+    one table of settings the plugin registers (`suite.settings.SETTINGS`)."""
     from pytest_rlrollout.suite.options import CONFORMANCE
     from pytest_rlrollout.suite.settings import SETTINGS, option_arguments
 

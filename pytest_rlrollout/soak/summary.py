@@ -1,4 +1,4 @@
-"""A soak's result as the suite's report shows it (`suite.report.model.SoakSummary`): rows of
+"""A soak's result as the suite's report shows it (`suite.report.soak.SoakSummary`): rows of
 figures, one row per swap, and the series the pictures draw."""
 
 from __future__ import annotations

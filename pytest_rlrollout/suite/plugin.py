@@ -1,6 +1,6 @@
 """The pytest plugin (entry point `rlrollout`): options, markers and the run's report.
 
-Options are read once into `RLConfig` (suite/options.py); the fixtures live in the modules
+Options are read once into `RLConfig` (suite/run_config.py) by suite/options.py; the fixtures live in the modules
 listed in `pytest_plugins`: the deployment under test, swaps and snapshots, sessions, and the
 exporter gate. This module and those stay cheap to import: heavy imports wait for a fixture.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-# (the names in quotes: remote.discovery.Discovery, suite.deployment.RLTest; not imported, see above)
+# (the names in quotes: remote.discovery.Discovery, suite.holding.RLTest; not imported, see above)
 DISCOVERED = pytest.StashKey["Discovery"]()  # config: what the deployment is and offers
 WORKER_DISCOVERY = "rl_discovery"  # the workerinput / workeroutput key that carries it across xdist
 MISSING = pytest.StashKey[str]()  # item: why the test fails before it runs (a capability it must have)

@@ -69,7 +69,7 @@ def test_check_names_each_stale_page_and_the_command(script, tmp_path, monkeypat
 
 
 def test_settings_page_has_every_key_and_option(script, pages):
-    from pytest_rlrollout.suite.options import SETTINGS
+    from pytest_rlrollout.suite.settings import SETTINGS
 
     page = pages[script.REFERENCE / "settings.md"]
     for s in SETTINGS:

@@ -75,6 +75,6 @@ def rl_violating_snapshot(
     """`rl_violating_snapshot(clause_id)`: a snapshot breaking that SNAP MUST clause (one of
     `snapshot.broken.BREAKERS`), uploaded and ready to signal (`built.signal`); inconclusive
     where the deployment could not be made ready for it."""
-    if rl_base_cases is None:  # (rl_snapshot_factory said why first)
-        inconclusive("no valid snapshots of the served model to break")
+    # None only without a snapshot factory, where rl_snapshot_factory made the test inconclusive first
+    assert rl_base_cases is not None
     return lambda violated: violating(rl_deployment, rl_swap, rl_snapshot_factory, rl_base_cases, violated, tmp_path)

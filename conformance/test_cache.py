@@ -9,9 +9,7 @@ from pytest_rlrollout.engines import spec
 from pytest_rlrollout.runs.plan import shared
 from pytest_rlrollout.suite.marks import clause, loads_from, requires
 from pytest_rlrollout.suite.outcomes import inconclusive, unsupported
-from pytest_rlrollout.suite.prompts import CACHED_PREFIX
-from pytest_rlrollout.suite.shared import part, share_for, shares
-from pytest_rlrollout.suite.swaps import completed
+from pytest_rlrollout.suite.testing import CACHED_PREFIX, completed, part, share_for, shares
 
 LONG = CACHED_PREFIX  # prompt tokens: several cache blocks on any deployment
 

@@ -23,7 +23,9 @@ from pytest_rlrollout.remote.fingerprint import (
 from pytest_rlrollout.remote.stream import json_object, span_problems
 from pytest_rlrollout.runs.plan import served
 from pytest_rlrollout.suite.marks import clause, loads, requires, swaps
-from pytest_rlrollout.suite.observe import (
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.testing import (
+    CACHED_PREFIX,
     WHITELIST,
     InFlight,
     cached_and_a_visible_change,
@@ -32,8 +34,6 @@ from pytest_rlrollout.suite.observe import (
     in_transit,
     with_stream,
 )
-from pytest_rlrollout.suite.outcomes import inconclusive
-from pytest_rlrollout.suite.prompts import CACHED_PREFIX
 
 HOLD_READS = 4  # paused() reads while a pause is held (a fixed count: a replay asks as often)
 

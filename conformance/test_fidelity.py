@@ -27,11 +27,18 @@ from pytest_rlrollout.remote.fingerprint import (
 )
 from pytest_rlrollout.runs.plan import shared
 from pytest_rlrollout.suite.marks import clause, loads, requires
-from pytest_rlrollout.suite.observe import cached_continued, continued
 from pytest_rlrollout.suite.outcomes import inconclusive
-from pytest_rlrollout.suite.prompts import CACHED_PREFIX
-from pytest_rlrollout.suite.shared import COPY, LEDGER, part, share_for, shares
-from pytest_rlrollout.suite.swaps import completed
+from pytest_rlrollout.suite.testing import (
+    CACHED_PREFIX,
+    COPY,
+    LEDGER,
+    cached_continued,
+    completed,
+    continued,
+    part,
+    share_for,
+    shares,
+)
 
 scored = requires("logprobs", "echo", "token_id_prompts")
 LOAD_STREAMS = 3  # FID-BATCH-1: requests decoding beside the one judged

@@ -16,9 +16,8 @@ from pytest_rlrollout.runs.plan import Load, refused, served, shared, unsignalle
 from pytest_rlrollout.runs.snapshots import PROBE_KEY
 from pytest_rlrollout.snapshot import broken
 from pytest_rlrollout.suite.marks import breaks, clause, loads, loads_from, requires, swaps
-from pytest_rlrollout.suite.observe import expect_loaded, watch
 from pytest_rlrollout.suite.outcomes import inconclusive
-from pytest_rlrollout.suite.shared import COPY, part, share_for, shares
+from pytest_rlrollout.suite.testing import COPY, expect_loaded, part, share_for, shares, watch
 
 
 def status_body(rl_deployment) -> dict:
@@ -279,27 +278,9 @@ def violating(ctx):
 @clause("HL-POST-5")
 @pytest.mark.parametrize("violated", _variants())
 @loads_from(violating)
-def test_violating_snapshot_is_never_served(
-    rl_deployment, rl_snapshot_factory, rl_swap, rl_base_cases, violated, tmp_path, rl_observe
-):
+def test_violating_snapshot_is_never_served(rl_deployment, rl_violating_snapshot, violated, rl_observe):
     """A snapshot violating a SNAP MUST clause is never served: the previous snapshot keeps serving on every replica."""
-    case = broken.broken_case(violated, rl_base_cases, tmp_path)
-    signal = dict(case.signal or {})
-    if broken.diffs_the_base(case, rl_base_cases):
-        # the diff is against the base: rebase it on a served snapshot holding exactly the base
-        if rl_snapshot_factory.record.overlays.get(rl_deployment.serving()) != {}:
-            rl_swap.signal(rl_snapshot_factory.base_copy("base-again"))
-        serving = rl_deployment.serving()
-        if rl_snapshot_factory.record.overlays.get(serving) != {}:
-            inconclusive("could not serve a snapshot equal to the base to diff against")
-        meta = signal["incremental_snapshot_metadata"]
-        if meta.get("previous_snapshot_identity") == rl_base_cases.base.name:
-            signal["incremental_snapshot_metadata"] = {**meta, "previous_snapshot_identity": serving}
-    if case.ledger_reset:
-        if not 200 <= rl_deployment.reset_ledger().status_code < 300:
-            inconclusive("this variant needs a ledger reset, and the reset failed (see HL-LEDGER-1)")
-        rl_snapshot_factory.ledger_reset()
-    built = rl_snapshot_factory.copy_in(case.snapshot, violated.lower(), signal)
+    built = rl_violating_snapshot(violated)
     before = served_identities(rl_deployment)
     weights = canary_scores(rl_deployment)
     rl_deployment.hot_load(built.signal)

@@ -12,8 +12,8 @@ import pytest
 from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.suite.marks import clause, requires
 from pytest_rlrollout.suite.outcomes import not_applicable, unsupported
+from pytest_rlrollout.suite.testing import WHITELIST
 
-WHITELIST = ("stop", "length", "tool_calls")
 TOKENS = 6
 
 

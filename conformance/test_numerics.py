@@ -19,7 +19,7 @@ PROMPTS = 4  # the generated tokens are spread over this many prompts
 
 
 @pytest.fixture(scope="module")
-def _scorers() -> dict:
+def local_scorers() -> dict:
     return {}  # (weights, adapter, kind, device) -> scorer: loading weights costs more than scoring
 
 
@@ -50,7 +50,7 @@ def local_weights(rl_deployment, factory, policy: str):
         )
 
 
-def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
+def figures_of(rl_deployment, rl_snapshots, scorers, *, routing: bool):
     """Sample, score locally, and return the figures (and the routing alignment used)."""
     from pytest_rlrollout.numerics.rollouts import RolloutError, compare, sample
     from pytest_rlrollout.numerics.scorer import local_scorer
@@ -86,7 +86,7 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
         policies = served
     if len(policies) != 1:
         inconclusive(f"the rollouts name {len(policies)} policy versions ({sorted(policies)[:4]}; see VER-STREAM-1)")
-    weights, adapter = local_weights(rl_deployment, _rl_snapshots, policies.pop())
+    weights, adapter = local_weights(rl_deployment, rl_snapshots, policies.pop())
     key = (str(weights), str(adapter), opts.scorer, opts.scorer_device)
     if key not in scorers:
         try:
@@ -98,10 +98,10 @@ def figures_of(rl_deployment, _rl_snapshots, scorers, *, routing: bool):
 
 @clause("NUM-LOGPROB-1")
 @requires("logprobs", "token_id_prompts")
-def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scorers, rl_observe):
+def test_logprobs_match_a_local_forward_pass(rl_deployment, rl_snapshots, local_scorers, rl_observe):
     """For tokens the deployment generated, a local forward pass of the same snapshot gives logprobs within a
     configurable tolerance; the report gives mean and max |delta| and a k3 KL estimate."""
-    figures, _ = figures_of(rl_deployment, _rl_snapshots, _scorers, routing=False)
+    figures, _ = figures_of(rl_deployment, rl_snapshots, local_scorers, routing=False)
     tol = rl_deployment.options.numerics.logprob_tolerance
     rl_observe.figures = figures.as_dict()
     assert figures.max_abs <= tol, (
@@ -118,10 +118,10 @@ def test_logprobs_match_a_local_forward_pass(rl_deployment, _rl_snapshots, _scor
 
 @clause("NUM-ROUTE-1")
 @requires("logprobs", "token_id_prompts", "routing_matrix")
-def test_routing_matches_the_local_router(rl_deployment, _rl_snapshots, _scorers, rl_observe):
+def test_routing_matches_the_local_router(rl_deployment, rl_snapshots, local_scorers, rl_observe):
     """Routing the deployment returned agrees with the local router's top-k; the report gives the per-(layer, token)
     agreement rate and the fraction of tokens with any disagreement."""
-    figures, alignment = figures_of(rl_deployment, _rl_snapshots, _scorers, routing=True)
+    figures, alignment = figures_of(rl_deployment, rl_snapshots, local_scorers, routing=True)
     least = rl_deployment.options.numerics.min_route_agreement
     if figures.route_agreement is None:
         inconclusive("no routing on both sides to compare")

@@ -1,70 +1,21 @@
 """R3 — MoE routing matrices (R3-CHANGE-1 swaps in a snapshot with changed routers).
 
 Whether the model is MoE, and its shape (L layers, k experts per token out of E), comes from the
-served config (`--rl-base-snapshot`): a dense model makes R3 not-applicable; an MoE model that
+served config (`--rl-base-snapshot`; the `rl_moe` fixture): a dense model makes R3 not-applicable; an MoE model that
 returns no routing fails it. Without the config, the clauses that need the shape are
 inconclusive, naming the option.
 """
 
-from dataclasses import dataclass
-
 import pytest
 
-from pytest_rlrollout.contract.capabilities import CAPABILITIES
-from pytest_rlrollout.contract.moe import moe_shape
 from pytest_rlrollout.remote.stream import routing_matrix
 from pytest_rlrollout.runs.plan import served
-from pytest_rlrollout.suite.holding import fail_in_call
 from pytest_rlrollout.suite.marks import clause, loads_from, requires
-from pytest_rlrollout.suite.outcomes import inconclusive, not_applicable, unsupported
-from pytest_rlrollout.suite.prompts import CACHED_PREFIX
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.testing import CACHED_PREFIX, router_change
 
 LOGPROBS = requires("logprobs")  # what every R3 test reads the matrices from
 TOKENS = 4
-
-
-@dataclass(frozen=True)
-class MoE:
-    shape: tuple[int, int, int] | None  # (L, k, E) when the served config is known
-
-    def needed(self) -> tuple[int, int, int]:
-        if self.shape is None:
-            inconclusive(
-                "judging routing matrices needs the MoE shape (L, k, E) from the served config.json: "
-                "pass --rl-base-snapshot"
-            )
-        return self.shape
-
-
-@pytest.fixture
-def moe(rl_deployment, request) -> MoE:
-    """The served model is MoE and routing can be asked for."""
-    config = rl_deployment.base_config
-    routes = rl_deployment.capabilities.has("routing_matrix")
-    if config is None:
-        if not routes:
-            inconclusive(
-                "no routing_matrix in any answer, and without the served config.json a dense model (R3 "
-                "not applicable) cannot be told from an MoE one (R3 fails): pass --rl-base-snapshot"
-            )
-        return MoE(None)
-    s = moe_shape(config)
-    if s is None:
-        not_applicable("the served model is dense (its config.json declares no experts)")
-    if not routes:
-        seen = rl_deployment.capabilities.seen.get("routing_matrix", "")
-        flag = CAPABILITIES["routing_matrix"].flag(rl_deployment.engine)
-        if flag is not None:  # the engine routes behind a server flag: a server without it lacks a feature
-            unsupported(
-                f"the served model is MoE and the deployment returns no routing ({seen}); "
-                f"{rl_deployment.engine} returns it with {flag}"
-            )
-        fail_in_call(
-            request.node,
-            f"the served model is MoE ({s.experts} experts, {s.k} per token) and the "
-            f"deployment returns no routing_matrix ({seen})",
-        )
-    return MoE((s.layers, s.k, s.experts))
 
 
 def routed(rl_deployment, prompt, *, chat=False, headers=None, **body):
@@ -101,10 +52,10 @@ def every_entry_routed(entries, what: str) -> None:
 
 @clause("R3-SHAPE-1")
 @LOGPROBS
-def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
+def test_matrices_hold_l_times_k_bytes(rl_deployment, rl_moe, rl_observe):
     """With include_routing_matrix and logprobs, every logprobs.content[j] carries routing_matrix: base64 of exactly L*k
     uint8 bytes, row-major [L, k]."""
-    layers, k, _ = moe.needed()
+    layers, k, _ = rl_moe.needed()
     prompt = rl_deployment.prompt("r3-shape")
     entries = []
     for kw in ({}, {"stream": True}, {"chat": True}):
@@ -121,9 +72,9 @@ def test_matrices_hold_l_times_k_bytes(rl_deployment, moe, rl_observe):
 
 @clause("R3-RANGE-1")
 @LOGPROBS
-def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
+def test_indices_in_range_and_distinct(rl_deployment, rl_moe, rl_observe):
     """Every expert index is below E and the k indices of a row are distinct."""
-    layers, k, experts = moe.needed()
+    layers, k, experts = rl_moe.needed()
     matrices = []
     for e in present(routed(rl_deployment, rl_deployment.prompt("r3-range"), stream=True).entries):
         try:
@@ -140,7 +91,7 @@ def test_indices_in_range_and_distinct(rl_deployment, moe, rl_observe):
 
 @clause("R3-CHAT-1")
 @LOGPROBS
-def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
+def test_chat_completions_carry_routing(rl_deployment, rl_moe, rl_observe):
     """Chat completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-chat"), chat=True).entries
     every_entry_routed(entries, "a chat completion")
@@ -149,7 +100,7 @@ def test_chat_completions_carry_routing(rl_deployment, moe, rl_observe):
 
 @clause("R3-COMP-1")
 @LOGPROBS
-def test_completions_carry_routing(rl_deployment, moe, rl_observe):
+def test_completions_carry_routing(rl_deployment, rl_moe, rl_observe):
     """Completions carry routing at choices[i].logprobs.content[j].routing_matrix."""
     entries = routed(rl_deployment, rl_deployment.prompt("r3-comp")).entries
     every_entry_routed(entries, "a completion")
@@ -158,7 +109,7 @@ def test_completions_carry_routing(rl_deployment, moe, rl_observe):
 
 @clause("R3-STREAM-1")
 @LOGPROBS
-def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
+def test_every_streamed_token_carries_routing(rl_deployment, rl_moe, rl_observe):
     """Streaming carries routing on every streamed token's logprobs.content entry."""
     s = routed(rl_deployment, rl_deployment.prompt("r3-stream"), stream=True, max_tokens=6)
     entries = s.entries
@@ -170,7 +121,7 @@ def test_every_streamed_token_carries_routing(rl_deployment, moe, rl_observe):
 
 @clause("R3-ECHO-1")
 @requires("logprobs", "echo", "token_id_prompts")
-def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
+def test_echo_returns_prompt_routing(rl_deployment, rl_moe, rl_observe):
     """echo: true also returns routing for the prompt tokens: one entry per prompt token plus one per completion token."""
     prompt = rl_deployment.prompt("r3-echo")
     stream = routed(rl_deployment, prompt, stream=True, echo=True, stream_options={"include_usage": True})
@@ -187,7 +138,7 @@ def test_echo_returns_prompt_routing(rl_deployment, moe, rl_observe):
 
 @clause("R3-ECHOLAST-1")
 @requires("logprobs", "echo", "token_id_prompts")
-def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_observe):
+def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, rl_moe, rl_observe):
     """echo_last: N returns prompt routing for the last N prompt tokens only."""
     prompt = rl_deployment.prompt("r3-echolast")
     stream = routed(rl_deployment, prompt, stream=True, echo_last=5, stream_options={"include_usage": True})
@@ -201,7 +152,7 @@ def test_echo_last_returns_the_last_n_prompt_tokens(rl_deployment, moe, rl_obser
 
 @clause("R3-DET-1")
 @LOGPROBS
-def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
+def test_greedy_routing_is_deterministic(rl_deployment, rl_moe, rl_observe):
     """The same greedy request twice on one snapshot gives identical routing."""
     prompt = rl_deployment.prompt("r3-det")
     first, second = (routed(rl_deployment, prompt, stream=True).entries for _ in range(2))
@@ -217,9 +168,9 @@ def test_greedy_routing_is_deterministic(rl_deployment, moe, rl_observe):
 
 @clause("R3-CACHE-1")
 @requires("logprobs", "echo", "cached_tokens")
-def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
+def test_cached_prefix_routing_equals_computed(rl_deployment, rl_moe, rl_observe):
     """Routing returned for prefix tokens served from the prompt cache equals routing computed without the cache."""
-    layers, k, _ = moe.needed()
+    layers, k, _ = rl_moe.needed()
     prompt = rl_deployment.prompt("r3-cache", CACHED_PREFIX)
     headers = rl_deployment.session("r3-cache")
     cold = routed(rl_deployment, prompt, headers=headers, max_tokens=2, echo=True, stream=True)
@@ -245,19 +196,11 @@ def test_cached_prefix_routing_equals_computed(rl_deployment, moe, rl_observe):
 
 @clause("R3-CHANGE-1")
 @requires("logprobs", "echo", "token_id_prompts")
-@loads_from(lambda ctx: [served(change="routers")] if ctx.has("routing_matrix") else [])  # else: the `moe` fixture
-def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_observe):
+@loads_from(lambda ctx: [served(change="routers")] if ctx.has("routing_matrix") else [])  # else: `rl_moe`
+def test_routing_follows_new_router_weights(rl_deployment, rl_swap, rl_moe, rl_observe):
     """After a swap to different router weights, routing reflects the new weights."""
-    layers, k, _ = moe.needed()
-    by_layer = rl_swap.factory.routers_by_layer
-    if not by_layer:
-        inconclusive("no router tensors (…mlp.gate.weight) found in the base snapshot to change")
-    # The first and the last MoE layer's routers change (SnapshotFactory.router_change)
-    ends = sorted({min(by_layer), max(by_layer)})
-    moe_layers = sorted(by_layer)
-    rows = [moe_layers.index(n) for n in ends] if len(moe_layers) == layers else ends
-    if max(rows) >= layers:
-        inconclusive(f"the routers are in layers {moe_layers[:5]}…, but routing matrices have {layers} rows")
+    layers, k, _ = rl_moe.needed()
+    routers = router_change(rl_deployment, rl_swap, layers)  # the first and the last MoE layer's
     prompt = rl_deployment.prompt("r3-change", 48)
     session = rl_deployment.session("r3-change")
 
@@ -272,13 +215,13 @@ def test_routing_follows_new_router_weights(rl_deployment, rl_swap, moe, rl_obse
     before = prompt_routing()
     if not before:
         inconclusive("echo returned no routing for the prompt (see R3-ECHO-1)")
-    # negate the routers (top-k becomes bottom-k), or undo an earlier negation
-    rl_swap("routers", change=rl_swap.factory.router_change(rl_deployment.serving()))
+    rl_swap("routers", change=routers.change)
     after = prompt_routing()
     if len(after) != len(before):
         inconclusive("echo returned routing for a different number of prompt tokens after the swap")
-    judged = len(before) * len(rows)
-    changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in rows)
+    judged = len(before) * len(routers.rows)
+    changed = sum(set(a[i]) != set(b[i]) for a, b in zip(before, after, strict=True) for i in routers.rows)
+    ends = routers.layers
     assert changed >= judged // 2, (
         f"only {changed} of {judged} (token, layer) rows of layers {ends} changed after their routers were negated"
     )

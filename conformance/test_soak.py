@@ -8,8 +8,6 @@ verdict: how many streams (or swaps) it judged, and on a failure how many broke 
 five of their exchanges. Left out of every run that does not ask for it.
 """
 
-import json
-
 import pytest
 
 from pytest_rlrollout.suite.marks import clause, requires
@@ -50,15 +48,15 @@ def needs(clause_id: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def soak(request, rl_deployment, _rl_snapshots, tmp_path_factory):
+def soak(request, rl_deployment, rl_snapshots, tmp_path_factory):
     """The run's one soak (`soak.in_suite`): every clause below reads its verdicts."""
     from pytest_rlrollout.soak.in_suite import soaked
 
     if rl_deployment.mode == "replay":
         not_applicable("a soak runs against a deployment, not a recording")
-    if _rl_snapshots is None:
+    if rl_snapshots is None:
         inconclusive("the soak swaps snapshots in: it needs --rl-bucket-url and --rl-base-snapshot")
-    return soaked(request.config, rl_deployment, _rl_snapshots, tmp_path_factory)
+    return soaked(request.config, rl_deployment, rl_snapshots, tmp_path_factory)
 
 
 @pytest.mark.parametrize(
@@ -85,13 +83,12 @@ def test_soak(soak, clause_id, rl_observe):
     rl_observe(v.judged, what)
 
 
-def test_soak_books(soak, request):
+def test_soak_books(soak, rl_soak_summary):
     """The soak's own books, and its figures for the report: every turn a worker counted reached the
     judge (the verdicts above rest on all of them). A failure here is the soak's, not the deployment's."""
     from pytest_rlrollout.soak.summary import summary
-    from pytest_rlrollout.suite.reporting import SOAK_PROPERTY
 
-    request.node.user_properties.append((SOAK_PROPERTY, json.dumps(summary(soak).to_json())))
+    rl_soak_summary(summary(soak))
     assert soak.figures.turns, "no rollout turn came back from Locust"
     counted = soak.summed()
     assert counted.to_json() == soak.figures.to_json(), (

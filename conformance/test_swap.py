@@ -13,17 +13,22 @@ import pytest
 from pytest_rlrollout.remote.stream import span_version
 from pytest_rlrollout.runs.plan import served, shared
 from pytest_rlrollout.suite.marks import clause, loads, loads_from, requires
-from pytest_rlrollout.suite.observe import (
+from pytest_rlrollout.suite.outcomes import inconclusive
+from pytest_rlrollout.suite.testing import (
+    CROSSING,
+    GREEDY_BEFORE,
+    PROBES,
     WHITELIST,
     across_swap,
+    completed,
     crossing_body,
     not_cut_by_the_suite,
+    part,
     parting,
     probes_during_swap,
+    share_for,
+    shares,
 )
-from pytest_rlrollout.suite.outcomes import inconclusive
-from pytest_rlrollout.suite.shared import CROSSING, PROBES, part, share_for, shares
-from pytest_rlrollout.suite.swaps import completed
 
 
 def crossing(rl_deployment, rl_swap, rl_observe, name, change=None, **signal):
@@ -72,31 +77,18 @@ def test_async_stream_survives_the_swap(rl_deployment, rl_shared, rl_observe):
     judge_completion(c, rl_observe, rl_deployment.long_stream_tokens)
 
 
-def greedy_before(rl_deployment, name):
-    """The crossing stream's request, alone before the swap: its logprobs under the old weights
-    (not streamed: without the stream's options, which a server may refuse on a plain request)."""
-    body = {k: v for k, v in crossing_body(rl_deployment, name).items() if k != "stream_options"}
-    return rl_deployment.complete(body).expect_ok("the same greedy request before the swap").entries
-
-
-part("crossing-greedy", greedy_before, lambda _, before, __: before)
-
-
 @clause("SWAP-ASYNC-2")
 @requires("transition:ASYNC", "policy_version")
 @loads(shared())
-@shares(lambda _: share_for(None), CROSSING, "crossing-greedy")
-def test_async_policy_version_changes_once(rl_deployment, rl_shared, rl_observe):
+@shares(lambda _: share_for(None), CROSSING, GREEDY_BEFORE)
+def test_async_policy_version_changes_once(rl_deployment, rl_dated_crossing, rl_observe):
     """ASYNC: the streamed policy version changes at most once, from old to new; every chunk after the swap carries the
     new identity."""
-    # Spans (said once, at the end) date tokens by their index, and an engine that sends chunks
-    # late delivers tokens it generated before the swap after it: arrival dates nothing there.
-    # The tokens' own numbers do: the swap doubles the final norm (every logit doubles, greedy
-    # tokens stay the same), so the first token scored unlike the same greedy request under the
-    # old weights was generated after the swap, and it and every later token must name the new.
-    by_numbers = rl_deployment.driver.reading.spans_only and rl_deployment.capabilities.has("logprobs")
-    seen = rl_shared.parts(share_for(None), [CROSSING, "crossing-greedy"] if by_numbers else [CROSSING])
-    c, old = signalled(seen[CROSSING]), seen.get("crossing-greedy")
+    # Where spans (said once, at the end) date tokens by index, the tokens' own numbers date them:
+    # the first token scored unlike the same greedy request before the swap (`old`) was generated
+    # after it, and it and every later token must name the new snapshot.
+    c, old = rl_dated_crossing(share_for(None))
+    c = signalled(c)
     v = c.versions
     if not v or None in v:
         inconclusive("some chunks carry no policy version (see VER-STREAM-1)")

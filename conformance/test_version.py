@@ -9,8 +9,7 @@ from pytest_rlrollout.remote.stream import span_problems
 from pytest_rlrollout.runs.plan import served, shared
 from pytest_rlrollout.suite.marks import clause, loads, requires
 from pytest_rlrollout.suite.outcomes import inconclusive
-from pytest_rlrollout.suite.shared import CROSSING, part, share_for, shares
-from pytest_rlrollout.suite.swaps import served_by
+from pytest_rlrollout.suite.testing import CROSSING, part, served_by, share_for, shares
 
 
 def loaded(rl_deployment) -> set:

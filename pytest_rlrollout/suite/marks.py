@@ -4,6 +4,8 @@ them (`pytest --markers`)."""
 
 import pytest
 
+__all__ = ["breaks", "clause", "loads", "loads_from", "requires", "swaps"]
+
 clause = pytest.mark.rl_clause  # clause("SWAP-ASYNC-1", ...): the contract clauses a test judges
 requires = pytest.mark.rl_requires  # requires("logprobs", "transition:SYNC"): what the deployment must offer
 swaps = pytest.mark.rl_swaps  # the test changes what is served (implied by the rl_swap fixture)

@@ -13,6 +13,9 @@ import pytest
 
 from pytest_rlrollout.contract.outcomes import UNJUDGED, Outcome
 
+# what a test calls; the rest is the plugin's and the report's
+__all__ = ["inconclusive", "not_applicable", "unsupported"]
+
 # rl_level = must turns a failure of SHOULD clauses into an xfail whose reason starts with this.
 SHOULD_FAILURE = "rl-should-failure:"
 # A test that failed by an exception other than an assertion about the deployment carries this
@@ -25,14 +28,18 @@ def skip_as(outcome: Outcome, reason: str) -> NoReturn:
 
 
 def not_applicable(reason: str) -> NoReturn:
+    """End the test: its clause does not apply to this deployment (a dense model for R3), `reason` says why."""
     skip_as(Outcome.NOT_APPLICABLE, reason)
 
 
 def unsupported(reason: str) -> NoReturn:
+    """End the test: the deployment lacks an optional feature the clause needs, `reason` names it."""
     skip_as(Outcome.UNSUPPORTED, reason)
 
 
 def inconclusive(reason: str) -> NoReturn:
+    """End the test unjudged: what it needed to observe could not be observed (a precondition
+    failed, the moment passed), `reason` says what; never a pass."""
     skip_as(Outcome.INCONCLUSIVE, reason)
 
 

@@ -118,17 +118,17 @@ def over_budget(budget: Budget, plan: TestPlan, full_bytes: int, spent: dict[str
 
 @pytest.fixture(scope="session")
 def _rl_planner(
-    request: pytest.FixtureRequest, rl_deployment: RLDeployment, _rl_snapshots: Any
+    request: pytest.FixtureRequest, rl_deployment: RLDeployment, rl_snapshots: Any
 ) -> Iterator[Planner | None]:
     """The run's planner: a dry twin of its snapshot factory (None without a factory, and when
     recording or replaying: a plan asks what is served, an exchange no cassette holds)."""
-    if _rl_snapshots is None or rl_deployment.cassettes is not None:
+    if rl_snapshots is None or rl_deployment.cassettes is not None:
         yield None
         return
     from pytest_rlrollout.runs.plan import Planner
 
-    planner = Planner(_rl_snapshots, None, reference_cases=lambda: request.getfixturevalue("rl_base_cases"))
-    book(request.config).full_bytes, book(request.config).model = _rl_snapshots.full_bytes, _rl_snapshots.model
+    planner = Planner(rl_snapshots, None, reference_cases=lambda: request.getfixturevalue("rl_base_cases"))
+    book(request.config).full_bytes, book(request.config).model = rl_snapshots.full_bytes, rl_snapshots.model
     yield planner
     planner.close()
 

@@ -33,6 +33,10 @@ pytest_plugins = [
     "pytest_rlrollout.suite.session",
     "pytest_rlrollout.suite.gate",
     "pytest_rlrollout.suite.shared",
+    "pytest_rlrollout.suite.dating",
+    "pytest_rlrollout.suite.violations",
+    "pytest_rlrollout.suite.moe",
+    "pytest_rlrollout.suite.soak_report",
     "pytest_rlrollout.suite.planning",
 ]
 

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from pytest_rlrollout.suite.evidence import Observed, Timeline
     from pytest_rlrollout.suite.swaps import Swapper, SwapResult
 
-CROSSING = "crossing"  # the part that is a stream kept across the swap (`observe.across_swap`)
-PROBES = "probes"  # the part that is requests sent while the swap is under way (`observe.Probes`)
+CROSSING = "crossing"  # the part that is a stream kept across the swap (`crossing.across_swap`)
+PROBES = "probes"  # the part that is requests sent while the swap is under way (`probing.Probes`)
 DURING = (CROSSING, PROBES)  # parts observed while the swap is under way, not before and after it
 
 
@@ -239,8 +239,9 @@ class SharedSwaps:
     def make(self, share: Share, parts: list[str], naming: Callable[[str], str]) -> SharedSwap:
         """One swap with `parts` observed around it: each `before`, the signal (a stream kept
         across it and requests sent during it where those parts are asked for), each `after`."""
-        from pytest_rlrollout.suite.observe import across_swap, crossing_body, probes_during_swap
+        from pytest_rlrollout.suite.crossing import across_swap, crossing_body
         from pytest_rlrollout.suite.outcomes import inconclusive
+        from pytest_rlrollout.suite.probing import probes_during_swap
 
         out = SharedSwap(share, self.request.node.nodeid)
         dep, factory = self.deployment, self.swap.factory

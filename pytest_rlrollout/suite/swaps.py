@@ -1,4 +1,4 @@
-"""Swapping the deployment to new snapshots: the `rl_snapshot_factory` and `rl_swap` fixtures."""
+"""Swapping the deployment to new snapshots: the `rl_snapshots`, `rl_snapshot_factory` and `rl_swap` fixtures."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class SwapResult:
+    """How one swap went: the snapshot signalled, the answer to the signal, how the wait ended."""
+
     built: Built  # the snapshot signalled
     response: httpx.Response  # the answer to the signal
     waited: Waited | None  # how the wait ended; None when the signal was refused
@@ -103,11 +105,15 @@ def completed(result: SwapResult) -> SwapResult:
 
 
 @pytest.fixture(scope="session")
-def _rl_snapshots(
+def rl_snapshots(
     request: pytest.FixtureRequest, rl_deployment: RLDeployment, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SnapshotFactory | None]:
-    """The run's snapshot factory (None without a bucket and a base: `rl_snapshot_factory`
-    says so, after the test's own requirements); removes what it uploaded at the end."""
+    """The run's one snapshot factory, shared by every test of the session, or None where the run
+    has no bucket (--rl-bucket-url) or no base snapshot (--rl-base-snapshot). A test that swaps
+    takes `rl_snapshot_factory` or `rl_swap` instead (they make it inconclusive, naming the missing
+    option, and name its snapshots after it); a session fixture of one's own that drives swaps
+    itself (the soak) takes this one. What it uploaded and no replica serves is removed at the
+    end of the session."""
     from pytest_rlrollout.runs.snapshots import SnapshotFactory
 
     if rl_deployment.bucket is None or rl_deployment.base_snapshot is None:
@@ -145,21 +151,21 @@ def _rl_snapshots(
 def rl_base_cases(
     request: pytest.FixtureRequest,
     rl_deployment: RLDeployment,
-    _rl_snapshots: Any,
+    rl_snapshots: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ReferenceCases | None:
     """Valid snapshots of every kind of the model the deployment serves, which HL-POST-5's broken
     variants start from: the reference model's where it serves that model, else built from the
     run's base (`ReferenceCases.of`: what each writes follows what it changes); None without a
     snapshot factory."""
-    if _rl_snapshots is None:
+    if rl_snapshots is None:
         return None
     reference = request.getfixturevalue("rl_reference_cases")
     if rl_deployment.base_config == json.loads((reference.base / "config.json").read_text()):
         return reference
     from pytest_rlrollout.snapshot.cases import ReferenceCases
 
-    return ReferenceCases.of(tmp_path_factory.mktemp("rl-base-cases"), _rl_snapshots.base, rl_deployment.target.model)
+    return ReferenceCases.of(tmp_path_factory.mktemp("rl-base-cases"), rl_snapshots.base, rl_deployment.target.model)
 
 
 def served_by(replica: dict[str, Any]) -> set[str]:
@@ -172,7 +178,7 @@ def served_by(replica: dict[str, Any]) -> set[str]:
 def rl_snapshot_factory(
     request: pytest.FixtureRequest,
     rl_deployment: RLDeployment,
-    _rl_snapshots: SnapshotFactory | None,
+    rl_snapshots: SnapshotFactory | None,
     rl_test: RLTest | None,
 ) -> SnapshotFactory:
     """Builds and uploads the snapshots swap tests signal: `step(serving)`, `sentinel(parent,
@@ -180,7 +186,7 @@ def rl_snapshot_factory(
     replay builds the same bytes. Everything uploaded is removed at the end of the session."""
     from pytest_rlrollout.remote.cassette import portable_id
 
-    if _rl_snapshots is None:
+    if rl_snapshots is None:
         missing = [
             o
             for o, v in (("--rl-bucket-url", rl_deployment.bucket), ("--rl-base-snapshot", rl_deployment.base_snapshot))
@@ -189,7 +195,7 @@ def rl_snapshot_factory(
         inconclusive(f"building snapshots to swap in needs {' and '.join(missing)}")
     from pytest_rlrollout.suite.evidence import observed
 
-    factory = _rl_snapshots
+    factory = rl_snapshots
     factory.for_test(portable_id(request.node.nodeid), observed(request.node).uploads)
     cassette = rl_test.cassette if rl_test is not None else None
     if cassette is not None:  # what the factory knew travels with the test's cassette

@@ -211,10 +211,17 @@ def test_sync_requests_during_the_swap_get_425_then_succeed(rl_deployment, rl_sw
     """SYNC: requests arriving during the swap get 425 Too Early; the same request retried with the same session key
     after the swap succeeds on the new identity."""
     run = probes_during_swap(rl_deployment, rl_swap, rl_observe, every=True)
-    built, judged = run.built, [p for p in run.probes if p.all_in_swap]
+    # A 425 is the deployment's own word that the swap was on; any other answer counts only if it
+    # came before a later status poll still showed the swap on every replica.
+    built = run.built
+    judged = [p for p in run.probes if p.all_in_swap and (p.status == 425 or p.answered <= run.answered_in_swap_before)]
     if not judged:
-        inconclusive("no request was sent while every replica was swapping")
-    assert all(p.status == 425 for p in judged), f"statuses during the swap: {[p.status for p in judged]}"
+        inconclusive("no request was answered while every replica was still shown swapping")
+    served = [p for p in judged if p.status != 425]
+    assert not served, (
+        f"statuses during the swap: {[p.status for p in judged]}; answered "
+        f"{[round(run.answered_in_swap_before - p.answered, 3) for p in served]} s before a status poll still showed the swap"
+    )
     probe = rl_deployment.prompt("probe", 3).body
     for p in judged:  # retried with the same session key once the swap is over
         s = rl_deployment.complete({"prompt": probe, "max_tokens": 1, "stream": True}, headers=p.session)

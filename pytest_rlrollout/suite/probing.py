@@ -52,6 +52,10 @@ class Probing:
     probes: list[Probe]
     in_swap_until: float = 0.0  # the last status poll that still showed the swap (as the probes were sent)
     round_trip: float = 0.0  # the fastest status poll: how stale a poll's view may be
+    # A poll answered at `in_swap_until` was asked after the poll before it was answered: an
+    # answer that arrived before that earlier moment was given while the swap was still shown.
+    # (A probe launched by a poll may itself be sent after the swap ended, on a busy machine.)
+    answered_in_swap_before: float = 0.0
     result: SwapResult | None = None  # how the swap ended
 
 
@@ -80,6 +84,7 @@ class Probes:
         self.threads: list[threading.Thread] = []
         self.held = False
         self.all_in = self.any_in = False  # what the poll that sent them showed
+        self.last_poll = float("-inf")  # when the latest status poll was answered
         self.body = {"prompt": rl_deployment.prompt("probe", 3).body, "max_tokens": 1, "stream": True}
 
     def showing(self, replicas: list[dict[str, Any]]) -> bool:
@@ -88,9 +93,10 @@ class Probes:
 
     def progress(self, replicas: list[dict[str, Any]], t: float) -> None:
         """One status poll (seen at `t`): the swap still shown, or the probes sent when first shown."""
+        before, self.last_poll = self.last_poll, t
         if not self.showing(replicas):
             return
-        self.out.in_swap_until = t
+        self.out.in_swap_until, self.out.answered_in_swap_before = t, before
         if not self.threads:
             states = [in_swap(x, self.identity) for x in replicas]
             self.all_in, self.any_in = all(states), any(states)
@@ -102,7 +108,7 @@ class Probes:
         until = time.monotonic() + self.dep.timeouts.hold  # one bound for all the probes
         for event in self.began:
             event.wait(timeout=max(0.0, until - time.monotonic()))
-        self.out.in_swap_until = self.dep.mark("midway")
+        self.out.in_swap_until = self.out.answered_in_swap_before = self.dep.mark("midway")
         self.timeline.mark(self.out.in_swap_until, "swap held midway")
 
     def launch(self) -> None:

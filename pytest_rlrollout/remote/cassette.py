@@ -44,11 +44,12 @@ from typing import Any
 import httpx
 
 from pytest_rlrollout.contract.untrusted import kind_of, printable
-from pytest_rlrollout.remote.client import bounded_transport, read_capped
+from pytest_rlrollout.remote.answers import read_capped
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, Limits, MiB
 from pytest_rlrollout.remote.secret import Redacted, Secret
 from pytest_rlrollout.remote.sse import SSEDecoder
 from pytest_rlrollout.remote.stream import parsed_size
+from pytest_rlrollout.remote.transport import bounded_transport
 
 SCRUBBED = "<scrubbed>"
 MATCHED_HEADERS = (

@@ -34,11 +34,12 @@ if TYPE_CHECKING:
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
-    from pytest_rlrollout.remote.client import Exchange, Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
     from pytest_rlrollout.remote.drivers import Driver, Status
     from pytest_rlrollout.remote.fingerprint import Fingerprint
-    from pytest_rlrollout.remote.stream import Stream
+    from pytest_rlrollout.remote.replicas import Waited
+    from pytest_rlrollout.remote.stream import Exchange, Stream
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.suite.prompts import Prompt
 
 
@@ -271,8 +272,8 @@ class RLDeployment:
     def settle(self) -> bool:
         """Poll until no replica is loading or swapping; False at the deadline or when no
         replica can be seen."""
-        from pytest_rlrollout.remote.client import busy
         from pytest_rlrollout.remote.polling import ticks
+        from pytest_rlrollout.remote.replicas import busy
 
         for _ in ticks(self.timeouts.swap, self.timeouts.poll, start=self.timeouts.first_poll):
             replicas = self.replicas()
@@ -355,8 +356,9 @@ def run_state(config: pytest.Config) -> RunState:
 def _local(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.remote.bucket import Bucket
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
@@ -390,8 +392,9 @@ def timed(driver: Driver, opts: RLConfig) -> Driver:
 def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
     """The live deployment the options name, through its engine's driver: the one way the plugin
     (preflight, tests, the restore at the end) and the `rlrollout` commands reach a deployment."""
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
+    from pytest_rlrollout.remote.target import Target
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(
@@ -425,9 +428,10 @@ def _live(opts: RLConfig, engine: Engine, config: pytest.Config) -> Iterator[RLD
 def _replay(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.secret import Secret
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.snapshot import tiny_moe
 
     assert opts.replay is not None and opts.replay_meta is not None

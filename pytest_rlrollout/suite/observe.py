@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_rlrollout.remote.client import WaitEnd, loading_state
 from pytest_rlrollout.remote.fingerprint import Continuation, FingerprintError, continuation
 from pytest_rlrollout.remote.polling import ticks
+from pytest_rlrollout.remote.replicas import WaitEnd, loading_state
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 

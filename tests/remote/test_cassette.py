@@ -6,8 +6,9 @@ import httpx
 import pytest
 
 from pytest_rlrollout.remote.cassette import Cassette, CassetteMiss, CassetteTransport
-from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.secret import Secret
+from pytest_rlrollout.remote.target import Target
 
 KEY = Secret("sk-recorded-secret")
 CHUNKS = [{"model": "m@s1", "choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in ("a", "b")]

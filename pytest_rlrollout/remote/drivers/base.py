@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     import httpx
 
     from pytest_rlrollout.engines import Engine
-    from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.discovery import Answered, Discovery
+    from pytest_rlrollout.remote.replicas import Waited
+    from pytest_rlrollout.remote.target import Target
 
 _STATUS_READ: dict[str, float] = {}  # when this process last read each deployment's status
 _STATUS_READ_LOCK = threading.Lock()
@@ -194,7 +196,7 @@ class Driver(ABC):
         200 whose replicas cannot be read ends the wait (HL-GET-1). With `stalled_after`, also
         give up once some replicas serve it and no replica has been loading for that long (a
         rollout that stopped part-way)."""
-        from pytest_rlrollout.remote.client import FIRST_POLL, Waited, WaitEnd, busy, serves
+        from pytest_rlrollout.remote.replicas import FIRST_POLL, Waited, WaitEnd, busy, serves
 
         replicas: list[dict[str, Any]] = []
         stalled_since: float | None = None

@@ -29,24 +29,16 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_rlrollout.engines.coreweave import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    Answered,
-    Discovery,
-    PreflightError,
-    auth_probe,
-    excerpt,
-    inference_probes,
-    mark,
-    said,
-)
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, PreflightError, excerpt, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.openai_wire import OpenAIReading, bound, legacy_body
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.target import Target
 
 PREFIX = "/v1alpha1/inference"
 HOT_LOADS = PREFIX + "/hotLoads"

@@ -29,7 +29,8 @@ from pytest_rlrollout.remote.drivers.vllm import vllm_version
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.target import Target
 
 
 class Listed:

@@ -42,17 +42,9 @@ import numpy as np
 
 from pytest_rlrollout.contract.moe import moe_layers
 from pytest_rlrollout.engines.sglang import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    Answered,
-    Discovery,
-    auth_probe,
-    get,
-    inference_probes,
-    mark,
-    said,
-)
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, get, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
     OpenAIReading,
     as_list,

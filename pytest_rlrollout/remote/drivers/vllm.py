@@ -39,18 +39,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_rlrollout.engines.vllm import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    PROBE_TEXT,
-    Answered,
-    Discovery,
-    auth_probe,
-    get,
-    inference_probes,
-    mark,
-    said,
-)
+from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
     OpenAIReading,
     bound,
@@ -62,7 +53,8 @@ from pytest_rlrollout.remote.openai_wire import (
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Waited
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.replicas import Waited
 
 GENERATE = "/inference/v1/generate"
 # the contract's sampling fields that vLLM's generate route takes in `sampling_params`, as they are

@@ -17,12 +17,13 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 
 from pytest_rlrollout.remote.answers import STREAM_PIECE, answered, decoded, events_bound, events_excerpt, read_capped
 from pytest_rlrollout.remote.limits import LOCAL_LIMITS, LimitExceeded, Limits
+from pytest_rlrollout.remote.options import CompletionOptions
 from pytest_rlrollout.remote.sse import SSEDecoder, amount, event_data
 from pytest_rlrollout.remote.stream import (
     CONTRACT_READING,
@@ -241,12 +242,9 @@ class DeploymentClient:
         self,
         body: dict[str, Any],
         *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
         url: str | None = None,
         reading: Reading = CONTRACT_READING,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """Send a completion (streaming when body['stream']) and parse what comes back;
         `on_chunk` sees every streamed chunk as it arrives, `on_status` the status as soon as the
@@ -254,8 +252,9 @@ class DeploymentClient:
         `Stream.problems`, never raised; a bound passed raises `LimitExceeded`, a failed
         transport `ExchangeFailed`. `url` (default: the completions endpoint) and `reading`
         are a driver's: its engine's endpoint, and where its answers say what."""
+        chat, on_chunk, on_status = options.get("chat", False), options.get("on_chunk"), options.get("on_status")
         payload = {"model": self.target.body_model, **body}
-        url, sending = url or self.inference_url(chat), self.auth_headers() | (headers or {})
+        url, sending = url or self.inference_url(chat), self.auth_headers() | (options.get("headers") or {})
         if not payload.get("stream"):
             r = self.request("POST", url, json=payload, headers=sending)
             out = Stream(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body=r.text, reading=reading)

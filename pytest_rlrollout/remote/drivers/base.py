@@ -23,8 +23,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as_object
 
@@ -136,19 +137,13 @@ class Driver(ABC):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """A completion in the contract's vocabulary, sent on the engine's wire (streamed when
         `body["stream"]`; `on_chunk` sees every chunk as it arrives, `on_status` the answer's
         status as soon as its head arrives). Here: as it is, to the OpenAI completions endpoint
         (the contract's own wire)."""
-        return self.client.complete(
-            body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, reading=self.reading
-        )
+        return self.client.complete(body, reading=self.reading, **options)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
@@ -231,9 +226,7 @@ class Driver(ABC):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """Load the snapshot `signal` names (the factory's signal body: `identity`, and
         `incremental_snapshot_metadata` / `reset_prompt_cache` where given); the answer of the

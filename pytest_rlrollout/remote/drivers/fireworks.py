@@ -5,8 +5,7 @@ Fireworks completion extensions (`echo`, `raw_output`, `include_routing_matrix`,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pytest_rlrollout.contract.schemas import problems
 from pytest_rlrollout.engines import FALLBACK
@@ -23,6 +22,7 @@ from pytest_rlrollout.remote.discovery import (
 )
 from pytest_rlrollout.remote.drivers.base import Driver, Status
 from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
+from pytest_rlrollout.remote.options import LoadOptions
 from pytest_rlrollout.remote.stream import json_object
 
 if TYPE_CHECKING:
@@ -144,13 +144,11 @@ class FireworksDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """One POST; the deployment swaps on its own after it (the status shows the swap: `midway`
         has no place here)."""
-        return self.api.hot_load(signal, headers=headers)
+        return self.api.hot_load(signal, headers=options.get("headers"))
 
     def reset_ledger(self) -> httpx.Response:
         return self.api.reset_ledger()

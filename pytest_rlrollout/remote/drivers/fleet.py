@@ -15,8 +15,7 @@ to itself, as RL frameworks without a gateway do; each engine is driven with its
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
@@ -26,6 +25,7 @@ from pytest_rlrollout.remote.discovery import Answered, Discovery
 from pytest_rlrollout.remote.drivers.sglang import SGLangDriver
 from pytest_rlrollout.remote.drivers.smg import FannedOut, GatewayDriver, session_key
 from pytest_rlrollout.remote.drivers.vllm import vllm_version
+from pytest_rlrollout.remote.options import CompletionOptions
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, json_object
 
 if TYPE_CHECKING:
@@ -64,22 +64,11 @@ class Listed:
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        key = session_key(headers)
+        key = session_key(options.get("headers"))
         engine = self.members[0] if key is None else self.members[_bucket(key, len(self.members))]
-        s = self.complete_at(
-            engine,
-            body,
-            chat=chat,
-            headers=headers,
-            on_chunk=on_chunk,  # type: ignore[attr-defined]
-            on_status=on_status,
-        )
+        s = self.complete_at(engine, body, **options)  # type: ignore[attr-defined]
         s.headers[REPLICA_HEADER] = engine
         return s
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from pytest_rlrollout.remote.openai_wire import (
     lay_routing,
     token_prompt,
 )
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
@@ -253,47 +254,31 @@ class SGLangDriver(Driver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        return self.complete_at(None, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+        return self.complete_at(None, body, **options)
 
     def complete_at(
         self,
         base: str | None,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """`complete`, on the server at `base` (None: the target's)."""
         root = (base or self.target.base_url).rstrip("/")
-        sent, headers, salt = bound(body, headers)
-        if chat:
+        sent, options["headers"], salt = bound(body, options.get("headers"))
+        if options.get("chat"):
             if salt is not None:
                 sent["cache_salt"] = salt
             return self.client.complete(
-                sent,
-                chat=True,
-                headers=headers,
-                on_chunk=on_chunk,
-                on_status=on_status,
-                url=None if base is None else root + "/v1/chat/completions",
-                reading=self.reading,
+                sent, url=None if base is None else root + "/v1/chat/completions", reading=self.reading, **options
             )
         native = native_body(body, salt)
         width = self.row_width() if body.get("include_routing_matrix") else None
         reading = SGLangReading(
             echo=bool(body.get("echo") and body.get("stream")), width=width, keep=moe_columns(self.served_config, width)
         )
-        return self.client.complete(
-            native, headers=headers, on_chunk=on_chunk, on_status=on_status, url=root + GENERATE, reading=reading
-        )
+        return self.client.complete(native, url=root + GENERATE, reading=reading, **options)
 
     # ----------------------------------------------------------------------- what is served
 
@@ -305,13 +290,12 @@ class SGLangDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """Retract, update from the bucket (label and flush in the same request), [`midway`],
         continue; the update's answer, or the pause's when it was refused. Generation continues
         whatever happened."""
+        headers, midway = options.get("headers"), options.get("midway")
         if signal.get("incremental_snapshot_metadata"):
             raise self.unbound("incremental (ARC2) snapshots")
         if self.bucket is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
@@ -29,6 +29,7 @@ from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, D
 from pytest_rlrollout.remote.drivers.base import Status
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver, openai_body
 from pytest_rlrollout.remote.openai_wire import bound, token_prompt
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, as_object, json_object
 
@@ -111,14 +112,12 @@ class FannedOut:
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """The binding's load, every step fanned out. Where the engines did not all succeed, the answer
         says which did not, what the fleet serves after it (each engine's label, mixed when they
         differ) and then gives the fan-out's own per-engine answer."""
-        r = super().load(signal, headers=headers, midway=midway)
+        r = super().load(signal, **options)
         engines = per_engine(r)
         if r.status_code == 200 or not engines:
             return r
@@ -206,18 +205,15 @@ class GatewayDriver(FannedOut, VLLMDriver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        sent = dict(headers or {})
+        sent = dict(options.get("headers") or {})
         if (session := session_key(sent)) is not None:
             sent[ROUTING_KEY] = session
-        if token_prompt(body.get("prompt")) and not chat:
-            return self._on_engine(body, sent, on_chunk, on_status)
-        s = super().complete(body, chat=chat, headers=sent, on_chunk=on_chunk, on_status=on_status)
+        options["headers"] = sent
+        if token_prompt(body.get("prompt")) and not options.get("chat"):
+            return self._on_engine(body, sent, options.get("on_chunk"), options.get("on_status"))
+        s = super().complete(body, **options)
         served = s.headers.get(ROUTED_WORKER)
         if served is not None:
             s.headers[REPLICA_HEADER] = served

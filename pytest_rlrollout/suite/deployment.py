@@ -655,7 +655,8 @@ def run_id(config: pytest.Config) -> str:
 
 def recorded_run_id(session: Path) -> str:
     """The run id of the recording being added to, checked: it names snapshots and files."""
-    from pytest_rlrollout.remote.cassette import Cassette, CassetteError
+    from pytest_rlrollout.remote.cassette import Cassette
+    from pytest_rlrollout.remote.cassette_file import CassetteError
     from pytest_rlrollout.suite.options import RUN_ID
 
     try:
@@ -835,7 +836,8 @@ def _cassette(request: pytest.FixtureRequest, dep: RLDeployment) -> Iterator[Cas
     if t is None:
         yield None
         return
-    from pytest_rlrollout.remote.cassette import Cassette, CassetteError, cassette_name
+    from pytest_rlrollout.remote.cassette import Cassette, cassette_name
+    from pytest_rlrollout.remote.cassette_file import CassetteError
 
     path = t.directory / cassette_name(request.node.nodeid)
     if t.mode == "replay":

@@ -22,16 +22,14 @@ import pytest
 
 from pytest_rlrollout.remote import cassette as cassettes
 from pytest_rlrollout.remote.cassette import (
-    MAX_FILE,
     Cassette,
-    CassetteError,
     CassetteMiss,
     CassetteTransport,
     cassette_files,
     digest,
-    read_regular,
     request_key,
 )
+from pytest_rlrollout.remote.cassette_file import MAX_FILE, CassetteError, read_regular, shown_path
 from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
 from pytest_rlrollout.remote.limits import LimitExceeded
@@ -108,7 +106,7 @@ def refused(path: Path, root: Path, *words: str) -> str:
     with pytest.raises(CassetteError) as e:
         Cassette.load(path, root=root)
     message = str(e.value)
-    shown = cassettes._shown(path, root)
+    shown = shown_path(path, root)
     assert message.startswith(f"{shown}: "), message
     assert all(w in message for w in words), message
     assert SECRET not in message and len(message) < 400 and "\n" not in message, message

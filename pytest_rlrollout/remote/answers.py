@@ -95,7 +95,7 @@ def events_bound(limits: Limits, payload: Any) -> int:
     that no stream the suite asked for runs into a bound of its own."""
     asked = 0
     if isinstance(payload, dict):
-        sampling = payload.get("sampling_params") if isinstance(payload.get("sampling_params"), dict) else {}
+        sampling = given if isinstance(given := payload.get("sampling_params"), dict) else {}
         for value in (payload.get("max_tokens"), payload.get("max_completion_tokens"), sampling.get("max_tokens")):
             if isinstance(value, int) and not isinstance(value, bool):
                 asked = max(asked, value)

@@ -296,6 +296,8 @@ class CassetteTransport(httpx.BaseTransport):
         request.read()
         request.headers["accept-encoding"] = "identity"  # bodies are stored as text
         start = time.monotonic()
+        if self.inner is None:  # set for every recording: a replay never forwards
+            raise RuntimeError("a recording CassetteTransport has no transport to forward to")
         response = self.inner.handle_request(request)
         what = f"{request.method} {request.url.path}"
         headers = {  # as the loader takes them: a value that is not printable ASCII kept as escapes
@@ -312,8 +314,10 @@ class CassetteTransport(httpx.BaseTransport):
             entry["response"]["events"] = []
             self.cassette.add(entry)
             decoder = SSEDecoder(self.limits.event, what=what, errors="surrogateescape")
-            stream = _RecordedStream(response.stream, entry, self.t0, decoder)
-            return httpx.Response(response.status_code, headers=response.headers, stream=stream, request=request)
+            if not isinstance(response.stream, httpx.SyncByteStream):  # the forwarding transport is a sync one
+                raise TypeError(f"{what}: the forwarding transport answered with an async stream")
+            recorded = _RecordedStream(response.stream, entry, self.t0, decoder)
+            return httpx.Response(response.status_code, headers=response.headers, stream=recorded, request=request)
         try:
             body = read_capped(response, self.limits.body, what)
         finally:

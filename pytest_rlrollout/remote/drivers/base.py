@@ -23,8 +23,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack, get_args
 
+from pytest_rlrollout.engines import Engine
 from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as_object
@@ -32,7 +33,7 @@ from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.engines import Engine
+    from pytest_rlrollout.engines.spec import EngineSpec
     from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.discovery import Answered, Discovery
     from pytest_rlrollout.remote.replicas import Waited
@@ -48,6 +49,15 @@ def reset_policy(signal: dict[str, Any]) -> Any:
     SDK's booleans as 'all' / 'none'; any other value as it is (the engine's binding decides)."""
     policy = signal.get("reset_prompt_cache", "all")
     return {True: "all", False: "none", None: "all"}.get(policy, policy)
+
+
+def registered(engine: EngineSpec) -> Engine:
+    """An engine module's name as the registry's `Engine`: what a driver's `engine` is (a name
+    the registry does not list is a mistake in that module, raised when its driver is defined)."""
+    for name in get_args(Engine):
+        if name == engine.name:
+            return name
+    raise ValueError(f"{engine.name!r} is not an engine the registry lists")
 
 
 class Unbound(NotImplementedError):

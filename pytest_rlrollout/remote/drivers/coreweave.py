@@ -29,7 +29,7 @@ import httpx
 
 from pytest_rlrollout.engines.coreweave import ENGINE
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, PreflightError, excerpt, mark, said
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
 from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.openai_wire import OpenAIReading, bound, legacy_body
@@ -68,7 +68,7 @@ def _lists_hot_loads(r: httpx.Response) -> bool:
 
 
 class CoreWeaveDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = OpenAIReading()  # its gateway answers as vLLM's /v1/completions does
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
     reset_policies = tuple(POLICIES)

@@ -20,7 +20,7 @@ from pytest_rlrollout.remote.discovery import (
     mark,
     said,
 )
-from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered
 from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.options import LoadOptions
 from pytest_rlrollout.remote.stream import json_object
@@ -98,7 +98,7 @@ class HotLoadAPI:
 
 
 class FireworksDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     @property
     def api(self) -> HotLoadAPI:

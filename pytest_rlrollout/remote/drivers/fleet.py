@@ -22,6 +22,7 @@ import httpx
 from pytest_rlrollout.engines import sglang, sglang_fleet, vllm
 from pytest_rlrollout.engines.fleet import ENGINE
 from pytest_rlrollout.remote.discovery import Answered, Discovery
+from pytest_rlrollout.remote.drivers.base import registered
 from pytest_rlrollout.remote.drivers.sglang import SGLangDriver
 from pytest_rlrollout.remote.drivers.smg import FannedOut, GatewayDriver, session_key
 from pytest_rlrollout.remote.drivers.vllm import vllm_version
@@ -93,7 +94,7 @@ class Listed:
 class FleetDriver(Listed, GatewayDriver):
     """vLLM engines: vLLM's binding on each (what the smg driver does through its gateway)."""
 
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     def engine_kinds(self) -> list[str]:
         return self.kinds("/version", "version", vllm.NAME)
@@ -114,7 +115,7 @@ class SGLangFleetDriver(Listed, FannedOut, SGLangDriver):
     """SGLang engines: SGLang's binding on each, its loads (retract, update from disk with the
     label, continue) fanned out step by step."""
 
-    engine = sglang_fleet.ENGINE.name
+    engine = registered(sglang_fleet.ENGINE)
     status_route = "/model_info"
 
     def engine_kinds(self) -> list[str]:

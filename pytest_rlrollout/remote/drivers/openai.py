@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pytest_rlrollout.engines.openai import ENGINE
 from pytest_rlrollout.remote.discovery import Answered, Discovery
-from pytest_rlrollout.remote.drivers.base import Driver
+from pytest_rlrollout.remote.drivers.base import Driver, registered
 from pytest_rlrollout.remote.drivers.probes import inference_probes
 
 if TYPE_CHECKING:
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class OpenAIDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     @classmethod
     def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:

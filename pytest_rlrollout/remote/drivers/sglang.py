@@ -43,7 +43,7 @@ import numpy as np
 from pytest_rlrollout.contract.moe import moe_layers
 from pytest_rlrollout.engines.sglang import ENGINE
 from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, get, mark, said
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
 from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
     OpenAIReading,
@@ -149,7 +149,7 @@ class SGLangReading(OpenAIReading):
             choice["weight_versions"] = meta["weight_versions"]
         out = doc | {"choices": [choice]}
         if finish is not None:
-            usage = {k: meta[k] for k in ("prompt_tokens", "completion_tokens") if k in meta}
+            usage: dict[str, Any] = {k: meta[k] for k in ("prompt_tokens", "completion_tokens") if k in meta}
             if all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
                 usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             if "cached_tokens" in meta:
@@ -189,7 +189,7 @@ SGLANG_READING = SGLangReading()
 
 
 class SGLangDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = SGLANG_READING
     transition = "ASYNC"  # the load retracts the requests in flight; they continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding

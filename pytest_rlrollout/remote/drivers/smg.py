@@ -26,7 +26,7 @@ import httpx
 
 from pytest_rlrollout.engines.smg import ENGINE, MEMBERS, ROUTED_WORKER, ROUTING_KEY
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
-from pytest_rlrollout.remote.drivers.base import Status
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver, openai_body
 from pytest_rlrollout.remote.openai_wire import bound, token_prompt
 from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
@@ -79,7 +79,7 @@ def as_one_answer(r: httpx.Response) -> httpx.Response:
     return r
 
 
-class FannedOut:
+class FannedOut(Driver):
     """A binding's control calls fanned out to a fleet's engines (`_fanout`: through a gateway, or
     by the suite itself) and read as one engine's answer when they all gave the same one; what is
     served read per engine, one replica each. Mixed in before the engine's own driver."""
@@ -172,7 +172,7 @@ class FannedOut:
 
 
 class GatewayDriver(FannedOut, VLLMDriver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     prompts_in_ids = False  # the gateway's OpenAI routes take text prompts only (smg 1.13)
 
@@ -245,7 +245,7 @@ class GatewayDriver(FannedOut, VLLMDriver):
             headers=self.client.auth_headers(),
         )
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
-        status = doc.get("status") if isinstance(doc.get("status"), int) else proxied.status_code
+        status = given if isinstance(given := doc.get("status"), int) else proxied.status_code
         answer = doc.get("body")
         out = Stream(status, {REPLICA_HEADER: url or ""}, body=proxied.text, reading=self.reading)
         if on_status is not None:

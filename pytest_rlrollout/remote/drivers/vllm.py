@@ -40,7 +40,7 @@ import httpx
 
 from pytest_rlrollout.engines.vllm import ENGINE
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
 from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
     OpenAIReading,
@@ -90,7 +90,7 @@ def vllm_version(client: DeploymentClient) -> str | None:
 
 
 class VLLMDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = VLLM_READING
     transition = "ASYNC"  # the load pauses in keep mode: requests in flight continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
@@ -146,8 +146,8 @@ class VLLMDriver(Driver):
             sent["cache_salt"] = salt
         if self.generate and token_prompt(body.get("prompt")) and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
-            url = (base or self.target.base_url).rstrip("/") + GENERATE
-            return self.client.complete(_generate_body(sent), url=url, reading=reading, **options)
+            generate = (base or self.target.base_url).rstrip("/") + GENERATE
+            return self.client.complete(_generate_body(sent), url=generate, reading=reading, **options)
         url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
         return self.client.complete(
             openai_body(sent, chat=chat),

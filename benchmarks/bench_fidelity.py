@@ -29,8 +29,9 @@ from pathlib import Path
 
 from pytest_rlrollout.numerics.scorer import NumpyScorer, Scorer, TransformersScorer
 from pytest_rlrollout.reference import reference_deployment
-from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.fingerprint import FIRST_ID, Fingerprint, canary, fingerprint, sweep
+from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.snapshot import tiny_moe
 
 ROUNDS = 9

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from pytest_rlrollout.remote.client import WaitEnd
 from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint
+from pytest_rlrollout.remote.replicas import WaitEnd
 from pytest_rlrollout.remote.stream import json_object
 from pytest_rlrollout.runs.plan import Load, refused, served, shared, unsignalled
 from pytest_rlrollout.runs.snapshots import PROBE_KEY

@@ -31,9 +31,9 @@ _EXPORTS = {
     "inconclusive": "pytest_rlrollout.suite.outcomes",
     "Driver": "pytest_rlrollout.remote.drivers",
     "Stream": "pytest_rlrollout.remote.stream",
-    "Target": "pytest_rlrollout.remote.client",
-    "Waited": "pytest_rlrollout.remote.client",
-    "WaitEnd": "pytest_rlrollout.remote.client",
+    "Target": "pytest_rlrollout.remote.target",
+    "Waited": "pytest_rlrollout.remote.replicas",
+    "WaitEnd": "pytest_rlrollout.remote.replicas",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -33,7 +33,7 @@ def _one_default_tls_context() -> None:
     context and loads the CA bundle into it, 30 ms of CPU, although every server the tests talk
     to is plain HTTP on loopback; thousands of clients spent over a minute of CPU on it. The
     default context is made once per process (per SSL_CERT_FILE and SSL_CERT_DIR, which it reads)
-    here, as the deployment client already does (`remote.client._tls`); any other verify or a
+    here, as the deployment client already does (`remote.transport.tls_context`); any other verify or a
     client certificate still gets a context of its own."""
     transports = httpx._transports.default
     create = transports.create_ssl_context

@@ -25,11 +25,13 @@ from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, unavailable
 from pytest_rlrollout.numerics.rollouts import Rollout, RolloutError, compare, sample
 from pytest_rlrollout.numerics.scorer import local_scorer
-from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.discovery import PreflightError, preflight
+from pytest_rlrollout.remote.client import DeploymentClient
+from pytest_rlrollout.remote.discovery import PreflightError
 from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.fingerprint import canary
 from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded
+from pytest_rlrollout.remote.preflight import preflight
+from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.snapshot import untrusted
 
 PROMPT_TOKENS = 16  # token ids per prompt: a context to condition on, short beside the completions

@@ -267,7 +267,7 @@ class Bucket:
                     self.fs.makedirs(parent, exist_ok=True)
                     made.add(parent)
             with watch.file(f.stat().st_size):
-                return self._put_file(f, target, self.path(source, name) if held else None, link)
+                return self._put_file(f, target, self.path(source, name) if held and source is not None else None, link)
 
         done = Transfer()
         try:

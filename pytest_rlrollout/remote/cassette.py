@@ -31,10 +31,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
-import stat
 import threading
 import time
 from collections import defaultdict
@@ -43,12 +41,12 @@ from typing import Any
 
 import httpx
 
-from pytest_rlrollout.contract.untrusted import kind_of, printable
-from pytest_rlrollout.remote.client import bounded_transport, read_capped
-from pytest_rlrollout.remote.limits import LOCAL_LIMITS, Limits, MiB
+from pytest_rlrollout.remote.answers import read_capped
+from pytest_rlrollout.remote.cassette_file import CassetteError, parse, printable_path, read_regular, shown_path
+from pytest_rlrollout.remote.limits import LOCAL_LIMITS, Limits
 from pytest_rlrollout.remote.secret import Redacted, Secret
 from pytest_rlrollout.remote.sse import SSEDecoder
-from pytest_rlrollout.remote.stream import parsed_size
+from pytest_rlrollout.remote.transport import bounded_transport
 
 SCRUBBED = "<scrubbed>"
 MATCHED_HEADERS = (
@@ -69,22 +67,9 @@ KEPT_RESPONSE_HEADERS = (
     "fireworks-prompt-tokens",
 )
 
-MAX_FILE = 64 * MiB  # bytes of one cassette file (the shipped ones are under 100 KB)
-# bytes in memory one cassette may parse to, as `parsed_size` estimates it (a shipped cassette:
-# 17 times its size); a file of empty arrays would parse to 20 times its size, so it is weighed first
-MAX_PARSED = 256 * MiB
 MAX_FILES = 100_000  # entries (files and directories) in one cassette directory
 MAX_DIRS = 16  # directories a cassette may sit under (the recorder writes one: its test module's)
-MAX_DEPTH = 32  # nesting of a cassette's meta (what the session recorded about the deployment)
-SHOWN = 60  # characters of a cassette's content an error may show
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP token
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")  # what httpx can send back as a header (ASCII, no line breaks)
-
-
-class CassetteError(ValueError):
-    """A cassette, or a cassette directory, that is not what the recorder writes: not a regular
-    file inside its directory, too large, not JSON, or not of a cassette's shape. The message
-    names the file and what is wrong, and shows at most a short excerpt of its content."""
 
 
 class CassetteMiss(Exception):
@@ -104,211 +89,6 @@ def cassette_name(nodeid: str) -> str:
     module = re.sub(r"[^A-Za-z0-9_.-]+", "_", module).lstrip(".")[:80] or "_"  # never '..' or a separator
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", rest)[:80]
     return f"{module}/{safe}-{hashlib.sha1(pid.encode()).hexdigest()[:8]}.json"
-
-
-# --------------------------------------------------------------------------- reading cassettes as data
-
-
-def _shown(path: Path, root: Path) -> str:
-    """`path` as a message shows it: relative to `root`, a name that is not UTF-8 escaped (a
-    terminal that prints the message must not fail on it)."""
-    with contextlib.suppress(ValueError):
-        path = path.relative_to(root)
-    return _printable(path)
-
-
-def _printable(path: Path) -> str:
-    """A path as one printable line: bytes that are not UTF-8 and control characters escaped
-    (a name holding a newline could otherwise forge a line of the report)."""
-    return printable(os.fsencode(path.as_posix()).decode("utf-8", "backslashreplace"))
-
-
-def read_regular(path: Path, root: Path, cap: int = MAX_FILE) -> bytes:
-    """The bytes of `path`: a regular file inside `root` once links are resolved, of at most
-    `cap` bytes; `CassetteError` otherwise. It is opened without following a last link and
-    without blocking, and checked on the open file: a FIFO is refused, never waited on, and the
-    file itself cannot be swapped between the check and the read (a parent directory swapped
-    for a link after the path was resolved is not caught)."""
-    path, root = Path(path), Path(root)
-    shown = _shown(path, root)
-    try:
-        real, inside = path.resolve(strict=True), root.resolve(strict=True)
-    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of links
-        raise CassetteError(f"{shown}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    if not real.is_relative_to(inside):
-        raise CassetteError(f"{shown}: a link out of the cassette directory {_printable(root)} (to {_printable(real)})")
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(real, flags | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise CassetteError(f"{shown}: cannot be opened ({e.strerror})") from None
-    try:
-        mode, size = (st := os.fstat(fd)).st_mode, st.st_size  # checked before a file object is made of it
-        if not stat.S_ISREG(mode):
-            raise CassetteError(f"{shown}: {kind_of(mode)}, not a regular file")
-        if size > cap:
-            raise CassetteError(f"{shown}: {size:,} bytes, more than a cassette may hold ({cap:,})")
-    except CassetteError:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(cap + 1)  # it may have grown since fstat
-    if len(data) > cap:
-        raise CassetteError(f"{shown}: more than a cassette may hold ({cap:,} bytes)")
-    return data
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def parse(data: bytes, shown: str) -> dict[str, Any]:
-    """A cassette's document from its bytes, weighed before it is parsed and checked against
-    the shape the recorder writes."""
-    if (weight := parsed_size(data)) > MAX_PARSED:
-        raise CassetteError(
-            f"{shown}: {len(data):,} bytes that would take about {weight / MiB:,.0f} MiB in memory "
-            f"once parsed, more than a cassette may ({MAX_PARSED // MiB} MiB)"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CassetteError(f"{shown}: not UTF-8 (at byte {e.start:,})") from None
-    try:
-        doc = json.loads(text, parse_constant=_no_constant)
-    except RecursionError:  # the parser gives up at Python's recursion limit, long before memory does
-        raise CassetteError(f"{shown}: not a cassette: nested deeper than JSON is parsed here") from None
-    except ValueError as e:
-        raise CassetteError(f"{shown}: not JSON ({str(e)[:200]})") from None
-    problem = shape_problem(doc)
-    if problem is not None:
-        raise CassetteError(f"{shown}: not a cassette: {problem}")
-    return doc
-
-
-def _type(value: Any) -> str:
-    names = {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "null",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
-def _excerpt(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _fields(value: Any, where: str, required: set[str], optional: frozenset[str] = frozenset()) -> str | None:
-    if not isinstance(value, dict):
-        return f"{where} is {_type(value)}, not an object"
-    missing = sorted(required - value.keys())
-    if missing:
-        return f"{where} has no {missing[0]!r}"
-    unknown = sorted(k for k in value if k not in required and k not in optional)
-    if unknown:
-        return f"{where} has an unknown field {_excerpt(unknown[0])}"
-    return None
-
-
-def _depth(value: Any) -> int:
-    """How deep arrays and objects nest in `value` (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, d)
-        if deepest > MAX_DEPTH:
-            return deepest
-        stack.extend((c, d + 1) for c in children)
-    return deepest
-
-
-def shape_problem(doc: Any) -> str | None:
-    """What makes `doc` not a cassette (None: nothing): `interactions`, a list of `{key: str,
-    t: number, response: {status: int, headers: {str: str}, body: str | events: [{t: number,
-    data: str}, ...]}}`; `marks`, `{str: [number, ...]}`; `meta`, an object nested at most
-    MAX_DEPTH deep. Numbers are finite; header names are HTTP tokens and their values ASCII."""
-    problem = _fields(doc, "the document", {"interactions", "marks", "meta"})
-    if problem:
-        return problem
-    if not isinstance(doc["interactions"], list):
-        return f"interactions is {_type(doc['interactions'])}, not an array"
-    for i, entry in enumerate(doc["interactions"]):
-        problem = _entry_problem(entry, f"interactions[{i}]")
-        if problem:
-            return problem
-    marks = doc["marks"]
-    if not isinstance(marks, dict):
-        return f"marks is {_type(marks)}, not an object"
-    for name, values in marks.items():
-        if not isinstance(values, list) or not all(map(_is_number, values)):
-            return f"marks[{_excerpt(name)}] is not an array of finite numbers"
-    if not isinstance(doc["meta"], dict):
-        return f"meta is {_type(doc['meta'])}, not an object"
-    if _depth(doc["meta"]) > MAX_DEPTH:
-        return f"meta nests deeper than {MAX_DEPTH} levels"
-    return None
-
-
-def _entry_problem(entry: Any, where: str) -> str | None:
-    problem = _fields(entry, where, {"key", "t", "response"})
-    if problem:
-        return problem
-    if not isinstance(entry["key"], str):
-        return f"{where}.key is {_type(entry['key'])}, not a string"
-    if not _is_number(entry["t"]):
-        return f"{where}.t is {_type(entry['t'])}, not a finite number"
-    r, at = entry["response"], f"{where}.response"
-    problem = _fields(r, at, {"status", "headers"}, frozenset({"body", "events"}))
-    if problem:
-        return problem
-    if ("body" in r) == ("events" in r):
-        return f"{at} holds {'both' if 'body' in r else 'neither'} 'body' {'and' if 'body' in r else 'nor'} 'events'"
-    if not (isinstance(r["status"], int) and not isinstance(r["status"], bool) and 100 <= r["status"] <= 999):
-        return f"{at}.status is not an HTTP status (an integer from 100 to 999): {_excerpt(r['status'])}"
-    if not isinstance(r["headers"], dict):
-        return f"{at}.headers is {_type(r['headers'])}, not an object"
-    for name, value in r["headers"].items():
-        if not _HEADER_NAME.fullmatch(name):
-            return f"{at}.headers has a name that is not an HTTP token: {_excerpt(name)}"
-        if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
-            return f"{at}.headers[{_excerpt(name)}] is not an ASCII string without line breaks"
-    if "body" in r:
-        if not isinstance(r["body"], str):
-            return f"{at}.body is {_type(r['body'])}, not a string"
-        return None if _encodes(r["body"]) else f"{at}.body holds a lone surrogate that is no byte the recorder kept"
-    if not isinstance(r["events"], list):
-        return f"{at}.events is {_type(r['events'])}, not an array"
-    for j, event in enumerate(r["events"]):
-        problem = _fields(event, f"{at}.events[{j}]", {"t", "data"})
-        if problem:
-            return problem
-        if not _is_number(event["t"]) or not isinstance(event["data"], str):
-            return f"{at}.events[{j}] is not {{t: a finite number, data: a string}}"
-        if not _encodes(event["data"]):
-            return f"{at}.events[{j}].data holds a lone surrogate that is no byte the recorder kept"
-    return None
-
-
-def _encodes(text: str) -> bool:
-    """`text` is what the recorder writes: UTF-8, with the bytes that were not kept as escapes."""
-    try:
-        text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- matching
@@ -376,7 +156,7 @@ class Cassette:
         `MAX_FILE` bytes, of a cassette's shape. `CassetteError` naming the file otherwise."""
         path = Path(path)
         root = path.parent if root is None else Path(root)
-        return cls(path, parse(read_regular(path, root), _shown(path, root)))
+        return cls(path, parse(read_regular(path, root), shown_path(path, root)))
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -390,7 +170,9 @@ class Cassette:
         with self._lock:
             entries, i = self._by_key.get(key, []), self._cursor[key]
             if i >= len(entries):
-                raise CassetteMiss(f"{_printable(Path(self.path.name))}: no recorded answer (#{i + 1}) for {key[:300]}")
+                raise CassetteMiss(
+                    f"{printable_path(Path(self.path.name))}: no recorded answer (#{i + 1}) for {key[:300]}"
+                )
             self._cursor[key] += 1
             return entries[i]
 
@@ -402,7 +184,7 @@ class Cassette:
         with self._lock:
             values, i = self.data["marks"].get(name, []), self._mark_cursor[name]
             if i >= len(values):
-                raise CassetteMiss(f"{_printable(Path(self.path.name))}: no recorded time #{i + 1} for {name!r}")
+                raise CassetteMiss(f"{printable_path(Path(self.path.name))}: no recorded time #{i + 1} for {name!r}")
             self._mark_cursor[name] += 1
             return values[i]
 
@@ -514,6 +296,8 @@ class CassetteTransport(httpx.BaseTransport):
         request.read()
         request.headers["accept-encoding"] = "identity"  # bodies are stored as text
         start = time.monotonic()
+        if self.inner is None:  # set for every recording: a replay never forwards
+            raise RuntimeError("a recording CassetteTransport has no transport to forward to")
         response = self.inner.handle_request(request)
         what = f"{request.method} {request.url.path}"
         headers = {  # as the loader takes them: a value that is not printable ASCII kept as escapes
@@ -530,8 +314,10 @@ class CassetteTransport(httpx.BaseTransport):
             entry["response"]["events"] = []
             self.cassette.add(entry)
             decoder = SSEDecoder(self.limits.event, what=what, errors="surrogateescape")
-            stream = _RecordedStream(response.stream, entry, self.t0, decoder)
-            return httpx.Response(response.status_code, headers=response.headers, stream=stream, request=request)
+            if not isinstance(response.stream, httpx.SyncByteStream):  # the forwarding transport is a sync one
+                raise TypeError(f"{what}: the forwarding transport answered with an async stream")
+            recorded = _RecordedStream(response.stream, entry, self.t0, decoder)
+            return httpx.Response(response.status_code, headers=response.headers, stream=recorded, request=request)
         try:
             body = read_capped(response, self.limits.body, what)
         finally:
@@ -563,16 +349,16 @@ def cassette_files(directory: Path) -> list[Path]:
         try:
             listing = os.scandir(top)
         except OSError as e:
-            raise CassetteError(f"{_shown(top, directory)}: cannot be listed ({e.strerror})") from None
+            raise CassetteError(f"{shown_path(top, directory)}: cannot be listed ({e.strerror})") from None
         with listing:
             for entry in listing:
                 entries += 1
                 if entries > MAX_FILES:
-                    raise CassetteError(f"{_printable(directory)}: more than {MAX_FILES:,} entries")
+                    raise CassetteError(f"{printable_path(directory)}: more than {MAX_FILES:,} entries")
                 path = Path(entry.path)
                 if _walks_into(entry, path, directory, inside):
                     if depth >= MAX_DIRS:
-                        raise CassetteError(f"{_shown(path, directory)}: nested deeper than {MAX_DIRS} directories")
+                        raise CassetteError(f"{shown_path(path, directory)}: nested deeper than {MAX_DIRS} directories")
                     todo.append((path, depth + 1))
                 elif entry.name.endswith(".json"):
                     found.append(path.relative_to(directory))
@@ -589,7 +375,9 @@ def _walks_into(entry: os.DirEntry, path: Path, directory: Path, inside: Path) -
     except OSError:  # a loop of links: not a directory; reading it says what it is
         return False
     if linked_dir and not path.resolve().is_relative_to(inside):
-        raise CassetteError(f"{_shown(path, directory)}: a link out of the cassette directory {_printable(directory)}")
+        raise CassetteError(
+            f"{shown_path(path, directory)}: a link out of the cassette directory {printable_path(directory)}"
+        )
     return False
 
 

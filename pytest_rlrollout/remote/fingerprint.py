@@ -247,7 +247,7 @@ def continuation(driver: Driver, ids: list[int], headers: dict[str, str]) -> Con
     if not s.ok:
         raise FingerprintError(f"HTTP {s.status}: {s.body[:200]}")
     entries = s.entries
-    values = [e.get("logprob") for e in entries]
-    if not entries or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
+    values = [float(x) for e in entries if isinstance(x := e.get("logprob"), int | float) and not isinstance(x, bool)]
+    if not entries or len(values) != len(entries):
         raise FingerprintError(f"{len(entries)} logprobs entries, not each with a numeric logprob")
-    return Continuation(tuple(e.get("token_id") for e in entries), tuple(map(float, values)), s.cached or 0)
+    return Continuation(tuple(e.get("token_id") for e in entries), tuple(values), s.cached or 0)

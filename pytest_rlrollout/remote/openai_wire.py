@@ -78,8 +78,8 @@ class OpenAIReading(Reading):
 
     def versions(self, chunks: list[dict[str, Any]]) -> list[str | None]:
         spans = [as_object(s) for s in self.spans(chunks) or []]
-        ends = [s.get("end") for s in spans]
-        if not spans or not all(isinstance(e, int) for e in ends):
+        ends = [e for s in spans if isinstance(e := s.get("end"), int)]
+        if not spans or len(ends) != len(spans):
             return [None] * len(chunks)
         out: list[str | None] = []
         seen = 0

@@ -209,7 +209,9 @@ class Stream:
     def cached_tokens(self) -> dict[str, int | None]:
         """Cached prompt tokens per channel: usage, header, perf_metrics (None where absent)."""
         usage = self.usage if isinstance(self.usage, dict) else {}
-        perf = next((c["perf_metrics"] for c in reversed(self.chunks) if isinstance(c.get("perf_metrics"), dict)), {})
+        perf: dict[str, Any] = next(
+            (c["perf_metrics"] for c in reversed(self.chunks) if isinstance(c.get("perf_metrics"), dict)), {}
+        )
         header = self.headers.get("fireworks-cached-prompt-tokens")
         return {
             "usage": _int(as_object(usage.get("prompt_tokens_details")).get("cached_tokens")),
@@ -234,7 +236,7 @@ def as_object(value: Any) -> dict[str, Any]:
 
 def policy_versions(chunks: list[dict[str, Any]]) -> list[str | None]:
     """The `@identity` suffix of each chunk's `model`; None where a chunk has none."""
-    models = [c.get("model") if isinstance(c.get("model"), str) else "" for c in chunks]
+    models = [m if isinstance(m := c.get("model"), str) else "" for c in chunks]
     return [m.rpartition("@")[2] if "@" in m else None for m in models]
 
 

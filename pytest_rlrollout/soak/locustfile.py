@@ -42,10 +42,12 @@ from locust.runners import MasterRunner, WorkerRunner
 # runs on trio: its import fails as if it were not installed, and httpcore goes on without it.
 sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
 
-from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.discovery import Discovery
 from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.limits import LimitExceeded
+from pytest_rlrollout.remote.target import Target
+from pytest_rlrollout.remote.transport import ExchangeFailed
 from pytest_rlrollout.soak.figures import Figures, Timed
 from pytest_rlrollout.soak.judge import Heard, Turn
 from pytest_rlrollout.soak.plan import EVENT_PREFIX, KEY_ENV, PARENT_ENV, PLAN_ENV, SESSION_HEADER, Plan

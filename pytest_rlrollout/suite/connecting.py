@@ -32,9 +32,10 @@ LOCAL_KEY = "rl-reference-key"  # the bundled deployment's API key
 def local_deployment(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.reference import reference_deployment
     from pytest_rlrollout.remote.bucket import Bucket
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.secret import Secret
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.snapshot import tiny_moe
 
     bucket = tmp.mktemp("rl-bucket")
@@ -61,8 +62,9 @@ def local_deployment(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RL
 def connect(opts: RLConfig, engine: Engine, transport: httpx.BaseTransport | None = None) -> Iterator[Driver]:
     """The live deployment the options name, through its engine's driver: the one way the plugin
     (preflight, tests, the restore at the end) and the `rlrollout` commands reach a deployment."""
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
+    from pytest_rlrollout.remote.target import Target
 
     assert opts.base_url and opts.model and opts.api_key is not None
     target = Target(
@@ -96,9 +98,10 @@ def live_deployment(opts: RLConfig, engine: Engine, config: pytest.Config) -> It
 def replayed_deployment(opts: RLConfig, tmp: pytest.TempPathFactory) -> Iterator[RLDeployment]:
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.secret import Secret
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.snapshot import tiny_moe
 
     assert opts.replay is not None and opts.replay_meta is not None

@@ -12,7 +12,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pytest_rlrollout.suite.run_config import RLConfig
 
@@ -23,10 +23,12 @@ if TYPE_CHECKING:
     from pytest_rlrollout.reference import Running
     from pytest_rlrollout.remote.bucket import Bucket
     from pytest_rlrollout.remote.cassette import CassetteTransport
-    from pytest_rlrollout.remote.client import Target, Waited
     from pytest_rlrollout.remote.discovery import Discovery
     from pytest_rlrollout.remote.drivers import Driver, Status
+    from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
+    from pytest_rlrollout.remote.replicas import Waited
     from pytest_rlrollout.remote.stream import Stream
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.suite.prompts import Prompt
 
 
@@ -123,20 +125,12 @@ class RLDeployment:
     def ledger(self) -> httpx.Response:
         return self.driver.ledger()
 
-    def complete(
-        self,
-        body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
-    ) -> Stream:
+    def complete(self, body: dict[str, Any], **options: Unpack[CompletionOptions]) -> Stream:
         """A completion in the contract's vocabulary (streamed when `body["stream"]`), sent on the
         engine's wire and parsed into a `Stream`: policy version per chunk, logprobs entries,
         routing matrices, usage, cached tokens of every channel. `on_chunk` sees each chunk as it
         arrives, `on_status` the status as soon as the answer's head arrives."""
-        return self.driver.complete(body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+        return self.driver.complete(body, **options)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """POST raw bytes to the completions endpoint (malformed requests on purpose)."""
@@ -256,8 +250,8 @@ class RLDeployment:
     def settle(self) -> bool:
         """Poll until no replica is loading or swapping; False at the deadline or when no
         replica can be seen."""
-        from pytest_rlrollout.remote.client import busy
         from pytest_rlrollout.remote.polling import ticks
+        from pytest_rlrollout.remote.replicas import busy
 
         for _ in ticks(self.timeouts.swap, self.timeouts.poll, start=self.timeouts.first_poll):
             replicas = self.replicas()
@@ -269,9 +263,7 @@ class RLDeployment:
 
     # ----------------------------------------------------------------------- changing state (guarded)
 
-    def hot_load(
-        self, body: Any, *, headers: dict[str, str] | None = None, midway: Callable[[], None] | None = None
-    ) -> httpx.Response:
+    def hot_load(self, body: Any, **options: Unpack[LoadOptions]) -> httpx.Response:
         """Load the snapshot a signal names, through the engine's load API; a refusal because
         another load is in progress (one load at a time: `Driver.busy`) is signalled again until
         the swap timeout, as a trainer's client would. `midway`: see `Driver.load`."""
@@ -279,7 +271,7 @@ class RLDeployment:
 
         self._check_allowed("hot-load")
         for _ in ticks(self.timeouts.swap, self.timeouts.retry):
-            r = self.driver.load(body, headers=headers, midway=midway)
+            r = self.driver.load(body, **options)
             if not self.driver.busy(r):
                 return r
         return r

@@ -56,7 +56,7 @@ class Timeline(model.Timeline):
 
 def replica_state(replica: dict[str, Any]) -> str:
     """What a replica's status says, in a few words: 'serving X', 'loading Y', 'error Y'."""
-    from pytest_rlrollout.remote.client import loading_state  # the plugin imports this module: httpx only when used
+    from pytest_rlrollout.remote.replicas import loading_state  # the plugin imports this module: httpx only when used
 
     state = loading_state(replica)
     stage, target = state.get("stage"), state.get("target_snapshot_identity")

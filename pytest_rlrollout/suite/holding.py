@@ -20,7 +20,7 @@ from pytest_rlrollout.suite.stash import MISSING, RL_TEST
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.cassette import Cassette
-    from pytest_rlrollout.remote.client import Exchange
+    from pytest_rlrollout.remote.stream import Exchange
 
 
 def _requirements(request: pytest.FixtureRequest, dep: RLDeployment) -> None:
@@ -188,7 +188,8 @@ def _cassette(request: pytest.FixtureRequest, dep: RLDeployment) -> Iterator[Cas
     if t is None:
         yield None
         return
-    from pytest_rlrollout.remote.cassette import Cassette, CassetteError, cassette_name
+    from pytest_rlrollout.remote.cassette import Cassette, cassette_name
+    from pytest_rlrollout.remote.cassette_file import CassetteError
 
     path = t.directory / cassette_name(request.node.nodeid)
     if t.mode == "replay":

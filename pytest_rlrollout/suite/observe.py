@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_rlrollout.remote.client import WaitEnd
 from pytest_rlrollout.remote.fingerprint import Continuation, FingerprintError, continuation
+from pytest_rlrollout.remote.replicas import WaitEnd
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream
 from pytest_rlrollout.suite.outcomes import inconclusive
 

@@ -86,9 +86,10 @@ def _preflight(config: pytest.Config) -> Discovery:
     import httpx
 
     from pytest_rlrollout.engines import presumed
-    from pytest_rlrollout.remote.discovery import PreflightError, preflight
+    from pytest_rlrollout.remote.discovery import PreflightError
     from pytest_rlrollout.remote.drivers import driver_for
     from pytest_rlrollout.remote.limits import LimitExceeded
+    from pytest_rlrollout.remote.preflight import preflight
     from pytest_rlrollout.suite.connecting import connect, served_path
     from pytest_rlrollout.suite.run_start import fingerprint_start
 

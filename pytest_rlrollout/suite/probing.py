@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_rlrollout.remote.client import loading_state
 from pytest_rlrollout.remote.polling import ticks
+from pytest_rlrollout.remote.replicas import loading_state
 from pytest_rlrollout.suite.observe import observed
 
 if TYPE_CHECKING:

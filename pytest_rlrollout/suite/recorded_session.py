@@ -32,7 +32,8 @@ def cassette_dir(value: str | os.PathLike[str]) -> Path:
 def session_meta(directory: Path) -> dict[str, Any]:
     """The recording's meta, checked: a cassette directory may come from anyone, and its values
     become file names, snapshot identities and URLs."""
-    from pytest_rlrollout.remote.cassette import Cassette, CassetteError
+    from pytest_rlrollout.remote.cassette import Cassette
+    from pytest_rlrollout.remote.cassette_file import CassetteError
 
     session = directory / "_session.json"
     if not session.is_file():

@@ -163,7 +163,8 @@ def run_id(config: pytest.Config) -> str:
 
 def recorded_run_id(session: Path) -> str:
     """The run id of the recording being added to, checked: it names snapshots and files."""
-    from pytest_rlrollout.remote.cassette import Cassette, CassetteError
+    from pytest_rlrollout.remote.cassette import Cassette
+    from pytest_rlrollout.remote.cassette_file import CassetteError
 
     try:
         found = Cassette.load(session).meta.get("run_id")

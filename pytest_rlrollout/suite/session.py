@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import pytest
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import httpx
     import openai
 
+    from pytest_rlrollout.remote.options import CompletionOptions
     from pytest_rlrollout.remote.stream import Stream
 
 
@@ -28,9 +29,10 @@ class RLSession:
     def headers(self) -> dict[str, str]:
         return {"x-multi-turn-session-id": self.session_id}
 
-    def complete(self, body: dict[str, Any], *, chat: bool = False, headers: dict[str, str] | None = None) -> Stream:
+    def complete(self, body: dict[str, Any], **options: Unpack[CompletionOptions]) -> Stream:
         """A completion in this session, parsed (policy versions, routing entries, cached tokens)."""
-        return self.deployment.complete(body, chat=chat, headers=self.headers | (headers or {}))
+        options["headers"] = self.headers | (options.get("headers") or {})
+        return self.deployment.complete(body, **options)
 
     def openai(self) -> openai.OpenAI:
         """An `openai.OpenAI` client for the inference API with this session's header."""

@@ -21,7 +21,7 @@ from pytest_rlrollout.suite.run_state import Cleanup
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.remote.client import Waited
+    from pytest_rlrollout.remote.replicas import Waited
     from pytest_rlrollout.runs.snapshots import Built, Op, SnapshotFactory
     from pytest_rlrollout.snapshot.cases import ReferenceCases
     from pytest_rlrollout.suite.evidence import Observed

@@ -22,19 +22,20 @@ import pytest
 
 from pytest_rlrollout.remote import cassette as cassettes
 from pytest_rlrollout.remote.cassette import (
-    MAX_FILE,
     Cassette,
-    CassetteError,
     CassetteMiss,
     CassetteTransport,
     cassette_files,
     digest,
-    read_regular,
     request_key,
 )
-from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.cassette_file import MAX_FILE, CassetteError, read_regular, shown_path
+from pytest_rlrollout.remote.client import DeploymentClient
+from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.secret import Secret
+from pytest_rlrollout.remote.target import Target
+from pytest_rlrollout.remote.transport import ExchangeFailed
 
 from .budget import Budget, heap_returned, older_objects_frozen  # noqa: F401 (fixtures)
 
@@ -105,7 +106,7 @@ def refused(path: Path, root: Path, *words: str) -> str:
     with pytest.raises(CassetteError) as e:
         Cassette.load(path, root=root)
     message = str(e.value)
-    shown = cassettes._shown(path, root)
+    shown = shown_path(path, root)
     assert message.startswith(f"{shown}: "), message
     assert all(w in message for w in words), message
     assert SECRET not in message and len(message) < 400 and "\n" not in message, message
@@ -118,7 +119,7 @@ def test_a_valid_cassette_loads_and_replays():
         doc = valid()
         transport = CassetteTransport("replay", KEY, Path("/nonexistent"), Cassette(Path("c.json"), doc))
         with DeploymentClient(TARGET, transport=transport) as c:
-            assert c.served_identities() == ["snap"]
+            assert HotLoadAPI(c).served_identities() == ["snap"]
             s = c.complete({"prompt": "hi", "stream": True})
             assert s.ok and s.done and s.finish_reason == "stop" and s.versions == ["snap"]
             assert c.mark("swap") == 0.5 and c.mark("swap") == 1.5
@@ -536,9 +537,9 @@ def test_a_request_the_cassette_does_not_hold_is_a_miss_naming_the_file():
         with pytest.raises(CassetteMiss, match=r"^c\.json: no recorded answer \(#1\) for ") as miss:
             c.complete({"prompt": "bye", "stream": True})
         assert "bye" in str(miss.value)
-        c.status()
+        HotLoadAPI(c).status()
         with pytest.raises(CassetteMiss, match=r"^c\.json: no recorded answer \(#2\)"):
-            c.status()
+            HotLoadAPI(c).status()
         with pytest.raises(CassetteMiss, match='"other"'):
             wrong_key.complete({"prompt": "hi", "stream": True})
         with pytest.raises(CassetteMiss, match="no recorded time #1 for 'never'"):
@@ -570,20 +571,24 @@ REPLAYS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[DeploymentCl
         stream,
         "Limits.events",
     ),
-    "a body past Limits.body": (lambda d: body(d).update(body="x" * (33 * MB)), DeploymentClient.status, "Limits.body"),
+    "a body past Limits.body": (
+        lambda d: body(d).update(body="x" * (33 * MB)),
+        lambda c: HotLoadAPI(c).status(),
+        "Limits.body",
+    ),
     "a body that parses to 20 times its size": (
         lambda d: body(d).update(body="[" + "[]," * (8 * MB) + "[]]"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "Limits.memory",
     ),
     "a gzip header on a body that is not gzip": (
         lambda d: body(d)["headers"].update({"content-encoding": "gzip"}),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "does not decode",
     ),
     "a brotli header": (
         lambda d: body(d)["headers"].update({"content-encoding": "br"}),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "'br'-encoded answer",
     ),
     "an event of bytes that are not UTF-8": (
@@ -591,7 +596,7 @@ REPLAYS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[DeploymentCl
         stream,
         "not UTF-8",
     ),
-    "a status of 101": (lambda d: body(d).update(status=101), DeploymentClient.replicas, "[]"),
+    "a status of 101": (lambda d: body(d).update(status=101), lambda c: HotLoadAPI(c).replicas(), "[]"),
 }
 
 

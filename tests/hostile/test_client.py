@@ -17,11 +17,14 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers import FireworksDriver
+from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
 from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded, Limits
 from pytest_rlrollout.remote.sse import SSEDecoder
 from pytest_rlrollout.remote.stream import Stream
+from pytest_rlrollout.remote.target import Target
+from pytest_rlrollout.remote.transport import ExchangeFailed
 
 from .budget import Budget, heap_returned, older_objects_frozen  # noqa: F401 (fixtures)
 
@@ -223,20 +226,25 @@ TIME_CASES: dict[str, tuple[Behaviour, Callable[[DeploymentClient], object], str
     ),
     "a status body of one byte every 0.2 s": (
         trickle(head("200 OK", *CLOSE), b" ", 0.2),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "the answer's body was still arriving",
         True,
     ),
     "silence after the headers": (sends(SSE_HEAD), stream, "no byte of the body arrived", True),
     "a status that is silent after its headers": (
         sends(head("200 OK", "content-length: 10")),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "no byte of the body arrived",
         True,
     ),
     "no answer at all": (sends(), stream, "no answer came", True),
-    "headers one byte every 0.1 s": (trickle(b"", b"H", 0.1), DeploymentClient.status, "no answer came", True),
-    "100 Continue, then nothing": (sends(head("100 Continue")), DeploymentClient.status, "no answer came", True),
+    "headers one byte every 0.1 s": (trickle(b"", b"H", 0.1), lambda c: HotLoadAPI(c).status(), "no answer came", True),
+    "100 Continue, then nothing": (
+        sends(head("100 Continue")),
+        lambda c: HotLoadAPI(c).status(),
+        "no answer came",
+        True,
+    ),
     "a request never read": (
         sends(),
         lambda c: c.post_inference(b" " * (32 * MB)),
@@ -272,7 +280,7 @@ def test_the_tests_deadline_ends_an_endless_stream():
             stream(c)
         assert first.value.bound == "the test's deadline"
         with pytest.raises(LimitExceeded, match="was not sent: the test's time was up") as second:
-            c.status()
+            HotLoadAPI(c).status()
         assert second.value.bound == "the test's deadline"
         c.deadline = time.monotonic() + 0.5
         with pytest.raises(LimitExceeded, match=r"after 0\.(5|49\d) s"):
@@ -376,18 +384,22 @@ MEMORY_CASES: dict[str, tuple[Callable[[dict[str, bytes]], Behaviour], Callable[
     ),
     "a 200 MB body with its Content-Length": (
         lambda b: body_of(200 * MB, framing="length"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "Limits.body",
     ),
     "a 200 MB body to the end of the connection": (
         lambda b: body_of(200 * MB, framing="close"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "Limits.body",
     ),
-    "a 200 MB chunked body": (lambda b: body_of(200 * MB, framing="chunked"), DeploymentClient.status, "Limits.body"),
+    "a 200 MB chunked body": (
+        lambda b: body_of(200 * MB, framing="chunked"),
+        lambda c: HotLoadAPI(c).status(),
+        "Limits.body",
+    ),
     "a 130 MB status (replicas)": (
         lambda b: body_of(130 * MB, framing="chunked"),
-        DeploymentClient.replicas,
+        lambda c: HotLoadAPI(c).replicas(),
         "Limits.body",
     ),
     "a 200 MB non-streamed completion": (
@@ -400,22 +412,26 @@ MEMORY_CASES: dict[str, tuple[Callable[[dict[str, bytes]], Behaviour], Callable[
         stream,
         "Limits.body",
     ),
-    "a 200 MB hot-load answer": (lambda b: body_of(200 * MB, framing="close"), lambda c: c.hot_load({}), "Limits.body"),
+    "a 200 MB hot-load answer": (
+        lambda b: body_of(200 * MB, framing="close"),
+        lambda c: HotLoadAPI(c).hot_load({}),
+        "Limits.body",
+    ),
     "a gzip bomb (a GiB of zeros) as a status": (
         lambda b: compressed(b, "gzip"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "Limits.body",
     ),
     "a deflate bomb (a GiB of zeros) as a status": (
         lambda b: compressed(b, "deflate"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "Limits.body",
     ),
     "a gzip bomb (a GiB of zeros) as a stream": (lambda b: compressed(b, "gzip", *SSE), stream, "Limits.event"),
     "a gzip bomb of events as a stream": (lambda b: compressed(b, "gzip-sse", *SSE), stream, "Limits.events"),
     "a status of JSON that parses to 20x its size": (
         lambda b: sends(head("200 OK", *CLOSE) + b'{"replicas": [' + b"[]," * (10 * MB) + b"[]]}", then_wait=False),
-        DeploymentClient.replicas,
+        lambda c: HotLoadAPI(c).replicas(),
         "Limits.memory",
     ),
 }
@@ -527,59 +543,67 @@ BROKEN: dict[str, tuple[Behaviour, Callable[[DeploymentClient], object], str]] =
     "a stream cut mid-event": (cut_after(SSE_HEAD, chunk(CHUNK), chunk(b'data: {"choi')), stream, "broken HTTP"),
     "a body shorter than its Content-Length": (
         cut_after(head("200 OK", "content-length: 100"), b"{}"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
-    "a garbage status line": (cut_after(b"HELLO THERE\r\n\r\n"), DeploymentClient.status, "broken HTTP"),
-    "binary garbage": (cut_after(bytes(range(256)) * 4), DeploymentClient.status, "broken HTTP"),
-    "HTTP/0.9 (a body without a head)": (cut_after(b'{"replicas": []}'), DeploymentClient.status, "broken HTTP"),
+    "a garbage status line": (cut_after(b"HELLO THERE\r\n\r\n"), lambda c: HotLoadAPI(c).status(), "broken HTTP"),
+    "binary garbage": (cut_after(bytes(range(256)) * 4), lambda c: HotLoadAPI(c).status(), "broken HTTP"),
+    "HTTP/0.9 (a body without a head)": (
+        cut_after(b'{"replicas": []}'),
+        lambda c: HotLoadAPI(c).status(),
+        "broken HTTP",
+    ),
     "a status code of letters": (
         cut_after(b"HTTP/1.1 2OO OK\r\ncontent-length: 0\r\n\r\n"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
     "a header line of 200 KB": (
         cut_after(head("200 OK", "x-junk: " + "a" * 200_000, "content-length: 0")),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
     "20,000 headers": (
         cut_after(head("200 OK", *[f"x-{i}: y" for i in range(20_000)], "content-length: 0")),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
-    "an endless head": (endless(b"HTTP/1.1 200 OK\r\nx-junk: ", b"a" * 65536), DeploymentClient.status, "broken HTTP"),
+    "an endless head": (
+        endless(b"HTTP/1.1 200 OK\r\nx-junk: ", b"a" * 65536),
+        lambda c: HotLoadAPI(c).status(),
+        "broken HTTP",
+    ),
     "a header without a colon": (
         cut_after(head("200 OK", "no colon here", "content-length: 0")),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
     "a header name with a space": (
         cut_after(head("200 OK", "bad name: x", "content-length: 0")),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
     "two different Content-Lengths": (
         cut_after(head("200 OK", "content-length: 2", "content-length: 5"), b"{}"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
     "a Content-Length that is no number": (
         cut_after(head("200 OK", "content-length: lots"), b"{}"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "broken HTTP",
     ),
-    "a connection closed before any answer": (cut_after(), DeploymentClient.status, "broken HTTP"),
-    "a connection reset before any answer": (reset_after(), DeploymentClient.status, "broke the connection"),
+    "a connection closed before any answer": (cut_after(), lambda c: HotLoadAPI(c).status(), "broken HTTP"),
+    "a connection reset before any answer": (reset_after(), lambda c: HotLoadAPI(c).status(), "broke the connection"),
     "a connection reset mid-stream": (reset_after(SSE_HEAD, chunk(CHUNK)), stream, "broke the connection"),
     "a brotli answer": (
         cut_after(head("200 OK", "content-encoding: br", "content-length: 2"), b"{}"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "'br'-encoded answer",
     ),
     "a gzip answer that is not gzip": (
         cut_after(head("200 OK", "content-encoding: gzip", "content-length: 9"), b"not gzip!"),
-        DeploymentClient.status,
+        lambda c: HotLoadAPI(c).status(),
         "does not decode",
     ),
     "a stream gzip-encoded twice": (
@@ -672,7 +696,7 @@ def test_a_header_of_100_kb_is_still_http():
     """httpx takes a head of up to 100 KiB: a big header is no failure (a bigger head is, above)."""
     answer = cut_after(head("200 OK", "x-junk: " + "a" * 100_000, "content-length: 2"), b"{}")
     with Budget("client", "legal: a header of 100 KB", seconds=3, rss_mb=50):
-        got = ask(answer, DeploymentClient.status, LIMITS)
+        got = ask(answer, lambda c: HotLoadAPI(c).status(), LIMITS)
     assert got.status_code == 200 and len(got.headers["x-junk"]) == 100_000, got
 
 
@@ -708,7 +732,7 @@ def test_a_status_of_the_wrong_shape_reads_as_no_replicas_never_raises(case):
     body = STATUSES[case]
     answer = cut_after(head("200 OK", "content-type: application/json", f"content-length: {len(body)}"), body)
     with Budget("client", f"status: {case}", seconds=5, rss_mb=50, inputs=3):
-        replicas = ask(answer, DeploymentClient.replicas, LIMITS)
+        replicas = ask(answer, lambda c: HotLoadAPI(c).replicas(), LIMITS)
         waited = ask(answer, lambda c: FireworksDriver(c).wait("snap", timeout=0.2, poll=0.05), LIMITS)
         lora = ask(answer, lambda c: FireworksDriver(c).wait("snap", timeout=0.2, poll=0.05, lora=True), LIMITS)
     assert isinstance(replicas, list) and all(isinstance(r, dict) for r in replicas), replicas

@@ -12,10 +12,13 @@ import pytest
 
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.remote.cassette import Cassette, CassetteTransport, request_key
-from pytest_rlrollout.remote.client import DeploymentClient, ExchangeFailed, Target
+from pytest_rlrollout.remote.client import DeploymentClient
+from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
 from pytest_rlrollout.remote.limits import LimitExceeded, Limits
 from pytest_rlrollout.remote.secret import Redacted, Secret
 from pytest_rlrollout.remote.stream import EXCERPT, Exchange
+from pytest_rlrollout.remote.target import Target
+from pytest_rlrollout.remote.transport import ExchangeFailed
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 
@@ -124,8 +127,8 @@ def test_auth_headers_show_nothing_but_send_the_key():
             Target("accounts/a/deployments/d", "http://x", "m", key), transport=httpx.MockTransport(answer)
         ) as c,
     ):
-        headers = c.hot_load_headers()
-        c.status()
+        headers = HotLoadAPI(c).headers()
+        HotLoadAPI(c).status()
         request = c.http.build_request("GET", "http://x/", headers=headers)
     assert seen == [f"Bearer {key}"]
     assert isinstance(headers["Authorization"], Redacted)
@@ -229,7 +232,7 @@ def test_a_deployment_that_echoes_the_key_never_gets_it_shown():
         Budget("secrets", "a deployment that echoes the key", seconds=5, rss_mb=50, inputs=4),
         DeploymentClient(target, transport=httpx.MockTransport(echoing)) as c,
     ):
-        status = c.status()
+        status = HotLoadAPI(c).status()
         answers = [
             c.complete({"prompt": "hi"}),
             c.complete({"prompt": "hi", "stream": True}),

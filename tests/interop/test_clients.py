@@ -178,9 +178,11 @@ def test_openai_sdk_sync_async_and_streaming(dep):
 def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr, dep, bucket, tmp_path):
     """The SDK's full -> delta -> delta chain leaves every replica serving the weights the trainer
     holds: the same numbers as those weights hot-loaded whole under another identity."""
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.drivers import FireworksDriver
+    from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
     from pytest_rlrollout.remote.fingerprint import sweep
+    from pytest_rlrollout.remote.target import Target
 
     d, m, replicas = dep.settings.deployment_id, dep.model, dep.settings.replicas
     policy = PolicyClient(bucket, tmp_path)
@@ -196,13 +198,13 @@ def test_a_delta_chain_and_a_full_snapshot_of_its_weights_fingerprint_alike(mgr,
             syncer.save_and_hotload(f"step-{step}")
         assert [kind for _, kind in policy.saved] == ["base", "delta", "delta"]
         # the SDK's wait reads the first replica only: the others may still be swapping when it returns
-        assert FireworksDriver(c).wait(policy.saved[-1][0], timeout=30, poll=0.01).ok, c.served_identities()
+        assert FireworksDriver(c).wait(policy.saved[-1][0], timeout=30, poll=0.01).ok, HotLoadAPI(c).served_identities()
         chained = prints("chained", base.sessions)
         whole = f"whole-{policy.session}"
         shutil.copytree(policy.current, bucket / whole)  # the trainer's final weights, as a full snapshot
         mgr.hotload(d, m, whole)
         assert mgr.wait_for_hotload(d, m, whole)
-        assert FireworksDriver(c).wait(whole, timeout=30, poll=0.01).ok, c.served_identities()
+        assert FireworksDriver(c).wait(whole, timeout=30, poll=0.01).ok, HotLoadAPI(c).served_identities()
         full = prints("full", base.sessions)
     assert set(base.prints) == set(chained.prints) == set(full.prints)
     for replica, fp in sorted(full.prints.items()):

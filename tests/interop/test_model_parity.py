@@ -138,7 +138,8 @@ def test_the_scorers_agree_on_canary_sequences(scorers):
 
 def test_rollouts_from_the_reference_deployment_match_the_transformers_scorer(scorers, dep):
     from pytest_rlrollout.numerics.rollouts import compare, sample
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.target import Target
 
     prompts = [[(11 * i + 7 * j) % 480 + 10 for j in range(16 + 8 * i)] for i in range(3)]
     with DeploymentClient(Target(dep.name, dep.base_url, dep.model, dep.api_key)) as c:

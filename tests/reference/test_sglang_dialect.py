@@ -29,9 +29,10 @@ from tokenizers import Tokenizer
 
 from pytest_rlrollout.reference import reference_deployment
 from pytest_rlrollout.reference.model import Model, Sequence_
-from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.discovery import preflight
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers import driver_for
+from pytest_rlrollout.remote.preflight import preflight
+from pytest_rlrollout.remote.target import Target
 
 from .vllm_support import BASE, SHORT, SLOW, Streamer, close, local_prompt_logprobs, step
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from pytest_rlrollout.reference.model import Model, Sequence_
-from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.discovery import preflight
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers import driver_for
+from pytest_rlrollout.remote.preflight import preflight
+from pytest_rlrollout.remote.target import Target
 
 from .vllm_support import BASE, LONG, SHORT, VllmClient, close, local_prompt_logprobs, step
 
@@ -532,7 +533,7 @@ def test_a_reload_that_outlasts_the_read_timeout_is_waited_for_up_to_the_swap_ti
     """vLLM answers a reload once it is done: a 61 GB reload takes minutes. The driver waits for
     that answer up to the run's swap timeout (`load_wait`), not the read timeout every other
     request is held to; without it the same reload is cut at the read timeout."""
-    from pytest_rlrollout.remote.client import ExchangeFailed
+    from pytest_rlrollout.remote.transport import ExchangeFailed
 
     dep = start(engine="vllm", load_delay=1.0)
     target = Target(None, dep.base_url, dep.model, "rl-reference-key", engine="vllm")

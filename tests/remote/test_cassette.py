@@ -5,9 +5,13 @@ import json
 import httpx
 import pytest
 
+from pytest_rlrollout.contract.schemas import is_valid
 from pytest_rlrollout.remote.cassette import Cassette, CassetteMiss, CassetteTransport
-from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.cassette_file import shape_problem
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.secret import Secret
+from pytest_rlrollout.remote.target import Target
+from pytest_rlrollout.shipped import shipped
 
 KEY = Secret("sk-recorded-secret")
 CHUNKS = [{"model": "m@s1", "choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in ("a", "b")]
@@ -41,3 +45,14 @@ def test_a_crlf_stream_records_event_by_event_and_replays_the_same(tmp_path):
     assert replayed.events == recorded.events and replayed.chunks == recorded.chunks and replayed.done
     with pytest.raises(CassetteMiss, match="no recorded answer"):
         client(replayer).complete(body)  # each recorded answer is given once
+
+
+def test_every_shipped_cassette_is_of_the_shape_the_schema_describes():
+    """schemas/cassette.schema.json is the shape the recorder writes: every shipped recording
+    has it, and the loader finds nothing wrong in any (what the schema cannot say included)."""
+    files = sorted(shipped("cassettes").rglob("*.json"))
+    assert len(files) > 100
+    for path in files:
+        doc = json.loads(path.read_text())
+        assert is_valid("cassette", doc), path
+        assert shape_problem(doc) is None, path

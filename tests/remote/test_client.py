@@ -5,9 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from pytest_rlrollout.remote.client import DeploymentClient, Target, WaitEnd
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers import FireworksDriver, Status
+from pytest_rlrollout.remote.drivers.fireworks import HotLoadAPI
+from pytest_rlrollout.remote.replicas import WaitEnd
 from pytest_rlrollout.remote.stream import routing_matrix
+from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.snapshot import build, tiny_moe
 
 BASE = tiny_moe.BASE_IDENTITY
@@ -39,7 +42,7 @@ def test_target_defaults():
 def test_exchanges_are_kept_without_the_key(dep):
     with client_for(dep) as c:
         c.complete({"prompt": [1, 2], "max_tokens": 1, "user": dep.api_key})
-        c.status()
+        HotLoadAPI(c).status()
     sent, polled = c.exchanges
     assert sent.method == "POST" and sent.path == "/inference/v1/completions" and sent.status == 200
     assert dep.api_key not in sent.request and "<key>" in sent.request and '"choices"' in sent.response
@@ -69,23 +72,23 @@ def test_hot_load_and_wait_with_progress(dep, bucket):
     build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
     seen = []
     with client_for(dep) as c:
-        assert c.served_identities() == [BASE, BASE]
-        assert c.hot_load({"identity": "step-1"}).status_code == 200
+        assert HotLoadAPI(c).served_identities() == [BASE, BASE]
+        assert HotLoadAPI(c).hot_load({"identity": "step-1"}).status_code == 200
         waited = FireworksDriver(c).wait("step-1", timeout=20, poll=0.01, progress=seen.append)
         assert waited.ok and waited.error is None and len(waited.replicas) == 2
         assert seen and all(len(s) == 2 for s in seen)
-        assert c.served_identities() == ["step-1", "step-1"]
-        assert c.ledger().json()["entries"][0]["identity"] == "step-1"
+        assert HotLoadAPI(c).served_identities() == ["step-1", "step-1"]
+        assert HotLoadAPI(c).ledger().json()["entries"][0]["identity"] == "step-1"
 
 
 def test_wait_reports_a_failed_load_and_a_deadline(start, bucket):
     dep = start(load_delay=0.3)
     build.derive(bucket / BASE, bucket / "step-1", build.perturbed(bucket / BASE, seed=1))
     with client_for(dep) as c:
-        assert c.hot_load({"identity": "step-1"}).status_code == 200
+        assert HotLoadAPI(c).hot_load({"identity": "step-1"}).status_code == 200
         (bucket / "step-1" / "model-00002-of-00005.safetensors").write_bytes(b"")
         failed = FireworksDriver(c).wait("step-1", timeout=20, poll=0.01)
-        assert failed.end is WaitEnd.FAILED and not failed.ok and "step-1" not in c.served_identities()
+        assert failed.end is WaitEnd.FAILED and not failed.ok and "step-1" not in HotLoadAPI(c).served_identities()
         never = FireworksDriver(c).wait("never-signalled", timeout=0.2, poll=0.01)
         assert never.end is WaitEnd.TIMED_OUT and not never.ok and "within" in never.error
 

@@ -8,9 +8,11 @@ import httpx
 import pytest
 
 from pytest_rlrollout.contract.capabilities import CAPABILITIES
-from pytest_rlrollout.remote.client import DeploymentClient, Target
-from pytest_rlrollout.remote.discovery import Discovery, PreflightError, preflight
+from pytest_rlrollout.remote.client import DeploymentClient
+from pytest_rlrollout.remote.discovery import Discovery, PreflightError
 from pytest_rlrollout.remote.drivers import driver_for
+from pytest_rlrollout.remote.preflight import preflight
+from pytest_rlrollout.remote.target import Target
 
 
 def reference_client(dep, **changes):

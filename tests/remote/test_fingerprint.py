@@ -6,8 +6,9 @@ import math
 import pytest
 
 from pytest_rlrollout.reference import reference_deployment
-from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.fingerprint import Fingerprint, FingerprintError, canary, fingerprint, sweep
+from pytest_rlrollout.remote.target import Target
 
 
 def test_the_canary_set_is_fixed_and_in_the_vocabulary():

@@ -86,7 +86,7 @@ def test_the_fixture_api_is_explicit_and_typed():
     """No attribute forwarding: what the docs (docs/your-own-tests.md) document is what the class defines."""
     import inspect
 
-    from pytest_rlrollout.remote.client import Target
+    from pytest_rlrollout.remote.target import Target
     from pytest_rlrollout.suite.deployment import RLDeployment
 
     assert "__getattr__" not in vars(RLDeployment)

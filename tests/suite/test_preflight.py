@@ -86,8 +86,10 @@ def test_auto_recognises_each_dialect_and_names_the_probe(tmp_path, dialect):
     which probe decided; a CoreWeave deployment named by its UUID is asked on the control plane
     it names (with that plane's key), one known by its URL alone where the URL answers both."""
     from pytest_rlrollout.reference import reference_deployment
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
-    from pytest_rlrollout.remote.discovery import PreflightError, preflight
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.discovery import PreflightError
+    from pytest_rlrollout.remote.preflight import preflight
+    from pytest_rlrollout.remote.target import Target
 
     engine = dialect.removesuffix("-one-host")
     naming, decided = AUTO[dialect]

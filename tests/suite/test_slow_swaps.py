@@ -10,8 +10,9 @@ import threading
 import time
 
 from pytest_rlrollout.reference import reference_deployment
-from pytest_rlrollout.remote.client import DeploymentClient, Target
+from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.drivers import driver_for
+from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.snapshot import tiny_moe
 from pytest_rlrollout.suite.options import CONFORMANCE
 

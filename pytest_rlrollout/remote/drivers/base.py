@@ -23,17 +23,21 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack, get_args
 
+from pytest_rlrollout.engines import Engine
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.polling import ticks
 from pytest_rlrollout.remote.stream import CONTRACT_READING, Reading, Stream, as_object
 
 if TYPE_CHECKING:
     import httpx
 
-    from pytest_rlrollout.engines import Engine
-    from pytest_rlrollout.remote.client import DeploymentClient, Target, Waited
+    from pytest_rlrollout.engines.spec import EngineSpec
+    from pytest_rlrollout.remote.client import DeploymentClient
     from pytest_rlrollout.remote.discovery import Answered, Discovery
+    from pytest_rlrollout.remote.replicas import Waited
+    from pytest_rlrollout.remote.target import Target
 
 _STATUS_READ: dict[str, float] = {}  # when this process last read each deployment's status
 _STATUS_READ_LOCK = threading.Lock()
@@ -45,6 +49,15 @@ def reset_policy(signal: dict[str, Any]) -> Any:
     SDK's booleans as 'all' / 'none'; any other value as it is (the engine's binding decides)."""
     policy = signal.get("reset_prompt_cache", "all")
     return {True: "all", False: "none", None: "all"}.get(policy, policy)
+
+
+def registered(engine: EngineSpec) -> Engine:
+    """An engine module's name as the registry's `Engine`: what a driver's `engine` is (a name
+    the registry does not list is a mistake in that module, raised when its driver is defined)."""
+    for name in get_args(Engine):
+        if name == engine.name:
+            return name
+    raise ValueError(f"{engine.name!r} is not an engine the registry lists")
 
 
 class Unbound(NotImplementedError):
@@ -134,19 +147,13 @@ class Driver(ABC):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """A completion in the contract's vocabulary, sent on the engine's wire (streamed when
         `body["stream"]`; `on_chunk` sees every chunk as it arrives, `on_status` the answer's
         status as soon as its head arrives). Here: as it is, to the OpenAI completions endpoint
         (the contract's own wire)."""
-        return self.client.complete(
-            body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, reading=self.reading
-        )
+        return self.client.complete(body, reading=self.reading, **options)
 
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
@@ -194,7 +201,7 @@ class Driver(ABC):
         200 whose replicas cannot be read ends the wait (HL-GET-1). With `stalled_after`, also
         give up once some replicas serve it and no replica has been loading for that long (a
         rollout that stopped part-way)."""
-        from pytest_rlrollout.remote.client import FIRST_POLL, Waited, WaitEnd, busy, serves
+        from pytest_rlrollout.remote.replicas import FIRST_POLL, Waited, WaitEnd, busy, serves
 
         replicas: list[dict[str, Any]] = []
         stalled_since: float | None = None
@@ -229,9 +236,7 @@ class Driver(ABC):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """Load the snapshot `signal` names (the factory's signal body: `identity`, and
         `incremental_snapshot_metadata` / `reset_prompt_cache` where given); the answer of the

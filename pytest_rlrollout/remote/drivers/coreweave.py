@@ -23,30 +23,22 @@ through CoreWeave's hot-load API, sampled through its OpenAI-compatible gateway.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
 from pytest_rlrollout.engines.coreweave import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    Answered,
-    Discovery,
-    PreflightError,
-    auth_probe,
-    excerpt,
-    inference_probes,
-    mark,
-    said,
-)
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, PreflightError, excerpt, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.limits import LimitExceeded
 from pytest_rlrollout.remote.openai_wire import OpenAIReading, bound, legacy_body
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.target import Target
 
 PREFIX = "/v1alpha1/inference"
 HOT_LOADS = PREFIX + "/hotLoads"
@@ -76,7 +68,7 @@ def _lists_hot_loads(r: httpx.Response) -> bool:
 
 
 class CoreWeaveDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = OpenAIReading()  # its gateway answers as vLLM's /v1/completions does
     transition = "ASYNC"  # the only transition mode CoreWeave documents (TRANSITION_MODE_ASYNC)
     reset_policies = tuple(POLICIES)
@@ -128,20 +120,14 @@ class CoreWeaveDriver(Driver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        sent, headers, salt = bound(body, headers)
+        sent, options["headers"], salt = bound(body, options.get("headers"))
         if salt is not None:
             sent["nvext"] = {**as_object(sent.get("nvext")), "cache_salt": salt}
-        if not chat:
+        if not options.get("chat"):
             sent = legacy_body(sent)
-        return self.client.complete(
-            sent, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status, reading=self.reading
-        )
+        return self.client.complete(sent, reading=self.reading, **options)
 
     # ----------------------------------------------------------------------- what is served
 
@@ -188,11 +174,10 @@ class CoreWeaveDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """One POST; the deployment swaps its replicas on its own after it (one at a time)."""
+        headers = options.get("headers")
         policy = reset_policy(signal)
         if policy not in self.reset_policies:
             raise self.unbound(f"reset_prompt_cache {policy!r}")

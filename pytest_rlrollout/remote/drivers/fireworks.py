@@ -4,8 +4,8 @@ Fireworks completion extensions (`echo`, `raw_output`, `include_routing_matrix`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import json
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pytest_rlrollout.contract.schemas import problems
 from pytest_rlrollout.engines import FALLBACK
@@ -16,13 +16,13 @@ from pytest_rlrollout.remote.discovery import (
     Answered,
     Discovery,
     PreflightError,
-    auth_probe,
     excerpt,
-    inference_probes,
     mark,
     said,
 )
-from pytest_rlrollout.remote.drivers.base import Driver, Status
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
+from pytest_rlrollout.remote.options import LoadOptions
 from pytest_rlrollout.remote.stream import json_object
 
 if TYPE_CHECKING:
@@ -31,8 +31,78 @@ if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient
 
 
+HOT_LOAD = "/hot_load/v1/models/hot_load"
+
+
+class HotLoadAPI:
+    """Fireworks' own endpoints over a bounded client: the hot-load API (a signal, the status,
+    the hint), and the deployment resource with its ledger. A signal is sent as given (tests
+    send malformed ones on purpose)."""
+
+    def __init__(self, client: DeploymentClient):
+        self.client = client
+
+    def headers(self) -> dict[str, str]:
+        """The key, and the names the hot-load API routes by (fireworks-model, fireworks-deployment)."""
+        t = self.client.target
+        names = {"fireworks-model": t.model}
+        if t.deployment:
+            names["fireworks-deployment"] = t.deployment
+        return self.client.auth_headers() | names
+
+    def url(self, suffix: str = "") -> str:
+        return self.client.target.base_url.rstrip("/") + HOT_LOAD + suffix
+
+    def hot_load(self, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """POST a signal (any body: tests send malformed ones on purpose)."""
+        h = self.headers() | {"Content-Type": "application/json"} | (headers or {})
+        return self.client.request("POST", self.url(), content=json.dumps(body).encode(), headers=h)
+
+    def status(self, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.client.request("GET", self.url(), headers=self.headers() | (headers or {}))
+
+    def hint(self, identity: str, file: str) -> httpx.Response:
+        body = {"identity": identity, "file": file}
+        return self.client.request("POST", self.url("/hint"), json=body, headers=self.headers())
+
+    def hints(self) -> httpx.Response:
+        """GET the hint endpoint: whether there is one (a read, changing nothing)."""
+        return self.client.request("GET", self.url("/hint"), headers=self.headers())
+
+    def _deployment_url(self) -> str:
+        t = self.client.target
+        return f"{t.base_url.rstrip('/')}/v1/accounts/{t.account}/deployments/{t.deployment_id}"
+
+    def resource(self) -> dict[str, Any]:
+        """The deployment resource (GET /v1/accounts/<a>/deployments/<d>), {} when unavailable."""
+        r = self.client.request("GET", self._deployment_url(), headers=self.client.auth_headers())
+        doc = json_object(r) if r.status_code == 200 else None
+        return doc or {}
+
+    def ledger(self) -> httpx.Response:
+        return self.client.request("GET", self._deployment_url() + "/ledger", headers=self.client.auth_headers())
+
+    def reset_ledger(self) -> httpx.Response:
+        return self.client.request("DELETE", self._deployment_url() + "/ledger", headers=self.client.auth_headers())
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """The status's replicas; [] when the status cannot be read."""
+        r = self.status()
+        doc = json_object(r) if r.status_code == 200 else None
+        replicas = (doc or {}).get("replicas")
+        return [x for x in replicas if isinstance(x, dict)] if isinstance(replicas, list) else []
+
+    def served_identities(self) -> list[str | None]:
+        """current_snapshot_identity of every replica."""
+        return [r.get("current_snapshot_identity") for r in self.replicas()]
+
+
 class FireworksDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
+
+    @property
+    def api(self) -> HotLoadAPI:
+        return HotLoadAPI(self.client)
 
     @classmethod
     def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:
@@ -61,7 +131,7 @@ class FireworksDriver(Driver):
             raise PreflightError(f"the hot-load status did not answer with a JSON object ({said})")
 
     def status(self, *, headers: dict[str, str] | None = None) -> Status:
-        r = self.client.status(headers=headers)
+        r = self.api.status(headers=headers)
         doc = json_object(r) if r.status_code == 200 else None
         if doc is None:
             return Status(r, [], [f"GET status: HTTP {r.status_code}, not a JSON object: {r.text[:200]!r}"])
@@ -74,16 +144,14 @@ class FireworksDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """One POST; the deployment swaps on its own after it (the status shows the swap: `midway`
         has no place here)."""
-        return self.client.hot_load(signal, headers=headers)
+        return self.api.hot_load(signal, headers=options.get("headers"))
 
     def reset_ledger(self) -> httpx.Response:
-        return self.client.reset_ledger()
+        return self.api.reset_ledger()
 
     def restore(self, label: str) -> str | None:
         # The ledger takes no identity twice: where it lists the start identity (a run that
@@ -99,28 +167,28 @@ class FireworksDriver(Driver):
         return self.signal_again(label)
 
     def ledger(self) -> httpx.Response:
-        return self.client.ledger()
+        return self.api.ledger()
 
     def hint(self, identity: str, file: str) -> httpx.Response:
-        return self.client.hint(identity, file)
+        return self.api.hint(identity, file)
 
     def discover(self, *, transition: str | None, decided: str) -> Discovery:
-        client = self.client
+        api = self.api
         d = Discovery(self.engine, decided)
         inference_probes(self, d)
         auth_probe(self, d)
-        replicas = client.replicas()
+        replicas = api.replicas()
         d.replicas = len(replicas)
         mark(d, "hot_load_api", bool(replicas), f"{len(replicas)} replica(s) in the status")
         mark(d, "incremental", bool(replicas), "the hot-load API takes incremental_snapshot_metadata")
         for name in ("pause", "cache_reset"):  # the transition and reset_prompt_cache go with a load
             mark(d, name, False, "no Fireworks binding: a load's transition and reset_prompt_cache")
         mark(d, "lora", any("loaded_adapters" in r for r in replicas), "replicas list loaded_adapters")
-        ledger = client.ledger()
+        ledger = api.ledger()
         mark(d, "ledger", ledger.status_code == 200, f"GET ledger: HTTP {ledger.status_code}")
-        hint = client.request("GET", client._hot_load_url("/hint"), headers=client.hot_load_headers())
+        hint = api.hints()
         mark(d, "hint", hint.status_code != 404, f"GET hint: HTTP {hint.status_code}")
-        d.transition = transition or (client.resource().get("hotLoadTransitionType") or "").upper() or None
+        d.transition = transition or (api.resource().get("hotLoadTransitionType") or "").upper() or None
         mark(d, "transition", d.transition is not None, d.transition or "neither the resource nor rl_transition says")
         ids = self.complete({"prompt": PROBE_IDS, "max_tokens": 1})
         mark(d, "token_id_prompts", ids.ok and bool(ids.chunks), said(ids))

@@ -15,21 +15,23 @@ to itself, as RL frameworks without a gateway do; each engine is driven with its
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
 from pytest_rlrollout.engines import sglang, sglang_fleet, vllm
 from pytest_rlrollout.engines.fleet import ENGINE
 from pytest_rlrollout.remote.discovery import Answered, Discovery
+from pytest_rlrollout.remote.drivers.base import registered
 from pytest_rlrollout.remote.drivers.sglang import SGLangDriver
 from pytest_rlrollout.remote.drivers.smg import FannedOut, GatewayDriver, session_key
 from pytest_rlrollout.remote.drivers.vllm import vllm_version
+from pytest_rlrollout.remote.options import CompletionOptions
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Target
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.target import Target
 
 
 class Listed:
@@ -63,22 +65,11 @@ class Listed:
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        key = session_key(headers)
+        key = session_key(options.get("headers"))
         engine = self.members[0] if key is None else self.members[_bucket(key, len(self.members))]
-        s = self.complete_at(
-            engine,
-            body,
-            chat=chat,
-            headers=headers,
-            on_chunk=on_chunk,  # type: ignore[attr-defined]
-            on_status=on_status,
-        )
+        s = self.complete_at(engine, body, **options)  # type: ignore[attr-defined]
         s.headers[REPLICA_HEADER] = engine
         return s
 
@@ -103,7 +94,7 @@ class Listed:
 class FleetDriver(Listed, GatewayDriver):
     """vLLM engines: vLLM's binding on each (what the smg driver does through its gateway)."""
 
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     def engine_kinds(self) -> list[str]:
         return self.kinds("/version", "version", vllm.NAME)
@@ -124,7 +115,7 @@ class SGLangFleetDriver(Listed, FannedOut, SGLangDriver):
     """SGLang engines: SGLang's binding on each, its loads (retract, update from disk with the
     label, continue) fanned out step by step."""
 
-    engine = sglang_fleet.ENGINE.name
+    engine = registered(sglang_fleet.ENGINE)
     status_route = "/model_info"
 
     def engine_kinds(self) -> list[str]:

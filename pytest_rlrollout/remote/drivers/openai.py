@@ -6,15 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_rlrollout.engines.openai import ENGINE
-from pytest_rlrollout.remote.discovery import Answered, Discovery, inference_probes
-from pytest_rlrollout.remote.drivers.base import Driver
+from pytest_rlrollout.remote.discovery import Answered, Discovery
+from pytest_rlrollout.remote.drivers.base import Driver, registered
+from pytest_rlrollout.remote.drivers.probes import inference_probes
 
 if TYPE_CHECKING:
     from pytest_rlrollout.remote.client import DeploymentClient
 
 
 class OpenAIDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     @classmethod
     def recognises(cls, client: DeploymentClient, seen: Answered) -> str | None:

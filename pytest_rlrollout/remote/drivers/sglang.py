@@ -34,169 +34,38 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-import numpy as np
-
-from pytest_rlrollout.contract.moe import moe_layers
 from pytest_rlrollout.engines.sglang import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    Answered,
-    Discovery,
-    auth_probe,
-    get,
-    inference_probes,
-    mark,
-    said,
-)
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.discovery import PROBE_IDS, Answered, Discovery, get, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
-    OpenAIReading,
-    as_list,
     bound,
     labelled_status,
-    lay_routing,
-    token_prompt,
 )
-from pytest_rlrollout.remote.stream import Stream, as_object, json_object
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
+from pytest_rlrollout.remote.sglang_wire import (
+    GENERATE,
+    SGLANG_READING,
+    SGLangReading,
+    meta_info,
+    moe_columns,
+    native_body,
+)
+from pytest_rlrollout.remote.stream import Stream, json_object
 
 if TYPE_CHECKING:
     import httpx
 
     from pytest_rlrollout.remote.client import DeploymentClient
 
-GENERATE = "/generate"
 NOT_FLUSHED = "Weights were updated, but the cache was not flushed"  # SGLang's words for a swap it did
 MODES = {"abort": "abort", "keep": "in_place"}  # the contract's pause modes SGLang has
-COMPLETION_MAX_TOKENS = 16  # the contract's (OpenAI's) default; SGLang's native default is 128
-
-
-def _meta(chunk: dict[str, Any]) -> dict[str, Any]:
-    return as_object(chunk.get("meta_info"))
-
-
-def _grown(now: Any, before: Any) -> Any:
-    """What `now` adds to `before` (SGLang repeats the output so far), or `now` when it does not
-    extend it (a server run with --incremental-streaming-output sends only what is new)."""
-    if isinstance(now, list | str) and isinstance(before, type(now)) and now[: len(before)] == before:
-        return now[len(before) :]
-    return now
-
-
-def _entries(rows: Any) -> list[dict[str, Any]]:
-    """`[[logprob, id, text], ...]` as the contract's entries (what a row does not say is left out)."""
-    out = []
-    for row in as_list(rows):
-        row = as_list(row)
-        if len(row) < 2:
-            continue
-        entry: dict[str, Any] = {"logprob": row[0], "token_id": row[1]}
-        if len(row) > 2 and isinstance(row[2], str):
-            entry["token"] = row[2]
-        out.append(entry)
-    return out
-
-
-def moe_columns(config: Mapping[str, Any] | None, width: int | None) -> tuple[int, ...] | None:
-    """The values of a routed_experts row that belong to MoE layers, when the row covers every
-    hidden layer (SGLang's capture buffer is num_hidden_layers deep; a dense layer routes nothing
-    and its values stay 0); None when the config is unknown or the row has another width."""
-    layers = moe_layers(config or {})
-    if not config or not layers or width is None:
-        return None
-    hidden, k = config.get("num_hidden_layers"), config.get("num_experts_per_tok")
-    if not isinstance(hidden, int) or not isinstance(k, int) or width != hidden * k or len(layers) == hidden:
-        return None
-    return tuple(layer * k + j for layer in layers for j in range(k))
-
-
-def routed_rows(value: Any, width: int | None) -> np.ndarray | None:
-    """SGLang's routed_experts, base64 of int32 with no header, as rows of `width` (layers * k)
-    values, one per fed position; None when absent, when the width is unknown, or when the array
-    does not split into such rows. The array names no shape: the width is measured once
-    (`SGLangDriver.row_width`), and the rows are laid from the last fed position backwards, so an
-    array that leaves positions out shows as entries without routing."""
-    if not isinstance(value, str) or not width:
-        return None
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (ValueError, binascii.Error):
-        return None
-    if not raw or len(raw) % (4 * width):
-        return None
-    return np.frombuffer(raw, dtype="<i4").reshape(-1, width)
-
-
-@dataclass(frozen=True)
-class SGLangReading(OpenAIReading):
-    """Where SGLang's native answers say what the contract talks about (see the module's doc):
-    chunks laid out with `choices` and `usage`; entries from the last chunk's cumulative
-    `input_token_logprobs` and `output_token_logprobs`; versions from the finished chunk's spans,
-    else each chunk's `weight_version`. `width`: the values of one routed_experts row; `keep`:
-    those of MoE layers, where the row covers dense layers too (the matrices are the MoE layers')."""
-
-    width: int | None = None
-    keep: tuple[int, ...] | None = None
-
-    def chunk(self, doc: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:
-        if "meta_info" not in doc or "choices" in doc:
-            return doc  # an error, or an OpenAI route's answer
-        meta, last = _meta(doc), before[-1] if before else {}
-        finish = as_object(meta.get("finish_reason")).get("type") if meta.get("finish_reason") is not None else None
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": _grown(doc.get("text"), last.get("text")),
-            "token_ids": _grown(doc.get("output_ids"), last.get("output_ids")),
-            "finish_reason": finish,
-        }
-        if "weight_versions" in meta:
-            choice["weight_versions"] = meta["weight_versions"]
-        out = doc | {"choices": [choice]}
-        if finish is not None:
-            usage = {k: meta[k] for k in ("prompt_tokens", "completion_tokens") if k in meta}
-            if all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")):
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            if "cached_tokens" in meta:
-                usage["prompt_tokens_details"] = {"cached_tokens": meta["cached_tokens"]}
-            out["usage"] = usage
-        return out
-
-    def versions(self, chunks: list[dict[str, Any]]) -> list[str | None]:
-        if self.spans(chunks) is not None:
-            return super().versions(chunks)
-        out = []
-        for chunk in chunks:
-            label = _meta(chunk).get("weight_version")
-            out.append(label if isinstance(label, str) else None)
-        return out
-
-    def entries(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not any("meta_info" in c for c in chunks):
-            return super().entries(chunks)  # an OpenAI route's answer
-        meta = next((_meta(c) for c in reversed(chunks) if "meta_info" in c), {})
-        prompt = next((c["prompt_token_ids"] for c in chunks if isinstance(c.get("prompt_token_ids"), list)), None)
-        scored = _entries(meta.get("input_token_logprobs"))
-        if not scored and self.echo and prompt is not None:
-            scored = [{"token_id": token} for token in prompt]
-        out = scored + _entries(meta.get("output_token_logprobs"))
-        generated = sum(len(as_list(c["choices"][0].get("token_ids"))) for c in chunks if c.get("choices"))
-        size = meta.get("prompt_tokens")
-        rows = routed_rows(meta.get("routed_experts"), self.width)
-        if rows is not None and self.keep is not None:
-            rows = rows[:, list(self.keep)]
-        if rows is not None and isinstance(size, int) and 0 < generated <= len(out):
-            lay_routing(out, rows, size, generated)
-        return out
-
-
-SGLANG_READING = SGLangReading()
 
 
 class SGLangDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = SGLANG_READING
     transition = "ASYNC"  # the load retracts the requests in flight; they continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
@@ -230,7 +99,7 @@ class SGLangDriver(Driver):
                     "include_routing_matrix": True,
                 }
                 s = self.client.complete(native_body(probe, None), url=self._url(GENERATE), reading=self.reading)
-                value = _meta(s.chunks[-1] if s.chunks else {}).get("routed_experts")
+                value = meta_info(s.chunks[-1] if s.chunks else {}).get("routed_experts")
                 try:
                     sizes.append(len(base64.b64decode(value, validate=True)) if isinstance(value, str) else 0)
                 except (ValueError, binascii.Error):
@@ -261,47 +130,31 @@ class SGLangDriver(Driver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        return self.complete_at(None, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+        return self.complete_at(None, body, **options)
 
     def complete_at(
         self,
         base: str | None,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """`complete`, on the server at `base` (None: the target's)."""
         root = (base or self.target.base_url).rstrip("/")
-        sent, headers, salt = bound(body, headers)
-        if chat:
+        sent, options["headers"], salt = bound(body, options.get("headers"))
+        if options.get("chat"):
             if salt is not None:
                 sent["cache_salt"] = salt
             return self.client.complete(
-                sent,
-                chat=True,
-                headers=headers,
-                on_chunk=on_chunk,
-                on_status=on_status,
-                url=None if base is None else root + "/v1/chat/completions",
-                reading=self.reading,
+                sent, url=None if base is None else root + "/v1/chat/completions", reading=self.reading, **options
             )
         native = native_body(body, salt)
         width = self.row_width() if body.get("include_routing_matrix") else None
         reading = SGLangReading(
             echo=bool(body.get("echo") and body.get("stream")), width=width, keep=moe_columns(self.served_config, width)
         )
-        return self.client.complete(
-            native, headers=headers, on_chunk=on_chunk, on_status=on_status, url=root + GENERATE, reading=reading
-        )
+        return self.client.complete(native, url=root + GENERATE, reading=reading, **options)
 
     # ----------------------------------------------------------------------- what is served
 
@@ -313,13 +166,12 @@ class SGLangDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """Retract, update from the bucket (label and flush in the same request), [`midway`],
         continue; the update's answer, or the pause's when it was refused. Generation continues
         whatever happened."""
+        headers, midway = options.get("headers"), options.get("midway")
         if signal.get("incremental_snapshot_metadata"):
             raise self.unbound("incremental (ARC2) snapshots")
         if self.bucket is None:
@@ -430,7 +282,7 @@ class SGLangDriver(Driver):
             f"POST {GENERATE}: {said(generated)}"
             + (f", spans {generated.spans}" if generated.spans else ", no weight_versions"),
         )
-        routed = _meta(generated.chunks[-1] if generated.chunks else {}).get("routed_experts")
+        routed = meta_info(generated.chunks[-1] if generated.chunks else {}).get("routed_experts")
         mark(
             d,
             "routing_matrix",
@@ -464,38 +316,3 @@ class SGLangDriver(Driver):
             "output_ids and prompt_token_ids",
         )
         return d
-
-
-def native_body(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
-    """A contract completion body on SGLang's native /generate (see the module's doc)."""
-    prompt = body.get("prompt")
-    out: dict[str, Any] = {"input_ids" if token_prompt(prompt) else "text": prompt, "return_prompt_token_ids": True}
-    params = {"max_new_tokens": body.get("max_tokens", COMPLETION_MAX_TOKENS)}
-    for ours, theirs in (
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("top_k", "top_k"),
-        ("seed", "sampling_seed"),
-        ("stop", "stop"),
-        ("stop_token_ids", "stop_token_ids"),
-        ("ignore_eos", "ignore_eos"),
-        ("n", "n"),
-    ):
-        if body.get(ours) is not None:
-            params[theirs] = body[ours]
-    out["sampling_params"] = params
-    if body.get("logprobs"):
-        out["return_logprob"] = True
-        out["return_text_in_logprobs"] = True
-        out["top_logprobs_num"] = (body.get("top_logprobs") or 0) if body["logprobs"] is True else body["logprobs"]
-        # scoring the prompt skips the cache for it: a streamed echo gets the prompt's ids alone
-        out["logprob_start_len"] = 0 if body.get("echo") and not body.get("stream") else -1
-    if body.get("include_routing_matrix"):
-        out["return_routed_experts"] = True
-    if body.get("stream"):
-        out["stream"] = True
-    if salt is not None:
-        out["cache_salt"] = salt
-    if body.get("request_id") is not None:
-        out["rid"] = body["request_id"]
-    return out

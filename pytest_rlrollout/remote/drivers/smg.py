@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
 from pytest_rlrollout.engines.smg import ENGINE, MEMBERS, ROUTED_WORKER, ROUTING_KEY
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
-from pytest_rlrollout.remote.drivers.base import Status
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered
 from pytest_rlrollout.remote.drivers.vllm import VLLMDriver, openai_body
 from pytest_rlrollout.remote.openai_wire import bound, token_prompt
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
 from pytest_rlrollout.remote.stream import REPLICA_HEADER, Stream, as_object, json_object
 
@@ -78,7 +79,7 @@ def as_one_answer(r: httpx.Response) -> httpx.Response:
     return r
 
 
-class FannedOut:
+class FannedOut(Driver):
     """A binding's control calls fanned out to a fleet's engines (`_fanout`: through a gateway, or
     by the suite itself) and read as one engine's answer when they all gave the same one; what is
     served read per engine, one replica each. Mixed in before the engine's own driver."""
@@ -111,14 +112,12 @@ class FannedOut:
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """The binding's load, every step fanned out. Where the engines did not all succeed, the answer
         says which did not, what the fleet serves after it (each engine's label, mixed when they
         differ) and then gives the fan-out's own per-engine answer."""
-        r = super().load(signal, headers=headers, midway=midway)
+        r = super().load(signal, **options)
         engines = per_engine(r)
         if r.status_code == 200 or not engines:
             return r
@@ -173,7 +172,7 @@ class FannedOut:
 
 
 class GatewayDriver(FannedOut, VLLMDriver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
 
     prompts_in_ids = False  # the gateway's OpenAI routes take text prompts only (smg 1.13)
 
@@ -206,18 +205,15 @@ class GatewayDriver(FannedOut, VLLMDriver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        sent = dict(headers or {})
+        sent = dict(options.get("headers") or {})
         if (session := session_key(sent)) is not None:
             sent[ROUTING_KEY] = session
-        if token_prompt(body.get("prompt")) and not chat:
-            return self._on_engine(body, sent, on_chunk, on_status)
-        s = super().complete(body, chat=chat, headers=sent, on_chunk=on_chunk, on_status=on_status)
+        options["headers"] = sent
+        if token_prompt(body.get("prompt")) and not options.get("chat"):
+            return self._on_engine(body, sent, options.get("on_chunk"), options.get("on_status"))
+        s = super().complete(body, **options)
         served = s.headers.get(ROUTED_WORKER)
         if served is not None:
             s.headers[REPLICA_HEADER] = served
@@ -249,7 +245,7 @@ class GatewayDriver(FannedOut, VLLMDriver):
             headers=self.client.auth_headers(),
         )
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
-        status = doc.get("status") if isinstance(doc.get("status"), int) else proxied.status_code
+        status = given if isinstance(given := doc.get("status"), int) else proxied.status_code
         answer = doc.get("body")
         out = Stream(status, {REPLICA_HEADER: url or ""}, body=proxied.text, reading=self.reading)
         if on_status is not None:

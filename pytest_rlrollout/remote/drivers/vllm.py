@@ -34,23 +34,14 @@ Session headers pass through (one server: affinity is a router's concern, with n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import httpx
 
 from pytest_rlrollout.engines.vllm import ENGINE
-from pytest_rlrollout.remote.discovery import (
-    PROBE_IDS,
-    PROBE_TEXT,
-    Answered,
-    Discovery,
-    auth_probe,
-    get,
-    inference_probes,
-    mark,
-    said,
-)
-from pytest_rlrollout.remote.drivers.base import Driver, Status, reset_policy
+from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
+from pytest_rlrollout.remote.drivers.base import Driver, Status, registered, reset_policy
+from pytest_rlrollout.remote.drivers.probes import auth_probe, inference_probes
 from pytest_rlrollout.remote.openai_wire import (
     OpenAIReading,
     bound,
@@ -59,10 +50,12 @@ from pytest_rlrollout.remote.openai_wire import (
     routed_experts,
     token_prompt,
 )
+from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.stream import Stream, as_object, json_object
 
 if TYPE_CHECKING:
-    from pytest_rlrollout.remote.client import DeploymentClient, Waited
+    from pytest_rlrollout.remote.client import DeploymentClient
+    from pytest_rlrollout.remote.replicas import Waited
 
 GENERATE = "/inference/v1/generate"
 # the contract's sampling fields that vLLM's generate route takes in `sampling_params`, as they are
@@ -97,7 +90,7 @@ def vllm_version(client: DeploymentClient) -> str | None:
 
 
 class VLLMDriver(Driver):
-    engine = ENGINE.name
+    engine = registered(ENGINE)
     reading = VLLM_READING
     transition = "ASYNC"  # the load pauses in keep mode: requests in flight continue on the new weights
     reset_policies = ("all", "none")  # no session-keyed reset: new_session has no binding
@@ -136,43 +129,31 @@ class VLLMDriver(Driver):
     def complete(
         self,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
-        return self.complete_at(None, body, chat=chat, headers=headers, on_chunk=on_chunk, on_status=on_status)
+        return self.complete_at(None, body, **options)
 
     def complete_at(
         self,
         base: str | None,
         body: dict[str, Any],
-        *,
-        chat: bool = False,
-        headers: dict[str, str] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        on_status: Callable[[int], None] | None = None,
+        **options: Unpack[CompletionOptions],
     ) -> Stream:
         """`complete`, on the server at `base` (None: the target's)."""
-        sent, headers, salt = bound(body, headers)
+        chat = options.get("chat", False)
+        sent, options["headers"], salt = bound(body, options.get("headers"))
         if salt is not None:
             sent["cache_salt"] = salt
         if self.generate and token_prompt(body.get("prompt")) and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
-            url = (base or self.target.base_url).rstrip("/") + GENERATE
-            return self.client.complete(
-                _generate_body(sent), headers=headers, on_chunk=on_chunk, on_status=on_status, url=url, reading=reading
-            )
+            generate = (base or self.target.base_url).rstrip("/") + GENERATE
+            return self.client.complete(_generate_body(sent), url=generate, reading=reading, **options)
         url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
         return self.client.complete(
             openai_body(sent, chat=chat),
-            chat=chat,
-            headers=headers,
-            on_chunk=on_chunk,
-            on_status=on_status,
             url=url,
             reading=self.reading,
+            **options,
         )
 
     # ----------------------------------------------------------------------- what is served
@@ -202,15 +183,14 @@ class VLLMDriver(Driver):
     def load(
         self,
         signal: dict[str, Any],
-        *,
-        headers: dict[str, str] | None = None,
-        midway: Callable[[], None] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> httpx.Response:
         """Pause (keep), reload from the bucket, [`midway`], publish the label, reset the prefix
         cache for `all` (the default, as on the contract's wire; the requests in flight recompute
         their KV), resume. The answer of the reload, or of the step that refused (a reset that
         answered 200 {"success": false}: that answer as a 503); generation is resumed whatever
         happened."""
+        headers, midway = options.get("headers"), options.get("midway")
         if signal.get("incremental_snapshot_metadata"):
             raise self.unbound("incremental (ARC2) snapshots")
         if self.bucket is None:

@@ -30,6 +30,7 @@ from pytest_rlrollout.remote.discovery import PreflightError, preflight
 from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.fingerprint import canary
 from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded
+from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.snapshot import untrusted
 
 PROMPT_TOKENS = 16  # token ids per prompt: a context to condition on, short beside the completions
@@ -111,7 +112,7 @@ def deployment_target(
             deployment,
             base_url.rstrip("/"),
             model,
-            api_key,
+            Secret(api_key),
             inference_url=inference_url,
             engine=presumed(deployment=deployment),
         )

@@ -9,9 +9,36 @@ reference deployment), `remote` (the client for a deployment under test, cassett
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
+
+if TYPE_CHECKING:  # what a type checker sees (py.typed); at run time each loads on first use
+    from pytest_rlrollout.contract import Clause as Clause
+    from pytest_rlrollout.contract import Outcome as Outcome
+    from pytest_rlrollout.contract import catalogue as catalogue
+    from pytest_rlrollout.reference import reference_deployment as reference_deployment
+    from pytest_rlrollout.remote.drivers import Driver as Driver
+    from pytest_rlrollout.remote.replicas import Waited as Waited
+    from pytest_rlrollout.remote.replicas import WaitEnd as WaitEnd
+    from pytest_rlrollout.remote.stream import Stream as Stream
+    from pytest_rlrollout.remote.target import Target as Target
+    from pytest_rlrollout.snapshot.validate import Finding as Finding
+    from pytest_rlrollout.snapshot.validate import Report as Report
+    from pytest_rlrollout.snapshot.validate import validate as validate
+    from pytest_rlrollout.suite.deployment import RLDeployment as RLDeployment
+    from pytest_rlrollout.suite.holding import RLTest as RLTest
+    from pytest_rlrollout.suite.outcomes import (
+        inconclusive as inconclusive,
+    )
+    from pytest_rlrollout.suite.outcomes import (
+        not_applicable as not_applicable,
+    )
+    from pytest_rlrollout.suite.outcomes import (
+        unsupported as unsupported,
+    )
+    from pytest_rlrollout.suite.run_config import RLConfig as RLConfig
+
 
 # Loaded on first use so the pytest plugin stays cheap to import.
 _EXPORTS = {

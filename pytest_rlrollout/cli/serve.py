@@ -194,13 +194,16 @@ def _serve(args: argparse.Namespace, options: dict[str, Any], signals: StopSigna
             # --bucket the user named is theirs and never removed
             cleanup.callback(_remove_tree, bucket)
         if args.fleet:
-            dep = cleanup.enter_context(_fleet(args, bucket, options))
-            print("\n".join(_fleet_announcement(dep, bucket, options)), flush=True)
+            fleet = cleanup.enter_context(_fleet(args, bucket, options))
+            print("\n".join(_fleet_announcement(fleet, bucket, options)), flush=True)
+            dep: Running | Fleet = fleet
         else:
-            dep = cleanup.enter_context(reference_deployment(bucket, host=args.host, port=args.port, **options))
+            dep = running = cleanup.enter_context(
+                reference_deployment(bucket, host=args.host, port=args.port, **options)
+            )
             if args.bucket_url is not None:  # the store holds the base under its identity, as a hosted bucket does
-                _put_base(args, bucket / dep.settings.base_identity)
-            print("\n".join(_announcement(dep, bucket, options)), flush=True)
+                _put_base(args, bucket / running.settings.base_identity)
+            print("\n".join(_announcement(running, bucket, options)), flush=True)
         stopped_by = signals.wait()
     except BaseException:
         cleanup.close()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pytest_rlrollout.engines import ENGINES, Engine, spec
 from pytest_rlrollout.shipped import shipped
@@ -45,7 +45,9 @@ class Clause:
     def binding(self, engine: Engine) -> str | None:
         """How `engine` expresses the clause: its own binding, else (a gateway over engines of
         another kind) its engines' one; None when it has none."""
-        like = spec(engine).binds_like
+        # a cast: binds_like is a plain string in the engine modules (the registry imports them), and
+        # each spells it by another engine module's NAME, a registered engine
+        like = cast("Engine | None", spec(engine).binds_like)
         return self.bindings.get(engine) or (self.bindings.get(like) if like is not None else None)
 
 

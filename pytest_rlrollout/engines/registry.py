@@ -8,7 +8,7 @@ of its own first when one is named, and falls back to the last (a plain OpenAI-c
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from pytest_rlrollout.engines import coreweave, fireworks, fleet, openai, sglang, sglang_fleet, smg, vllm
 from pytest_rlrollout.engines.spec import Dialect, EngineSpec
@@ -25,15 +25,16 @@ SPECS: tuple[EngineSpec, ...] = (
 )
 # the names as a type; kept equal to SPECS (checked below, at import)
 Engine = Literal["fireworks", "vllm", "sglang", "coreweave", "smg", "fleet", "sglang-fleet", "openai"]
-ENGINES: tuple[Engine, ...] = tuple(s.name for s in SPECS)  # type: ignore[assignment]
+# a cast: the specs' names are plain strings to the checker; the check below makes them Engine's
+ENGINES = cast("tuple[Engine, ...]", tuple(s.name for s in SPECS))
 if get_args(Engine) != ENGINES:
     raise ImportError(f"engines.registry: Engine spells {get_args(Engine)}, the registered engines are {ENGINES}")
 BY_NAME: dict[str, EngineSpec] = {s.name: s for s in SPECS}
 DEFAULT: Engine = ENGINES[0]  # the contract's home engine: the bundled deployment speaks it unless told otherwise
 FALLBACK: Engine = ENGINES[-1]  # what --rl-engine auto decides when no engine's own API answers
 # the reference deployment's dialects
-DIALECTS: tuple[Engine, ...] = tuple(s.name for s in SPECS if s.dialect is not None)  # type: ignore[assignment]
-NUMERICS: tuple[Engine, ...] = tuple(s.name for s in SPECS if s.numerics)  # type: ignore[assignment]
+DIALECTS: tuple[Engine, ...] = tuple(e for e in ENGINES if BY_NAME[e].dialect is not None)
+NUMERICS: tuple[Engine, ...] = tuple(e for e in ENGINES if BY_NAME[e].numerics)
 
 
 def spec(name: str) -> EngineSpec:

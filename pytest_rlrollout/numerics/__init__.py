@@ -2,6 +2,9 @@
 same weights (the R3 paper's figures), and the pictures of them."""
 
 from dataclasses import dataclass
+from typing import Literal
+
+from pytest_rlrollout.engines import Engine
 
 # The thresholds' defaults, in one place for the suite's ini keys and `rlrollout numerics`.
 MAX_KL = 1e-3  # the largest k3 KL of the deployment's logprobs against the local forward pass
@@ -17,5 +20,6 @@ class Sampling:
     tokens: int = 32  # generated per prompt
     seed: int = 0  # of the first prompt; prompt i samples with seed + i
     routing: bool = True  # ask for routing matrices (of an MoE model)
-    engine: str = "auto"  # whose wire: auto (as the suite's preflight decides), fireworks, vllm, openai
+    # whose wire: auto (as the suite's preflight decides), fireworks, vllm, openai
+    engine: Engine | Literal["auto"] = "auto"
     timeout: float = 120.0  # seconds per read

@@ -70,7 +70,7 @@ def delta_histogram(figures: Figures) -> bytes:
 
     def draw(ax: Axes) -> None:
         counts, _, _ = ax.hist(deltas, bins=BINS, color=DELTA_COLOUR)
-        if counts.max() >= LOG_COUNTS:
+        if np.max(counts) >= LOG_COUNTS:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())

@@ -68,9 +68,9 @@ def sample(
         entries = s.entries
         if not entries:
             raise RolloutError(f"rollout {i}: no logprobs entries in the answer")
-        ids = [e.get("token_id") for e in entries]
-        lps = [e.get("logprob") for e in entries]
-        if not all(isinstance(t, int) for t in ids) or not all(isinstance(x, int | float) for x in lps):
+        ids = [t for e in entries if isinstance(t := e.get("token_id"), int)]
+        lps = [float(x) for e in entries if isinstance(x := e.get("logprob"), int | float)]
+        if len(ids) != len(entries) or len(lps) != len(entries):
             raise RolloutError(f"rollout {i}: entries without an integer token_id and a numeric logprob")
         routing = None
         if shape is not None:
@@ -83,7 +83,7 @@ def sample(
                     f"rollout {i}: a routing_matrix is missing or not L*k = {shape} bytes ({e})"
                 ) from None
         versions = frozenset(v for v in s.versions if v)
-        out.append(Rollout(list(prompt), ids, [float(x) for x in lps], routing, versions))
+        out.append(Rollout(list(prompt), ids, lps, routing, versions))
         if progress is not None:
             progress(i + 1, len(prompts))
     return out
@@ -111,9 +111,9 @@ def compare(
     figures = logprob_figures(np.array(served), np.array(local), np.array(positions))
     if not routed["own position"][0]:
         return figures, None
-    best = None
-    for name, (s, loc) in routed.items():
-        candidate = routing_figures(replace(figures), np.stack(s), np.stack(loc).astype(np.uint8))
-        if best is None or candidate.route_agreement > best[0].route_agreement:
-            best = (candidate, name)
-    return best
+    candidates = [
+        (routing_figures(replace(figures), np.stack(s), np.stack(loc).astype(np.uint8)), name)
+        for name, (s, loc) in routed.items()
+    ]
+    # the first of the best (routing_figures sets every candidate's agreement)
+    return max(candidates, key=lambda c: c[0].route_agreement or 0.0)

@@ -53,7 +53,7 @@ class NumpyScorer:
             from pytest_rlrollout.numerics.streaming import StreamedModel
 
             self.name = "streaming"
-            self.model = StreamedModel(snapshot)
+            self.model: Model = StreamedModel(snapshot)
         else:
             self.model = Model.load(snapshot)
         self.lora = Lora.load(adapter) if adapter is not None else None
@@ -79,7 +79,8 @@ class TransformersScorer:
             raise RuntimeError(f"the transformers scorer needs torch and transformers installed ({e})") from None
         self.torch, self.device = torch, device
         self.model = transformers.AutoModelForCausalLM.from_pretrained(str(snapshot), dtype=torch.float32)
-        self.model.to(device).eval()
+        # transformers types .to through functools.wraps, which loses the bound self: the device lands on it
+        self.model.to(device).eval()  # type: ignore[arg-type]
         shape = moe_shape(json.loads((Path(snapshot) / "config.json").read_text()))
         self.k = shape.k if shape is not None else 0
 

@@ -117,7 +117,7 @@ class _Layers(Sequence[Layer]):
     def __len__(self) -> int:
         return self.model.config["num_hidden_layers"]
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         m = self.model

@@ -31,6 +31,7 @@ from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.fingerprint import canary
 from pytest_rlrollout.remote.limits import LIVE_LIMITS, LimitExceeded
 from pytest_rlrollout.remote.preflight import preflight
+from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.snapshot import untrusted
 
@@ -113,7 +114,7 @@ def deployment_target(
             deployment,
             base_url.rstrip("/"),
             model,
-            api_key,
+            Secret(api_key),
             inference_url=inference_url,
             engine=presumed(deployment=deployment),
         )

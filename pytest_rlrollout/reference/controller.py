@@ -18,7 +18,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pytest_rlrollout.contract.identity import identity_problem
 from pytest_rlrollout.engines import spec
@@ -107,7 +107,8 @@ class Deployment:
         unknown = set(delays) - set(PACE)
         if unknown:
             raise ValueError(f"not a pace setting: {sorted(unknown)} (known: {', '.join(PACE)})")
-        self.settings = replace(self.settings, **delays)
+        changes: dict[str, Any] = delays  # the pace settings' names, checked above
+        self.settings = replace(self.settings, **changes)
         for replica in self.replicas:
             replica.settings = self.settings
 
@@ -209,6 +210,8 @@ class Deployment:
             raise HotLoadError(
                 400, "; ".join(p.message for p in problems)[:2000], clauses=sorted({p.clause for p in problems})
             )
+        # a cast: an identity that is not a string has a SNAP-ID-1 problem, raised just above
+        identity = cast("str", identity)
         policy = reset_policy(body.get("reset_prompt_cache"))
         meta = body.get("incremental_snapshot_metadata") or None
         if meta is not None and not isinstance(meta, dict):  # only a fault switch lets one through
@@ -245,7 +248,7 @@ class Deployment:
         kind = admission.kind
         if meta and parent is None and not f("HL-POST-5"):
             raise HotLoadError(400, "SNAP-INC-5: previous_snapshot_identity is not a loaded snapshot")
-        entry = {
+        entry: dict[str, Any] = {
             "identity": identity,
             "kind": kind,
             "received_at": received,

@@ -47,7 +47,7 @@ from pytest_rlrollout.reference.admission import LoadInProgress
 from pytest_rlrollout.reference.controller import Deployment, HotLoadError
 from pytest_rlrollout.reference.inference_request import BadRequest, decode_json
 from pytest_rlrollout.reference.vllm_app import VllmRoutes, guard_error
-from pytest_rlrollout.reference.wire import Guarded, Json, off_loop, read_body
+from pytest_rlrollout.reference.wire import Guarded, Json, off_loop, on_http_errors, read_body
 
 PREFIX = "/v1alpha1/inference"
 SNAPSHOT_TYPES = {"SNAPSHOT_TYPE_FULL": 1, "SNAPSHOT_TYPE_INCREMENTAL": 2}
@@ -270,5 +270,5 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
 
 def create_coreweave_app(dep: Deployment) -> Guarded:
     s = dep.settings
-    app = Starlette(routes=CoreWeaveRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception})
+    app = Starlette(routes=CoreWeaveRoutes(dep).routes(), exception_handlers=on_http_errors(_http_exception))
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

@@ -18,7 +18,7 @@ from pytest_rlrollout.reference.fireworks_answers import FireworksRun
 from pytest_rlrollout.reference.inference_request import BadRequest, Inference, decode_json, parse_inference
 from pytest_rlrollout.reference.replica import TooEarly, Unavailable
 from pytest_rlrollout.reference.text import Text
-from pytest_rlrollout.reference.wire import Guarded, Json, off_loop, read_body
+from pytest_rlrollout.reference.wire import Guarded, Json, off_loop, on_http_errors, read_body
 
 
 def error(
@@ -222,6 +222,6 @@ async def _crash(request: Request, exc: Exception) -> Response:
 def create_fireworks_app(dep: Deployment) -> Guarded:
     s = dep.settings
     app = Starlette(
-        routes=FireworksRoutes(dep).routes(), exception_handlers={HTTPException: _not_found, Exception: _crash}
+        routes=FireworksRoutes(dep).routes(), exception_handlers={**on_http_errors(_not_found), Exception: _crash}
     )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

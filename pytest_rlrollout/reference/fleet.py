@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from pytest_rlrollout.engines import smg, spec
+from pytest_rlrollout.engines import Engine, smg, spec
 from pytest_rlrollout.reference.server import Running, reference_deployment
 
 GATEWAY = smg.NAME  # SGLang's model gateway's program (PyPI smg, the project's `fleet` extra)
@@ -70,7 +70,7 @@ def reference_fleet(
     bucket: str | Path,
     engines: int,
     *,
-    engine: str,
+    engine: Engine,
     gateway: bool = True,
     faults: Mapping[int, frozenset[str]] | None = None,
     host: str = "127.0.0.1",

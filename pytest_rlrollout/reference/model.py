@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,6 +63,12 @@ class Layer:
     router: np.ndarray | None = None  # [H, E]
     w_gate_up: np.ndarray | None = None  # MoE: [E, H, 2I]; dense: [H, 2I]
     w_down: np.ndarray | None = None  # MoE: [E, I, H]; dense: [I, H]
+
+    def mlp(self) -> tuple[np.ndarray, np.ndarray]:
+        """(w_gate_up, w_down), of a layer that runs."""
+        # a cast: a layer holds them once it can run: build_layer leaves them None only to a
+        # caller that gives them (numerics.streaming: objects read like arrays)
+        return cast("np.ndarray", self.w_gate_up), cast("np.ndarray", self.w_down)
 
 
 @dataclass
@@ -127,6 +133,8 @@ class Model:
     (numerics.streaming: a model larger than the memory)."""
 
     dense_moe_rows = DENSE_MOE_ROWS
+    _cos: np.ndarray  # the RoPE table, built on first use and grown as positions need (_rope_table)
+    _sin: np.ndarray
 
     def __init__(self, config: Mapping[str, Any], tensors: Mapping[str, st.Tensor]):
         self._configure(config)
@@ -332,20 +340,21 @@ class Model:
         weights = np.take_along_axis(probs, idx, axis=-1)
         if self.norm_topk:
             weights = weights / weights.sum(axis=-1, keepdims=True)
-        inter = layer.w_gate_up.shape[2] // 2
+        gate_up, down = layer.mlp()
+        inter = gate_up.shape[2] // 2
         if h.shape[0] <= self.dense_moe_rows:
             # Few tokens: run every expert on every token in three batched calls and weight the
             # unselected ones by zero; far fewer numpy calls than gathering tokens per expert.
-            gu = np.matmul(h[None], layer.w_gate_up)  # [E, T, 2I]
-            y = np.matmul(_silu(gu[..., :inter]) * gu[..., inter:], layer.w_down)  # [E, T, H]
-            mix = np.zeros((h.shape[0], layer.w_gate_up.shape[0]), dtype=np.float32)
+            gu = np.matmul(h[None], gate_up)  # [E, T, 2I]
+            y = np.matmul(_silu(gu[..., :inter]) * gu[..., inter:], down)  # [E, T, H]
+            mix = np.zeros((h.shape[0], gate_up.shape[0]), dtype=np.float32)
             np.put_along_axis(mix, idx, weights.astype(np.float32), axis=-1)
             return np.einsum("te,eth->th", mix, y), idx
         out = np.zeros_like(h)
         for e in np.unique(idx):
             rows, slot = np.nonzero(idx == e)
-            gu = h[rows] @ layer.w_gate_up[e]
-            y = (_silu(gu[:, :inter]) * gu[:, inter:]) @ layer.w_down[e]
+            gu = h[rows] @ gate_up[e]
+            y = (_silu(gu[:, :inter]) * gu[:, inter:]) @ down[e]
             out[rows] += y * weights[rows, slot][:, None]
         return out, idx
 

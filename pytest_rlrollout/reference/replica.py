@@ -85,6 +85,18 @@ class Job:
     generation: int = 0  # the replica's weights generation at admission
     cache_generation: int = 0  # the prompt cache's reset generation at admission
 
+    def sequence(self) -> Sequence_:
+        """The KV an admitted request decodes on (`seq` is None until _admit starts it)."""
+        if self.seq is None:
+            raise RuntimeError("the request was not admitted")
+        return self.seq
+
+    def weights(self) -> Model:
+        """The weights an admitted request is pinned to (`model` is None until _admit pins it)."""
+        if self.model is None:
+            raise RuntimeError("the request was not admitted")
+        return self.model
+
     def emit(self, event: tuple[str, Any]) -> None:
         with contextlib.suppress(RuntimeError):  # the request's loop has closed (the server stopped)
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
@@ -239,7 +251,7 @@ class Replica:
         (vLLM), unless they released it to recompute it once resumed (SGLang's retract)."""
         with self._cond:
             released = self.paused == "keep" and self._recompute  # released at the next token boundary
-            return not released and any(job.seq.length for job in self._active)
+            return not released and any(job.sequence().length for job in self._active)
 
     def reset_cache(self, preempt: bool = False) -> None:
         """Drop every cached prefix (vLLM's POST /reset_prefix_cache). Requests in flight keep
@@ -495,20 +507,21 @@ class Replica:
     ) -> list[StepOutput | None]:
         """The model's output for each feed of a batch; None for a request whose feed fails."""
         jobs = [j for j, _ in group]
-        lengths = [j.seq.length for j in jobs]
+        seqs = [j.sequence() for j in jobs]
+        lengths = [seq.length for seq in seqs]
         try:
-            return self._distorted(jobs[0].model.step([j.seq for j in jobs], [t for _, t in group], jobs[0].lora))
+            return [*self._distorted(jobs[0].weights().step(seqs, [t for _, t in group], jobs[0].lora))]
         except Exception:
             # Find the request that broke the batch by stepping each alone. A failed step leaves
             # no trace: positions past a sequence's length are rewritten by the next step.
-            for job, n in zip(jobs, lengths, strict=True):
-                job.seq.length = n
+            for seq, n in zip(seqs, lengths, strict=True):
+                seq.length = n
         outs: list[StepOutput | None] = []
-        for (job, fed), n in zip(group, lengths, strict=True):
+        for (job, fed), seq, n in zip(group, seqs, lengths, strict=True):
             try:
-                outs.append(self._distorted(job.model.step([job.seq], [fed], job.lora))[0])
+                outs.append(self._distorted(job.weights().step([seq], [fed], job.lora))[0])
             except Exception as e:
-                job.seq.length = n
+                seq.length = n
                 _fail(job, e, events, failed)
                 outs.append(None)
         return outs
@@ -535,18 +548,18 @@ class Replica:
         """Record what a step computed for `job` and sample its next token once the whole prompt
         is in; True when the job is finished."""
         f = self.settings.fault
-        start = job.seq.length - len(fed)  # the first position fed in this step
+        start = job.sequence().length - len(fed)  # the first position fed in this step
         lp = log_softmax(out.logits) if start < len(job.prompt) - 1 else None
         for i in range(len(fed)):
             job.routing.append(out.routing[i])
             pos = start + i  # the position whose logits these are predicts position pos + 1
             if (pos + 1) % self.settings.block_size == 0:
                 job.boundary_logits[pos + 1] = out.logits[i]
-            if pos + 1 < len(job.prompt):
+            if lp is not None and pos + 1 < len(job.prompt):  # (lp is there for every prompt position)
                 job.token_logprobs.append(float(lp[i, job.prompt[pos + 1]]))
                 if job.prompt_top_n is not None:
                     job.prompt_scores.append(_scored(lp[i], job.prompt[pos + 1], job.prompt_top_n))
-        if job.seq.length < len(job.tokens):
+        if job.sequence().length < len(job.tokens):
             return False  # more of the prompt (or, recomputing, of the output) goes in at the next step
         if job.generated == 0 and job.want_prompt_entries:
             prompt_routing = np.array(job.routing[: len(job.prompt)])
@@ -646,7 +659,7 @@ def _restart(job: Job) -> None:
     job.generated = 0
 
 
-def _bf16(x: np.ndarray) -> np.ndarray:
+def _bf16(x: np.ndarray | np.floating) -> np.ndarray:
     """`x` rounded to bfloat16 precision (fault switches that lose precision)."""
     return st.Tensor.bf16(np.asarray(x, np.float32)).float32()
 

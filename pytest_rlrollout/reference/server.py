@@ -69,7 +69,7 @@ class Running:
         }
 
 
-GRACE = 10.0  # seconds a stopping deployment lets the requests in flight finish before it cancels them
+GRACE = 10  # seconds a stopping deployment lets the requests in flight finish before it cancels them
 
 
 class _Server(uvicorn.Server):

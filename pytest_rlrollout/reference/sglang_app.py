@@ -84,7 +84,7 @@ from pytest_rlrollout.reference.settings import FIRST_LABEL, SGLANG_VERSION
 from pytest_rlrollout.reference.sglang_answers import SglangOpenAIRun, SglangRun, native_error
 from pytest_rlrollout.reference.vllm_app import VllmJson, VllmRoutes, guard_error
 from pytest_rlrollout.reference.vllm_requests import VllmError
-from pytest_rlrollout.reference.wire import Guarded, off_loop, read_body
+from pytest_rlrollout.reference.wire import Guarded, off_loop, on_http_errors, read_body
 
 MODES = {"abort": ("abort", False), "retract": ("keep", True), "in_place": ("keep", False)}  # -> engine core
 # SGLang's sampling_params schema, its order (sglang/api/v1/api_types.py, _FIELDS_SamplingParams)
@@ -596,6 +596,6 @@ async def _crash(request: Request, exc: Exception) -> Response:
 def create_sglang_app(dep: Deployment) -> Guarded:
     s = dep.settings
     app = Starlette(
-        routes=SglangRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception, Exception: _crash}
+        routes=SglangRoutes(dep).routes(), exception_handlers={**on_http_errors(_http_exception), Exception: _crash}
     )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

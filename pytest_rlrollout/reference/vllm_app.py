@@ -83,7 +83,7 @@ from pytest_rlrollout.reference.text import Text
 from pytest_rlrollout.reference.vllm_answers import ConnectionDropped, VllmRun
 from pytest_rlrollout.reference.vllm_requests import VllmError, VllmReader, VllmRequest, invalid, not_json
 from pytest_rlrollout.reference.vllm_text import VllmText
-from pytest_rlrollout.reference.wire import Guarded, off_loop, read_body
+from pytest_rlrollout.reference.wire import Guarded, off_loop, on_http_errors, read_body
 
 FLUSH_STEPS = 200  # event-loop turns a pause waits for what was generated before it to be written
 TRUE, FALSE = ("1", "true", "yes", "on", "t", "y"), ("0", "false", "no", "off", "f", "n")
@@ -408,6 +408,6 @@ async def _crash(request: Request, exc: Exception) -> Response:
 def create_vllm_app(dep: Deployment) -> Guarded:
     s = dep.settings
     app = Starlette(
-        routes=VllmRoutes(dep).routes(), exception_handlers={HTTPException: _http_exception, Exception: _crash}
+        routes=VllmRoutes(dep).routes(), exception_handlers={**on_http_errors(_http_exception), Exception: _crash}
     )
     return Guarded(app, dep.requests, s.max_body_bytes, s.max_header_bytes, guard_error)

@@ -16,6 +16,7 @@ Everything here may run on a worker thread.
 
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 INT64 = (-(2**63), 2**63 - 1)
 COMPLETION_MAX_TOKENS = 16  # /v1/completions' default; chat and generate fill the context
 # fields vLLM takes that the reference engine does not implement, with the value that is a no-op
-UNSUPPORTED = {
+UNSUPPORTED: dict[str, Any] = {
     "n": 1,
     "best_of": None,
     "use_beam_search": False,
@@ -160,11 +161,12 @@ class Fields:
             raise self._bad(name, "string_type", "Input should be a valid string")
         return v
 
-    def object(self, name: str) -> Fields:
+    # from here on the methods named int and str hide the types in the class body: builtins.* names them
+    def object(self, name: builtins.str) -> Fields:
         v = self.doc.get(name)
         return Fields({} if v is None else v, f"{self.where}.{name}")
 
-    def stop(self) -> list[str]:
+    def stop(self) -> list[builtins.str]:
         v = self.doc.get("stop")
         if v is None:
             return []
@@ -174,7 +176,7 @@ class Fields:
             raise self._bad("stop", "list_type", "Input should be a valid list of strings")
         return [s for s in v if s]
 
-    def ids(self, name: str) -> list[int]:
+    def ids(self, name: builtins.str) -> list[builtins.int]:
         v = self.doc.get(name)
         if v is None:
             return []
@@ -182,7 +184,7 @@ class Fields:
             raise self._bad(name, "list_type", "Input should be a valid list of integers")
         return v
 
-    def unsupported(self, names: dict[str, Any]) -> None:
+    def unsupported(self, names: dict[builtins.str, Any]) -> None:
         for name, neutral in names.items():
             if name in self.doc and self.doc[name] is not None and self.doc[name] != neutral:
                 raise rejected(f"{name} is not implemented by the reference deployment", name, self.doc[name])

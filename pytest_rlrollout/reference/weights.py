@@ -55,7 +55,7 @@ def misread_experts(model: Model, layers: list[int]) -> Model:
     out.layers = list(model.layers)
     for i in layers:
         layer = model.layers[i]
-        gate_up, down = layer.w_gate_up, layer.w_down
+        gate_up, down = layer.mlp()
         out.layers[i] = replace(
             layer,
             w_gate_up=np.ascontiguousarray(gate_up)

@@ -8,9 +8,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar, cast
 
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -58,6 +59,16 @@ async def read_body(request: Request, s: Settings, media: bool = True) -> bytes:
     if media and stated and stated != "application/json" and not stated.endswith("+json"):
         raise BadRequest(quoted(f"the request body must be application/json, not {stated}"), 415)
     return b"".join(chunks)
+
+
+def on_http_errors(
+    handler: Callable[[Request, HTTPException], Awaitable[Response]],
+) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """Starlette's exception_handlers answering an HTTPException (a path not routed, a method not
+    taken) with `handler`."""
+    # a cast: Starlette calls a handler with the exceptions of the class it is registered for,
+    # though its type says any Exception
+    return {HTTPException: cast("Callable[[Request, Exception], Awaitable[Response]]", handler)}
 
 
 class Logged(NamedTuple):

@@ -181,13 +181,12 @@ class Stream:
     @property
     def final(self) -> dict[str, Any]:
         """The chunk that carries the finish_reason (the last chunk if none does)."""
-        for c in reversed(self.chunks):
-            if any(isinstance(ch, dict) and ch.get("finish_reason") for ch in _list(c.get("choices"))):
-                return c
-        return self.chunks[-1] if self.chunks else {}
+        finishing = [c for c in self.chunks if any(_finishes(ch) for ch in _list(c.get("choices")))]
+        return finishing[-1] if finishing else self.chunks[-1] if self.chunks else {}
 
     @property
-    def finish_reason(self) -> str | None:
+    def finish_reason(self) -> Any:
+        """As the deployment sent it: a string in a sound answer, whatever it was in another."""
         return self.choice_field("finish_reason")
 
     @property
@@ -222,6 +221,11 @@ class Stream:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _finishes(choice: Any) -> bool:
+    """A choice that says why its stream ended."""
+    return isinstance(choice, dict) and bool(choice.get("finish_reason"))
 
 
 def _list(value: Any) -> list[Any]:

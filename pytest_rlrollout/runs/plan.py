@@ -294,10 +294,14 @@ class Planner:
         from pytest_rlrollout.snapshot import broken
 
         if variant not in self._cases:
-            if self.cases is None:
-                raise ValueError("a `given` load needs the reference model's snapshots (reference_cases)")
-            self._cases[variant] = broken.broken_case(variant, self.cases(), Path(tempfile.mkdtemp(dir=self.dir)))
+            self._cases[variant] = broken.broken_case(variant, self._reference(), Path(tempfile.mkdtemp(dir=self.dir)))
         return self._cases[variant]
+
+    def _reference(self) -> Any:
+        """The reference model's snapshots, which broken variants are built from."""
+        if self.cases is None:
+            raise ValueError("a `given` load needs the reference model's snapshots (reference_cases)")
+        return self.cases()
 
     def _expand(self, load: Load) -> list[Load]:
         """A broken variant comes with what signalling it needs (as HL-POST-5 does it): a served
@@ -308,7 +312,7 @@ class Planner:
 
         case = self._case(load.variant or "")
         return [
-            *([served("base")] if broken.diffs_the_base(case, self.cases()) else []),
+            *([served("base")] if broken.diffs_the_base(case, self._reference()) else []),
             *([Load("reset")] if case.ledger_reset else []),
             load,
         ]

@@ -27,11 +27,11 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pytest_rlrollout.remote.bucket import Bucket, Transfer
 from pytest_rlrollout.snapshot import arc2, build
@@ -139,7 +139,8 @@ class SnapshotFactory:
         self.removed: list[str] = []  # of those, already removed (nothing serves or descends from them)
         self._built_by: dict[str, str] = {}  # identity -> the test that built it
         self._signalled: set[str] = set()
-        self.test_key, self._serial, self.last_serial = "000000", {}, 0
+        self._serial: dict[str, int] = {}  # test key -> the snapshots built under it so far
+        self.test_key, self.last_serial = "000000", 0
         if not self.record.overlays:
             self.record.overlays[self.base.name] = {}  # the base copy is named after the identity it holds
             self.record.save()
@@ -190,7 +191,7 @@ class SnapshotFactory:
     @property
     def routers_by_layer(self) -> dict[int, str]:
         """Every MoE layer's router, by layer number."""
-        return {int(LAYER.search(n).group(1)): n for n in self.router_tensors if LAYER.search(n)}
+        return {int(m.group(1)): n for n in self.router_tensors if (m := LAYER.search(n))}
 
     @property
     def expert_tensors(self) -> list[str]:
@@ -213,10 +214,8 @@ class SnapshotFactory:
         final = [n for n in names if FINAL_NORM.search(n) and n != self.sentinel_tensor]
         if final and not kv:
             return {final[0]: ["scale", 1.0 if overlay.get(final[0]) == ["scale", 2.0] else 2.0]}
-        layers = sorted(
-            (n for n in names if LAYER_NORM.search(n) and "input" in n),
-            key=lambda n: int(LAYER_NORM.search(n).group(1)),
-        )
+        numbered = [(n, int(m.group(1))) for n in names if (m := LAYER_NORM.search(n)) and "input" in n]
+        layers = [n for n, _ in sorted(numbered, key=lambda pair: pair[1])]
         finals = [] if kv else [n for n in names if FINAL_NORM.search(n)]
         candidates = [n for n in [*finals, *layers] if n != self.sentinel_tensor]
         if not candidates:
@@ -278,15 +277,16 @@ class SnapshotFactory:
     def config_edit(self, name: str | None) -> Callable[[dict], object] | None:
         """A config edit by its name: `scaled` (a float value ×10: a mismatch), `extra` (a key
         no model has) or `extra-scaled` (both)."""
-        if name is None:
-            return None
+        return None if name is None else self._config_edit(name)
+
+    def _config_edit(self, name: str) -> Callable[[dict], object]:
         if name == "scaled":
             key = self.numeric_key()
             return lambda c: c.update({key: c[key] * 10})
         if name == "extra":
             return lambda c: c.update({PROBE_KEY: 1})
         if name == "extra-scaled":
-            extra, scaled = self.config_edit("extra"), self.config_edit("scaled")
+            extra, scaled = self._config_edit("extra"), self._config_edit("scaled")
             return lambda c: (extra(c), scaled(c))
         raise ValueError(f"unknown config edit {name!r} (known: scaled, extra, extra-scaled)")
 
@@ -337,7 +337,7 @@ class SnapshotFactory:
             self.record.overlays[identity] = overlay
             self.record.save()
 
-    def knows(self, identity: str | None) -> bool:
+    def knows(self, identity: str | None) -> TypeGuard[str]:
         return identity is not None and identity in self.record.overlays
 
     def for_test(self, nodeid: str, notes: list[dict[str, Any]] | None = None) -> None:
@@ -601,7 +601,7 @@ class SnapshotFactory:
         self.removed += gone
         return gone
 
-    def cleanup(self, keep: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    def cleanup(self, keep: Set[str] = frozenset()) -> tuple[list[str], list[str]]:
         """Remove every snapshot this run uploaded but those in `keep` (what the deployment
         still serves: a deployment may read its snapshot again, and the report names it) and
         those a kept one descends from. Returns (removed, kept) identities, the removed including

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 import zstandard
@@ -102,9 +103,10 @@ class _Job:
 
 def _decompressor(fmt: str, fd: int, payload: st.TensorInfo):
     if fmt == "arc_v2":
-        return zstandard.ZstdDecompressor().stream_reader(
-            _RangeReader(fd, payload.start, payload.end), read_size=CHUNK, read_across_frames=True
-        )
+        # a cast: zstandard reads its source only through read(size), which a RawIOBase has; its
+        # stub asks for an IO[bytes], which RawIOBase is not to typeshed
+        source = cast("IO[bytes]", _RangeReader(fd, payload.start, payload.end))
+        return zstandard.ZstdDecompressor().stream_reader(source, read_size=CHUNK, read_across_frames=True)
     return _ZlibStream(_RangeReader(fd, payload.start, payload.end))
 
 
@@ -269,8 +271,8 @@ def apply_files(plans: Iterable[FilePlan], *, fmt: str = "arc_v2", threads: int 
             with ThreadPoolExecutor(workers, thread_name_prefix="arc2") as pool:
                 for f in [pool.submit(_run, job, fmt) for job in jobs]:
                     f.result()
-        for plan, tmp in zip([p for p in plans if p.out is not None], outputs, strict=True):
-            os.replace(tmp, plan.out)
+        for out, tmp in zip([p.out for p in plans if p.out is not None], outputs, strict=True):
+            os.replace(tmp, out)
         outputs.clear()
     finally:
         for fd in fds:

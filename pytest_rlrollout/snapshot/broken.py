@@ -64,7 +64,7 @@ def _file_of(snapshot: Path, tensor_part: str, *, many: bool = False) -> tuple[s
     raise LookupError(tensor_part)
 
 
-def _rewrite(snapshot: Path, file: str, edit: Callable[[dict[str, st.Tensor]], None]) -> None:
+def _rewrite(snapshot: Path, file: str, edit: Callable[[dict[str, st.Tensor]], object]) -> None:
     """Load a shard, let `edit` change its tensors, write it back with the index and spec in step."""
     header = st.read_header(snapshot / file)
     tensors = st.load_file(snapshot / file)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -160,7 +160,7 @@ def uint_list(xs: object) -> bool:
     return True
 
 
-def shape_ok(xs: object) -> bool:
+def shape_ok(xs: object) -> TypeGuard[list[int]]:
     """A shape the validator computes with: at most MAX_RANK unsigned 64-bit integers (so a
     product of dimensions stays small, however hostile the file)."""
     if type(xs) is not list or len(xs) > MAX_RANK:
@@ -212,7 +212,7 @@ class Tensor:
         return self.data.nbytes
 
     def buffer(self) -> memoryview:
-        return memoryview(np.ascontiguousarray(self.data).reshape(-1).view(np.uint8))
+        return np.ascontiguousarray(self.data).reshape(-1).view(np.uint8).data
 
     def float32(self) -> np.ndarray:
         """The values as float32 (BF16 widened exactly)."""

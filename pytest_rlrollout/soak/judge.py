@@ -256,7 +256,7 @@ class Judge:
                     [*s.span_problems, *([named.replace("chunks", "spans over chunks")] if unknown else [])]
                 )
                 self._rule("VER-SPAN-1", s, bool(unknown or s.span_problems), why)
-        epochs = [self._epoch[i] for i in s.identities if i in self._epoch] if self.versions else []  # type: ignore[index]
+        epochs = [self._epoch[i] for i in s.identities if i in self._epoch] if self.versions else []
         moves = [(a, b) for a, b in pairwise(epochs) if a != b]
         # where no version is said, what the worker heard still tells a stream that crossed a swap
         crossed = bool(s.overlapped()) or bool(moves)

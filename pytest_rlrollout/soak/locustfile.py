@@ -46,6 +46,7 @@ from pytest_rlrollout.remote.client import DeploymentClient
 from pytest_rlrollout.remote.discovery import Discovery
 from pytest_rlrollout.remote.drivers import driver_for
 from pytest_rlrollout.remote.limits import LimitExceeded
+from pytest_rlrollout.remote.secret import Secret
 from pytest_rlrollout.remote.target import Target
 from pytest_rlrollout.remote.transport import ExchangeFailed
 from pytest_rlrollout.soak.figures import Figures, Timed
@@ -224,7 +225,8 @@ def _init(environment: Any, runner: Any, **_: Any) -> None:
         runner.register_message("soak_drain", lambda environment, msg, **_: gevent.spawn(ROLLOUTS.drain, runner))
         gevent.spawn(_flushing, runner)
         if isinstance(runner, WorkerRunner):
-            runner.send_message("soak_hello", ROLLOUTS.name)
+            # locust annotates a worker's message data as a dict; it sends any msgpack value (its Runner: Any)
+            runner.send_message("soak_hello", ROLLOUTS.name)  # type: ignore[arg-type]
 
 
 def _flushing(runner: Any) -> None:
@@ -249,13 +251,13 @@ class Rollout(User):
             p.deployment,
             p.base_url,
             p.model,
-            os.environ.get(KEY_ENV, ""),
+            Secret(os.environ.get(KEY_ENV, "")),
             inference_url=p.inference_url,
             engine=p.engine,
             members=p.members,
-        )  # type: ignore[arg-type]
+        )
         self.client = DeploymentClient(target, timeout=p.timeout)
-        self.driver = driver_for(p.engine, self.client, bucket=p.bucket)  # type: ignore[arg-type]
+        self.driver = driver_for(p.engine, self.client, bucket=p.bucket)
         if p.discovery is not None:
             self.driver.adopt(Discovery.from_dict(p.discovery))
 

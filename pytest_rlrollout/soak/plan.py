@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_rlrollout.engines import Engine
+
 PLAN_ENV = "RLROLLOUT_SOAK_PLAN"  # the plan file's path, in the master's environment
 KEY_ENV = "RLROLLOUT_SOAK_API_KEY"  # the deployment's API key, in every Locust process's environment
 # The soak's process id, in the environment of the Locust processes it starts (not of workers on
@@ -26,7 +28,7 @@ EVENT_PREFIX = "SOAK "  # the hub's lines on its stdout for the soak (Locust's o
 class Plan:
     """The deployment (as `remote.client.Target` has it, less the key) and the rollouts."""
 
-    engine: str
+    engine: Engine
     base_url: str
     model: str
     deployment: str | None = None

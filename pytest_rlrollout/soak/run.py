@@ -137,7 +137,8 @@ class Soak:
             raise ValueError("the deployment says no snapshot it serves: the soak needs one to start from")
         self.judge = Judge(self.transition, [serving], versions=found.has("policy_version"))  # type: ignore[arg-type]
         self.lock = threading.Lock()  # the judge: turns come in here while the trainer adds swaps
-        self.figures, self.workers = Figures(), {}
+        self.figures = Figures()
+        self.workers: dict[str, Figures] = {}  # each worker's own count, sent when it drained
         self.swaps: list[Swap] = []
         self.stop = threading.Event()
         self.t0 = time.time()

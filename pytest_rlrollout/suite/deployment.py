@@ -203,7 +203,8 @@ class RLDeployment:
         """config.json of the served base model, when a local copy is known (--rl-base-snapshot)."""
         if self.base_snapshot is None or not (self.base_snapshot / "config.json").is_file():
             return None
-        return json.loads((self.base_snapshot / "config.json").read_text())
+        config: dict[str, Any] = json.loads((self.base_snapshot / "config.json").read_text())
+        return config
 
     @property
     def long_stream_tokens(self) -> int:

@@ -146,5 +146,5 @@ def evidence_of(report: pytest.TestReport) -> model.TestResult | None:
     """What `attach` put on a test's report (its `reason` is the failure's message), if anything."""
     for key, value in report.user_properties:
         if key == EVIDENCE:
-            return model.TestResult.from_json(json.loads(value))
+            return model.TestResult.from_json(json.loads(str(value)))
     return None

@@ -95,7 +95,7 @@ def _preflight(config: pytest.Config) -> Discovery:
 
     o = options(config)
     # before the preflight decides: the engine the names given point to (a CoreWeave UUID comes with a control plane)
-    guess = presumed(deployment=o.deployment, control_url=o.control_url)
+    guess = presumed(deployment=o.deployment, control_url=o.control_url or "")
     with connect(o, o.engine or guess) as probing:
         try:
             engine, decided = preflight(probing.client, o.engine)
@@ -211,7 +211,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     A pass that observed nothing is `inconclusive`. rl_level = must: a failure of SHOULD clauses
     only is reported (the clause's outcome stays `fail`) but does not fail the run (xfailed)."""
     report = yield
-    clauses = [v for k, v in item.user_properties if k == "rl_clause"]
+    clauses = [str(v) for k, v in item.user_properties if k == "rl_clause"]
     if report.when != "call" or not clauses:
         return report
     held = item.stash.get(RL_TEST, None)

@@ -49,8 +49,8 @@ class Collector:
     def record(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == SOAK_PROPERTY:
-                self.soak = SoakSummary.from_json(json.loads(value))
-        clauses = [v for k, v in report.user_properties if k == "rl_clause"]
+                self.soak = SoakSummary.from_json(json.loads(str(value)))
+        clauses = [str(v) for k, v in report.user_properties if k == "rl_clause"]
         if not clauses:
             return
         outcome, reason = outcome_of(report)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pytest_rlrollout.engines import DEFAULT, Engine
 from pytest_rlrollout.numerics import MIN_ROUTE_AGREEMENT
@@ -179,7 +179,8 @@ class RLConfig:
     def recorded_mode(self) -> Mode:
         """Where the exchanges come from: in replay, where they were recorded."""
         if self.mode == "replay":
-            return (self.replay_meta or {}).get("recorded_mode", "live")
+            # the recorded session's schema allows only the modes (schemas/recorded-session.schema.json)
+            return cast(Mode, (self.replay_meta or {}).get("recorded_mode", "live"))
         return self.mode
 
     @property

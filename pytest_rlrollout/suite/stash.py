@@ -4,10 +4,16 @@ rewriting their asserts)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
-# (the names in quotes: remote.discovery.Discovery, suite.holding.RLTest; not imported, see above)
-DISCOVERED = pytest.StashKey["Discovery"]()  # config: what the deployment is and offers
+if TYPE_CHECKING:  # for the checker only: importing them here would defeat the module's purpose
+    from pytest_rlrollout.remote.discovery import Discovery
+    from pytest_rlrollout.suite.holding import RLTest
+
+DISCOVERED: pytest.StashKey[Discovery] = pytest.StashKey()  # config: what the deployment is and offers
 WORKER_DISCOVERY = "rl_discovery"  # the workerinput / workeroutput key that carries it across xdist
 MISSING = pytest.StashKey[str]()  # item: why the test fails before it runs (a capability it must have)
-RL_TEST = pytest.StashKey["RLTest"]()  # item: the test's hold on the deployment (its exchanges: its evidence)
+# item: the test's hold on the deployment (its exchanges: its evidence)
+RL_TEST: pytest.StashKey[RLTest] = pytest.StashKey()

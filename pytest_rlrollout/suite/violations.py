@@ -32,10 +32,11 @@ def rebased(
     """`signal` with the diff's parent the served snapshot, once that holds exactly the base
     (swapped to a copy of the base where it did not); inconclusive where none could be served."""
     factory = rl_swap.factory
-    if factory.record.overlays.get(rl_deployment.serving()) != {}:
+    served = rl_deployment.serving()
+    if served is None or factory.record.overlays.get(served) != {}:
         rl_swap.signal(factory.base_copy("base-again"))
     serving = rl_deployment.serving()
-    if factory.record.overlays.get(serving) != {}:
+    if serving is None or factory.record.overlays.get(serving) != {}:
         inconclusive("could not serve a snapshot equal to the base to diff against")
     meta = signal["incremental_snapshot_metadata"]
     if meta.get("previous_snapshot_identity") != cases.base.name:

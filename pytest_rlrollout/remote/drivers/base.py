@@ -54,7 +54,8 @@ def reset_policy(signal: dict[str, Any]) -> Any:
 def registered(engine: EngineSpec) -> Engine:
     """An engine module's name as the registry's `Engine`: what a driver's `engine` is (a name
     the registry does not list is a mistake in that module, raised when its driver is defined)."""
-    for name in get_args(Engine):
+    names: tuple[Engine, ...] = get_args(Engine)
+    for name in names:
         if name == engine.name:
             return name
     raise ValueError(f"{engine.name!r} is not an engine the registry lists")

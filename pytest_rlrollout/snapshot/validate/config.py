@@ -69,9 +69,9 @@ def _mapping_keys(tree: ast.Module) -> set[str]:
             continue
         for node in ast.walk(stmt):
             if isinstance(node, ast.Dict):
-                out |= {k.value for k in node.keys if _is_str(k)}
-            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and _is_str(node.elts[0]):
-                out.add(node.elts[0].value)
+                out |= {v for k in node.keys if (v := _str(k)) is not None}
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and (v := _str(node.elts[0])) is not None:
+                out.add(v)
     return out
 
 
@@ -85,8 +85,9 @@ def _about_config_mapping(stmt: ast.stmt) -> bool:
     return False
 
 
-def _is_str(node: ast.AST | None) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+def _str(node: ast.AST | None) -> str | None:
+    """The string a node is, when it is a string constant."""
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def config_differences(snapshot: Mapping[str, Any], base: Mapping[str, Any], ignore: Iterable[str] = ()) -> list[str]:

@@ -31,7 +31,7 @@ from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_rlrollout.contract import Level, Outcome, Verdict, catalogue, schemas
 from pytest_rlrollout.contract.schemas import is_plain_shard_name
@@ -245,8 +245,12 @@ ALL_KINDS = frozenset({"full", "incremental", "lora"})
 WEIGHTS = frozenset({"full", "incremental"})
 
 
-def check(clause: str, kinds: frozenset[str] = ALL_KINDS):
-    def register(fn: Callable[[Subject], Iterable[Problem]]):
+# a check function, kept as it is by the decorator that registers it
+CheckFn = TypeVar("CheckFn", bound="Callable[[Subject], Iterable[Problem]]")
+
+
+def check(clause: str, kinds: frozenset[str] = ALL_KINDS) -> Callable[[CheckFn], CheckFn]:
+    def register(fn: CheckFn) -> CheckFn:
         if clause not in catalogue():
             raise KeyError(f"check for unknown clause {clause}")
         if clause in CHECKS:
@@ -424,9 +428,10 @@ class Subject:
             if why is not None:
                 out[name] = why
                 continue
-            out[name] = self._header(name)
-            if isinstance(out[name], st.Header):
-                tensors += len(out[name].tensors)
+            header = self._header(name)
+            out[name] = header
+            if isinstance(header, st.Header):
+                tensors += len(header.tensors)
         return out
 
     def _header(self, name: str) -> st.Header | str:

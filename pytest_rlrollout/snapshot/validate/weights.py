@@ -76,8 +76,9 @@ def _quantized_has_scales(s: Subject) -> Iterator[Problem]:
         yield Problem(SPEC, "config.json declares quantization_config but no tensor is 8-bit or narrower")
         return
     block = q.get("weight_block_size")
-    block_ok = isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)
-    if block is not None and not block_ok:
+    ok = isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)
+    pair: list[int] | None = block if ok else None  # [bm, bn], when weight_block_size is one
+    if block is not None and pair is None:
         yield Problem(
             CONFIG,
             f"quantization_config.weight_block_size is {untrusted.shown(block)}, not a pair of positive integers "
@@ -90,8 +91,8 @@ def _quantized_has_scales(s: Subject) -> Iterator[Problem]:
             continue
         if scale not in indexed:
             yield Problem(INDEX, f"{scale} is in the spec but not in weight_map")
-        if block_ok and len(shape) >= 2:
-            bm, bn = block
+        if pair is not None and len(shape) >= 2:
+            bm, bn = pair
             want = [*shape[:-2], -(-shape[-2] // bm), -(-shape[-1] // bn)]
             got = list(table[scale][1])
             if got != want:

@@ -161,10 +161,10 @@ def _plan(report: Report) -> list[str]:
     ]
     sums = {k: [0, 0] for k in heads}
     for name, t in sorted(tests.items()):
-        done = t.done or {}
+        planned, done = t.planned or {}, t.done or {}  # (every test here has a plan)
         cells = []
         for k in heads:
-            p, d = t.planned.get(k, 0), done.get(k, 0)
+            p, d = planned.get(k, 0), done.get(k, 0)
             sums[k][0], sums[k][1] = sums[k][0] + p, sums[k][1] + d
             cells.append(f"{plan_figure(k, p)} / {plan_figure(k, d)}")
         label = f"`{cell(name.rpartition('::')[2])}`"

@@ -266,7 +266,9 @@ def test_wait_returns_after_in_flight_requests_finished(rl_deployment, rl_observ
     assert f.completed, f"a stream drained by a pause in wait mode did not complete ({f.error!r})"
     assert f.stream.finish_reason in WHITELIST, f"a drained stream ended with {f.stream.finish_reason!r}"
     last = f.arrivals[-1] if f.arrivals else f.done_at
-    assert last <= marks["paused"] + in_transit(f.arrivals), (  # the last chunk may still be on its way
+    assert last <= marks["paused"] + in_transit(
+        f.arrivals, rl_deployment.timeouts.in_transit
+    ), (  # the last chunk may still be on its way
         f"the pause (wait) answered {last - marks['paused']:.3f} s before the in-flight stream's last chunk"
     )
     rl_observe(1, f"pause (wait) answered after the in-flight stream ended {f.stream.finish_reason!r}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.suite.observe import InFlight, in_transit, observed, stream_in_background
 from pytest_rlrollout.suite.probing import Probes, Probing
+from pytest_rlrollout.suite.run_config import Timeouts
 
 if TYPE_CHECKING:
     import httpx
@@ -36,6 +37,7 @@ class Crossing(InFlight):
     t_before: float | None = None
     started: int = 0  # which of the streams `across_swap` kept in flight this is (0: the one before the signal)
     probing: Probing | None = None  # requests sent while the swap was under way, where asked for
+    least_in_transit: float = Timeouts.in_transit  # the run's, set by `across_swap`
 
     @property
     def versions(self) -> list[str | None]:
@@ -67,7 +69,7 @@ class Crossing(InFlight):
     @property
     def in_transit(self) -> float:
         """How long after `t_served` a chunk may still have been generated before it."""
-        return in_transit(self.arrivals)
+        return in_transit(self.arrivals, self.least_in_transit)
 
     def after_served(self) -> list[int]:
         """Indices of the chunks generated after every replica served the new snapshot."""
@@ -139,7 +141,7 @@ class Relay:
     def start(self, wait: bool = True) -> Crossing:
         """Start the next stream (`wait`: return once its first chunk arrived)."""
         k = len(self.streams)
-        c = Crossing(reading=self.dep.driver.reading, started=k)
+        c = Crossing(reading=self.dep.driver.reading, started=k, least_in_transit=self.dep.timeouts.in_transit)
         self.streams.append(c)
         passed = threading.Event()
 

@@ -28,18 +28,15 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 WHITELIST = ("stop", "length", "tool_calls")
-# A chunk arriving this soon after every replica reported the new snapshot may have been
-# generated before (it was on its way): at least this many seconds, or a few chunk intervals.
-IN_TRANSIT = 0.05
-IN_TRANSIT_CHUNKS = 3
+IN_TRANSIT_CHUNKS = 3  # chunk gaps a chunk may lag behind the engine
 
 
-def in_transit(arrivals: Sequence[float]) -> float:
+def in_transit(arrivals: Sequence[float], least: float) -> float:
     """How long after an event (a pause answered, a swap served) a chunk of a stream whose chunks
     came at `arrivals` may still have been generated before it: a few of its median gaps, at least
-    IN_TRANSIT seconds (chunks arrive behind the engine)."""
+    `least` seconds (`Timeouts.in_transit`: chunks arrive behind the engine)."""
     gaps = [b - a for a, b in pairwise(arrivals)]
-    return max(IN_TRANSIT, IN_TRANSIT_CHUNKS * statistics.median(gaps)) if gaps else IN_TRANSIT
+    return max(least, IN_TRANSIT_CHUNKS * statistics.median(gaps)) if gaps else least
 
 
 # The suite's bounds on time: a stream they cut was slow, which no clause judged here forbids

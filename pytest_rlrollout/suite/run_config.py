@@ -37,6 +37,9 @@ class Timeouts:
     hold: float = 0.2  # a pause held this long shows whether tokens are still generated
     # the first interval of a wait's polls, doubling up to `poll`: a quick swap is seen soon
     first_poll: float = 0.01
+    # a chunk arriving this soon after an event (every replica serving the new snapshot, a pause
+    # answered) may have been generated before it, on its way: at least this, or a few chunk gaps
+    in_transit: float = 0.05
 
     def with_(self, **changes: Any) -> Timeouts:
         """A copy with the changes that are not None (options the user left out)."""

@@ -163,14 +163,39 @@ def pytest_configure(config):
     config.add_cleanup(stack.close)
 
 
+# The slow tier (`-m slow`; CONTRIBUTING.md): files whose tests start real gateways, engines or
+# fresh interpreters, run the whole suite again, soak, or wait out slow swaps. The mutation
+# matrix marks its own rows (one per engine stays fast). The fast tier is everything else.
+SLOW = (
+    "tests/fleet/",
+    "tests/suite/test_shared_swaps.py",
+    "tests/suite/test_live_runs.py",
+    "tests/suite/test_slow_swaps.py",
+    "tests/suite/test_replay.py",
+    "tests/runs/test_plan.py",
+    "tests/soak/test_soak_runs.py",
+    "tests/soak/test_soak_signals.py",
+    "tests/test_stopping.py",
+    "tests/test_cleanup.py",
+    "tests/remote/test_bucket_store.py",
+    "tests/interop/test_transformers_serve.py",
+    "tests/hostile/test_secrets.py",
+)
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))  # stable: the rest keep their order
 
 
 def pytest_sessionstart(session):
-    if _outermost(session):
+    # rows of an earlier run would mix in; but the slow tier completes the fast tier's matrices
+    # (CI runs the two in turn, CONTRIBUTING.md), so it keeps their rows
+    if _outermost(session) and session.config.option.markexpr != "slow":
         for rows in (ROWS, HOSTILE_ROWS):
-            shutil.rmtree(rows, ignore_errors=True)  # rows of an earlier run would mix in
+            shutil.rmtree(rows, ignore_errors=True)
 
 
 def pytest_sessionfinish(session):

@@ -143,6 +143,7 @@ NO_FAULT_ARGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transition", ["ASYNC", "SYNC"])
 def test_no_fault_every_clause_passes(no_faults, transition):
     got, _, _ = no_faults.of(group("fireworks", sync=transition == "SYNC"))
@@ -150,6 +151,7 @@ def test_no_fault_every_clause_passes(no_faults, transition):
     assert {c.id for c in catalogue()} <= set(got)
 
 
+@pytest.mark.slow
 def test_no_fault_every_clause_passes_through_the_vllm_driver(no_faults):
     """The reference deployment's vLLM dialect through the vLLM driver: every clause vLLM binds
     passes, but the ones whose binding needs what the dialect does not offer (routing matrices,
@@ -164,6 +166,7 @@ def test_no_fault_every_clause_passes_through_the_vllm_driver(no_faults):
     assert {k for k in deployed - vllm if got.get(k) != "not-applicable"} == set(), got
 
 
+@pytest.mark.slow
 def test_no_fault_every_clause_passes_through_the_sglang_driver(no_faults):
     """The reference deployment's SGLang dialect through the SGLang driver: every clause SGLang
     binds passes, but the routing ones, which say the server flag they need; every other clause
@@ -176,6 +179,7 @@ def test_no_fault_every_clause_passes_through_the_sglang_driver(no_faults):
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
 
 
+@pytest.mark.slow
 def test_no_fault_routing_passes_through_the_sglang_driver(no_faults, routed_experts):
     """With --enable-return-routed-experts, every routing clause SGLang binds passes through its driver."""
     got, _, _ = no_faults.of(group("sglang", routed_experts=True))
@@ -187,6 +191,7 @@ def test_no_fault_routing_passes_through_the_sglang_driver(no_faults, routed_exp
 ACROSS_REPLICAS = {"CACHE-MATRIX-ALL-NEW", "CACHE-MATRIX-NONE-NEW"}
 
 
+@pytest.mark.slow
 def test_no_fault_every_clause_passes_through_the_coreweave_driver(no_faults):
     """The reference deployment's CoreWeave dialect through the CoreWeave driver: every clause
     CoreWeave binds passes; every other clause of a deployment is not-applicable."""
@@ -202,6 +207,7 @@ def test_no_fault_every_clause_passes_through_the_coreweave_driver(no_faults):
     assert {k: got.get(k) for k in deployed - bound if got.get(k) != "not-applicable"} == {}
 
 
+@pytest.mark.slow
 def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(no_faults, one_replica):
     """On one replica every session lands where the prefix is cached: the cells a header-less
     gateway leaves inconclusive on several replicas are judged, and pass."""
@@ -211,6 +217,7 @@ def test_no_fault_the_new_session_cells_pass_on_one_coreweave_replica(no_faults,
     assert {k: got.get(k) for k in bound if got.get(k) != "pass"} == {}
 
 
+@pytest.mark.slow
 def test_no_fault_routing_passes_through_the_vllm_driver(no_faults, routed_experts):
     """With routed_experts on (as a GPU server's --enable-return-routed-experts), every routing
     clause vLLM binds passes through the vLLM driver."""
@@ -282,8 +289,14 @@ class Setup:
         return f"{self.group}-{'+'.join(m.removesuffix('.py') for m in self.modules)}"
 
 
+# The fast tier (CONTRIBUTING.md) keeps one row per engine: a stream's framing broken, caught
+# through each driver's own wire; the slow tier runs every other row.
+FAST_ROW = "INF-SSE-1"
+
+
 def _row(fault: str, engine: str):
-    return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}")
+    marks = () if fault == FAST_ROW else (pytest.mark.slow,)
+    return pytest.param(fault, engine, id=fault if engine == "fireworks" else f"{engine}-{fault}", marks=marks)
 
 
 ROWS = [_row(f, "fireworks") for f in sorted(switches_for("fireworks"))] + [
@@ -515,6 +528,7 @@ CONTENT_MODULES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_usage_only_final_chunk_is_legal(pytester, no_faults):
     """OpenAI streams may carry the usage on a chunk of its own with no choice after the
     finish_reason: every clause is judged as without it. Run on the tests that read the switch in
@@ -539,6 +553,7 @@ WITHOUT_CONTENT = {c.id for c in catalogue() if c.area in ("HL", "SNAP", "SESS",
 }
 
 
+@pytest.mark.slow
 def test_empty_answers_pass_no_clause_about_their_content(pytester):
     """Every answer 200 and empty (no text, logprobs, routing, usage, cached tokens): no clause
     about what answers carry passes, and every pass names what it observed."""

@@ -151,7 +151,12 @@ _SESSIONS: dict[str, pytest.Session] = {}
 # `rlrollout serve`, a wheel in a fresh venv, recordings, `transformers serve`): collected first.
 # xdist (--dist loadgroup) hands out its groups, largest first, then single tests in collection
 # order; one of these handed out last ran alone at the end while the other worker idled.
-LONG_FIRST = ("tests/suite/test_live_runs.py", "tests/suite/test_replay.py", "tests/interop/test_transformers_serve.py")
+LONG_FIRST = (
+    "tests/suite/test_live_runs.py",
+    "tests/suite/test_replay.py",
+    "tests/interop/test_transformers_serve.py",
+    "tests/contract/test_static_checks.py",  # mypy: a minute with a cold cache (a fresh machine)
+)
 
 
 def pytest_configure(config):
@@ -180,6 +185,13 @@ SLOW = (
     "tests/remote/test_bucket_store.py",
     "tests/interop/test_transformers_serve.py",
     "tests/hostile/test_secrets.py",
+    "tests/hostile/test_client.py",  # hostile servers and inputs at scale: seconds each
+    "tests/hostile/test_validator.py",
+    "tests/hostile/test_reference.py",
+    "tests/hostile/test_deadlines.py",
+    "tests/interop/test_model_parity.py",  # torch and transformers loaded, real checkpoints
+    "tests/interop/test_clients.py",
+    "tests/docs/test_commands.py",  # the docs' commands: two of them are whole conformance runs
 )
 
 

@@ -79,8 +79,7 @@ class TransformersScorer:
             raise RuntimeError(f"the transformers scorer needs torch and transformers installed ({e})") from None
         self.torch, self.device = torch, device
         self.model = transformers.AutoModelForCausalLM.from_pretrained(str(snapshot), dtype=torch.float32)
-        # transformers types .to through functools.wraps, which loses the bound self: the device lands on it
-        self.model.to(device).eval()  # type: ignore[arg-type]
+        self.model.to(device).eval()
         shape = moe_shape(json.loads((Path(snapshot) / "config.json").read_text()))
         self.k = shape.k if shape is not None else 0
 

@@ -9,6 +9,7 @@ messages name the path and the constraint.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -48,30 +49,51 @@ def _registry() -> Any:
     return jsonschema_rs.Registry([(d["$id"], d) for d in docs if "$id" in d])
 
 
+class SchemaCheck:
+    """One JSON Schema's two validators: the compiled one answers whether a document is valid,
+    `jsonschema` (built only when a document fails) says how it is not. The contract's schemas
+    and the files the suite writes (`suite.file_schemas`) are checked alike."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+
+    @functools.cached_property
+    def _compiled(self) -> Any:
+        import jsonschema_rs
+
+        return jsonschema_rs.validator_for(self.document)
+
+    @functools.cached_property
+    def _explaining(self) -> Any:
+        import jsonschema
+
+        cls = jsonschema.validators.validator_for(self.document)
+        cls.check_schema(self.document)
+        return cls(self.document)
+
+    def is_valid(self, document: Any) -> bool:
+        """Whether `document` satisfies the schema (the fast path)."""
+        try:
+            return bool(self._compiled.is_valid(document))
+        except (ValueError, TypeError, OverflowError):
+            # values jsonschema-rs cannot take (integers beyond 64 bits, ...): ask jsonschema
+            return not any(True for _ in self.errors(document))
+
+    def errors(self, document: Any) -> Iterator[Any]:
+        """`jsonschema`'s errors, as it finds them (each names its path and its constraint)."""
+        errors: Iterator[Any] = self._explaining.iter_errors(document)
+        return errors
+
+
 @cache
-def _compiled(name: str) -> Any:
-    import jsonschema_rs
-
-    return jsonschema_rs.validator_for(schema(name))
-
-
-@cache
-def _explaining(name: str) -> Any:
-    import jsonschema
-
-    s = schema(name)
-    cls = jsonschema.validators.validator_for(s)
-    cls.check_schema(s)
-    return cls(s)
+def check(name: str) -> SchemaCheck:
+    """The validators of `<name>.schema.json`."""
+    return SchemaCheck(schema(name))
 
 
 def is_valid(name: str, document: Any) -> bool:
     """Whether `document` satisfies `<name>.schema.json` (the fast path)."""
-    try:
-        return bool(_compiled(name).is_valid(document))
-    except (ValueError, TypeError, OverflowError):
-        # values jsonschema-rs cannot take (integers beyond 64 bits, ...): ask jsonschema
-        return not any(True for _ in _explaining(name).iter_errors(document))
+    return check(name).is_valid(document)
 
 
 def problems(name: str, document: Any, limit: int | None = None) -> Iterator[SchemaProblem]:
@@ -82,7 +104,7 @@ def problems(name: str, document: Any, limit: int | None = None) -> Iterator[Sch
     if is_valid(name, document):
         return
     root = schema(name)
-    found = _explaining(name).iter_errors(document)
+    found = check(name).errors(document)
     errors = list(found if limit is None else itertools.islice(found, limit + 1))
     listed = errors if limit is None else errors[:limit]
     out = []

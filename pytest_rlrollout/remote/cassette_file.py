@@ -5,14 +5,13 @@ the file, the record and the field, in one line that shows at most a short excer
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
-from pytest_rlrollout.contract.schemas import is_valid, schema
+from pytest_rlrollout.contract.schemas import check, schema
 from pytest_rlrollout.contract.untrusted import kind_of, printable
 from pytest_rlrollout.remote.limits import MiB
 from pytest_rlrollout.remote.stream import parsed_size
@@ -138,13 +137,6 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-@functools.cache
-def _explaining() -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema("cassette"))
-
-
 def shape_problem(doc: Any) -> str | None:
     """What makes `doc` not a cassette (None: nothing): the first way it breaks the cassette
     schema, said as the file's reader would say it, then what the schema cannot say."""
@@ -152,8 +144,9 @@ def shape_problem(doc: Any) -> str | None:
         return f"meta nests deeper than {MAX_DEPTH} levels"
     if _depth(doc) > MAX_SHAPE_DEPTH:  # deeper than any cassette: never handed to a validator
         return f"the document nests deeper than {MAX_SHAPE_DEPTH} levels"
-    if not is_valid("cassette", doc):
-        return _said(next(iter(_explaining().iter_errors(doc))))
+    cassette = check("cassette")
+    if not cassette.is_valid(doc):
+        return _said(next(iter(cassette.errors(doc))))
     return _beyond_schema(doc)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from pytest_rlrollout.contract.schemas import SchemaCheck
 from pytest_rlrollout.shipped import shipped
 
 MESSAGE_CHARS = 200  # an error's wording quotes the value at fault: a hostile one can be megabytes
@@ -79,36 +80,21 @@ def schema(name: str, part: str | None = None) -> dict[str, Any]:
 
 
 @cache
-def _compiled(name: str, part: str | None) -> Any:
-    import jsonschema_rs
-
-    return jsonschema_rs.validator_for(schema(name, part))
-
-
-@cache
-def _explaining(name: str, part: str | None) -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema(name, part))
-
-
-def _valid(name: str, part: str | None, document: Any) -> bool:
-    try:
-        return bool(_compiled(name, part).is_valid(document))
-    except (ValueError, TypeError, OverflowError):  # values jsonschema-rs cannot take (integers beyond 64 bits)
-        return not any(True for _ in _explaining(name, part).iter_errors(document))
+def _check(name: str, part: str | None) -> SchemaCheck:
+    return SchemaCheck(schema(name, part))
 
 
 def problems(name: str, document: Any, part: str | None = None) -> dict[tuple[Any, ...], str]:
     """How `document` breaks `<name>.schema.json` (or its `$defs` `part`): for each top-level
     field at fault (the empty path: the document itself), the most telling error, worded with
     the path inside the field; empty when it is valid."""
-    if _valid(name, part, document):
+    check = _check(name, part)
+    if check.is_valid(document):
         return {}
     import jsonschema
 
     by_field: dict[tuple[Any, ...], list[Any]] = {}
-    for e in _explaining(name, part).iter_errors(document):
+    for e in check.errors(document):
         by_field.setdefault(tuple(e.absolute_path)[:1], []).append(e)
     return {k: _worded(jsonschema.exceptions.best_match(v)) for k, v in sorted(by_field.items(), key=str)}
 

@@ -23,6 +23,14 @@ if TYPE_CHECKING:  # what a type checker sees (py.typed); at run time each loads
     from pytest_rlrollout.remote.replicas import WaitEnd as WaitEnd
     from pytest_rlrollout.remote.stream import Stream as Stream
     from pytest_rlrollout.remote.target import Target as Target
+    from pytest_rlrollout.runs.diagnose import Diagnose as Diagnose
+    from pytest_rlrollout.runs.diagnose import Diagnosis as Diagnosis
+    from pytest_rlrollout.runs.diagnose import Expected as Expected
+    from pytest_rlrollout.runs.weight_sync import ReplicaSync as ReplicaSync
+    from pytest_rlrollout.runs.weight_sync import SyncResult as SyncResult
+    from pytest_rlrollout.runs.weight_sync import WeightSync as WeightSync
+    from pytest_rlrollout.runs.weight_sync import WeightSyncError as WeightSyncError
+    from pytest_rlrollout.runs.weight_sync import score_canary as score_canary
     from pytest_rlrollout.snapshot.validate import Finding as Finding
     from pytest_rlrollout.snapshot.validate import Report as Report
     from pytest_rlrollout.snapshot.validate import validate as validate
@@ -61,6 +69,15 @@ _EXPORTS = {
     "Target": "pytest_rlrollout.remote.target",
     "Waited": "pytest_rlrollout.remote.replicas",
     "WaitEnd": "pytest_rlrollout.remote.replicas",
+    # for a trainer's loop: the per-step weight-sync check, and where a logprob gap comes from
+    "WeightSync": "pytest_rlrollout.runs.weight_sync",
+    "SyncResult": "pytest_rlrollout.runs.weight_sync",
+    "ReplicaSync": "pytest_rlrollout.runs.weight_sync",
+    "WeightSyncError": "pytest_rlrollout.runs.weight_sync",
+    "score_canary": "pytest_rlrollout.runs.weight_sync",
+    "Expected": "pytest_rlrollout.runs.diagnose",
+    "Diagnose": "pytest_rlrollout.runs.diagnose",
+    "Diagnosis": "pytest_rlrollout.runs.diagnose",
 }
 __all__ = ["__version__", *_EXPORTS]
 

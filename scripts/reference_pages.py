@@ -201,7 +201,16 @@ class _Fixtures:
         self.defs: list[Any] = []
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.defs = list(session._fixturemanager._get_all_fixture_defs())
+        # pytest has no public listing (its own --fixtures reads these internals): 9.2 (seen)
+        # keeps the table per node behind _get_all_fixture_defs, 9.0 and 8.x as name -> defs
+        manager: Any = session._fixturemanager
+        every = getattr(manager, "_get_all_fixture_defs", None)
+        if every is not None:
+            self.defs = list(every())
+        elif isinstance(getattr(manager, "_arg2fixturedefs", None), dict):
+            self.defs = [d for defs in manager._arg2fixturedefs.values() for d in defs]
+        else:
+            raise RuntimeError(f"pytest {pytest.__version__} keeps its fixtures where this script cannot find them")
 
 
 def plugin_fixtures(*more: object) -> list[tuple[str, str, str]]:

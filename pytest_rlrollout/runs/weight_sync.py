@@ -201,11 +201,14 @@ class WeightSync:
         api_key: str = "",
         deployment: str | None = None,
         fleet_urls: Sequence[str] = (),
+        bucket: str | None = None,
         timeout: float = 60.0,
         **settings: Any,
     ) -> Iterator[WeightSync]:
         """A check over a new client of the deployment at `base_url` (`engine`: its binding, as the
-        suite names it: fireworks, vllm, sglang, smg, fleet, coreweave, ...); closed on exit."""
+        suite names it: fireworks, vllm, sglang, smg, fleet, coreweave, ...); closed on exit.
+        `bucket`: where a self-hosted engine (vLLM, SGLang) reads snapshots from, a directory the
+        server sees, so that the trainer's loop can load through the same driver (`sync.driver`)."""
         from pytest_rlrollout.remote.client import DeploymentClient
         from pytest_rlrollout.remote.drivers import driver_for
         from pytest_rlrollout.remote.secret import Secret
@@ -213,7 +216,7 @@ class WeightSync:
 
         target = Target(deployment, base_url, model, Secret(api_key), engine=engine, members=tuple(fleet_urls))
         with DeploymentClient(target, timeout=timeout) as client:
-            yield cls(driver_for(engine, client), **settings)
+            yield cls(driver_for(engine, client, bucket=bucket), **settings)
 
     def check(self, expected: Sequence[float], *, label: str | None = None, step: int | None = None) -> SyncResult:
         """Every replica scores the canary; each is compared with `expected`, the trainer's logprob

@@ -192,6 +192,7 @@ SLOW = (
     "tests/interop/test_model_parity.py",  # torch and transformers loaded, real checkpoints
     "tests/interop/test_clients.py",
     "tests/docs/test_commands.py",  # the docs' commands: two of them are whole conformance runs
+    "tests/runs/test_training_loop.py::test_the_command_the_docs_show",  # a fresh interpreter imports torch: 9 s
 )
 
 

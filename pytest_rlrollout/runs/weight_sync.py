@@ -9,9 +9,18 @@ largest and mean |Δlogprob| against the trainer's numbers, and a verdict agains
 the served precision. A replica's numbers are what is judged, never its label: a replica whose
 load changed its label but kept its weights is out of sync however it is labelled.
 
-Cost: one scoring request per replica per call (one prefill of the canary). Reaching each replica
-takes one-token probes once (a session key that routes to it, `fingerprint.sessions_by_replica`),
-and again only when a replica stops answering on its key. Nothing on the deployment changes.
+Cost: one scoring request per replica per call (one prefill of the canary), and nothing else. The
+first call also reads the status once (how many replicas), sends one-token probes to find a session
+key that routes to each replica (`fingerprint.sessions_by_replica`) and, where an engine says the
+policy version only on a route of its own, one request to find it (`Driver.find_version_route`).
+Nothing on the deployment changes: only completions are sent.
+
+A replica's label is what its answer to the canary says it served (the status is not read again: it
+would cost a request per call, and says what a replica serves at another moment). Where an engine's
+answers name no version (CoreWeave's gateway; vLLM 0.32 without `--enable-scale-out`), the label
+is None. Where its answers name no replica and its status does not list exactly one (CoreWeave's
+gateway), a row stands for a session key, not for a replica the check knows it reached:
+`SyncResult.named` is False and its lines say so.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from pytest_rlrollout.numerics.tolerances import TOLERANCES, dtype_name
 from pytest_rlrollout.remote.fingerprint import ECHO, ISOLATION, FingerprintError, canary, prompt_logprobs
 
 if TYPE_CHECKING:
+    import httpx
+
     from pytest_rlrollout.engines import Engine
     from pytest_rlrollout.remote.drivers import Driver
     from pytest_rlrollout.remote.stream import Stream
@@ -91,6 +102,9 @@ class SyncResult:
     requests: int  # scoring requests this call sent (one per replica)
     probes: int  # one-token requests spent reaching the replicas (0 once they are known)
     seconds: float
+    # each row is a replica the deployment named on its answers (or its only one); False: each row
+    # is a session key, and routing decides which replica it reached (several may reach one)
+    named: bool = True
 
     @property
     def ok(self) -> bool:
@@ -137,7 +151,15 @@ class SyncResult:
         said = [
             f"{r.replica} says {r.label!r}, the trainer expects {self.expected_label!r}" for r in self.mislabelled()
         ]
-        return [head, *(f"  {r.line()}" for r in self.replicas), *(f"  label: {s}" for s in said)]
+        unnamed = (
+            []
+            if self.named
+            else [
+                f"  the deployment names no replica on its answers: {len(self.replicas)} session key(s) stood for "
+                "its replicas, and its routing decided which each reached (a replica none reached is not judged)"
+            ]
+        )
+        return [head, *(f"  {r.line()}" for r in self.replicas), *(f"  label: {s}" for s in said), *unnamed]
 
     def raise_for(self) -> SyncResult:
         """This result, or WeightSyncError naming every replica out of sync."""
@@ -162,7 +184,8 @@ class WeightSync:
     tokens: int = CANARY_TOKENS
     sequence: Sequence[int] | None = None  # a canary of the trainer's own (default: the fixed one)
     _sessions: dict[str, str] = field(default_factory=dict, repr=False)
-    _named: bool = field(default=True, repr=False)
+    _named: bool = field(default=True, repr=False)  # the answers name the replica that served them
+    _known: bool = field(default=True, repr=False)  # each session reaches a replica of its own
     _previous: tuple[float, ...] | None = field(default=None, repr=False)
     _salt: str = field(default_factory=lambda: uuid.uuid4().hex[:12], repr=False)
     _calls: int = field(default=0, repr=False)
@@ -201,21 +224,39 @@ class WeightSync:
         api_key: str = "",
         deployment: str | None = None,
         fleet_urls: Sequence[str] = (),
+        inference_url: str = "",
+        control_url: str = "",
+        control_api_key: str | None = None,
         bucket: str | None = None,
         timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
         **settings: Any,
     ) -> Iterator[WeightSync]:
         """A check over a new client of the deployment at `base_url` (`engine`: its binding, as the
-        suite names it: fireworks, vllm, sglang, smg, fleet, coreweave, ...); closed on exit.
-        `bucket`: where a self-hosted engine (vLLM, SGLang) reads snapshots from, a directory the
-        server sees, so that the trainer's loop can load through the same driver (`sync.driver`)."""
+        suite names it: fireworks, vllm, sglang, smg, fleet, sglang-fleet, coreweave, openai), as
+        the suite's options name it: `deployment` (Fireworks: accounts/<a>/deployments/<d>;
+        CoreWeave: its UUID), `fleet_urls` (a fleet's engines, no gateway), `inference_url`,
+        `control_url` and `control_api_key` (CoreWeave's hot-load API, where it has a host or key of
+        its own). `bucket`: where a self-hosted engine (vLLM, SGLang) reads snapshots from, a
+        directory the server sees, so that the trainer's loop can load through the same driver
+        (`sync.driver`). `transport`: httpx's, to send through (a proxy, a recorder); closed on exit."""
         from pytest_rlrollout.remote.client import DeploymentClient
         from pytest_rlrollout.remote.drivers import driver_for
         from pytest_rlrollout.remote.secret import Secret
         from pytest_rlrollout.remote.target import Target
 
-        target = Target(deployment, base_url, model, Secret(api_key), engine=engine, members=tuple(fleet_urls))
-        with DeploymentClient(target, timeout=timeout) as client:
+        target = Target(
+            deployment,
+            base_url,
+            model,
+            Secret(api_key),
+            inference_url=inference_url,
+            engine=engine,
+            control_url=control_url,
+            control_key=None if control_api_key is None else Secret(control_api_key),
+            members=tuple(fleet_urls),
+        )
+        with DeploymentClient(target, timeout=timeout, transport=transport) as client:
             yield cls(driver_for(engine, client, bucket=bucket), **settings)
 
     def check(self, expected: Sequence[float], *, label: str | None = None, step: int | None = None) -> SyncResult:
@@ -232,7 +273,15 @@ class WeightSync:
             for n, (replica, session) in enumerate(sorted(self._sessions.items()))
         ]
         result = SyncResult(
-            tuple(rows), step, label, self.dtype, self.tolerance, len(rows), probes, time.monotonic() - started
+            tuple(rows),
+            step,
+            label,
+            self.dtype,
+            self.tolerance,
+            len(rows),
+            probes,
+            time.monotonic() - started,
+            self._known,
         )
         self._previous = tuple(want)
         return result
@@ -252,17 +301,29 @@ class WeightSync:
         return values
 
     def _reach(self) -> int:
-        """Find a session key per replica (once); the probes it took."""
+        """Find a session key per replica, and the route whose answers say their version (once);
+        the one-token requests it took."""
         if self._sessions:
             return 0
         from pytest_rlrollout.remote.fingerprint import sessions_by_replica
 
-        count = self.replicas or max(1, len(self.driver.replicas()))
-        found, self._named, probes = sessions_by_replica(
+        probes = self.driver.find_version_route()
+        listed = self.driver.replicas()
+        count = self.replicas or max(1, len(listed))
+        found, self._named, reached = sessions_by_replica(
             self.driver, count, lambda n: f"rlrollout-sync-{self._salt}-{n}"
         )
+        if self._named and len(found) < count:
+            raise WeightSyncError(
+                f"{len(found)} of {count} replicas answered {reached} session keys ({', '.join(sorted(found))}): "
+                "the others cannot be reached by a session key (pass `replicas` if the deployment has fewer)"
+            )
+        only = listed[0].get("name") if len(listed) == 1 else None
+        self._known = self._named or (count == 1 and isinstance(only, str))
+        if not self._named and self._known:  # one replica, unnamed on the answers: the one the status lists
+            found = {str(only): next(iter(found.values()))}
         self._sessions = found
-        return probes
+        return probes + reached
 
     def _score(self, replica: str, session: str, n: int) -> Stream:
         """The canary scored on `replica`, under an isolation key of its own."""
@@ -297,7 +358,7 @@ class WeightSync:
             previous = max((abs(a - b) for a, b in zip(served, self._previous, strict=True)), default=0.0)
         return ReplicaSync(
             replica,
-            self._label(replica, s),
+            self._label(s),
             worst,
             total / len(want),
             at,
@@ -306,18 +367,13 @@ class WeightSync:
             tuple(served),
         )
 
-    def _label(self, replica: str, s: Stream) -> str | None:
-        """The version the replica served the canary with: its answer's, else what the status says
-        it serves."""
+    @staticmethod
+    def _label(s: Stream) -> str | None:
+        """The version the replica's answer says it served the canary with (None: it says none).
+        Never the status: reading it would cost a request per call, and a status says what a
+        replica serves at another moment than its answer."""
         versions = [v for v in s.versions if v]
-        if versions:
-            return versions[-1]
-        listed = self.driver.replicas()
-        for x in listed:
-            if x.get("name") == replica or len(listed) == 1:
-                label = x.get("current_snapshot_identity")
-                return label if isinstance(label, str) else None
-        return None
+        return versions[-1] if versions else None
 
 
 def score_canary(model: Any, tokens: Sequence[int], *, device: Any = None) -> list[float]:

@@ -156,6 +156,13 @@ class Driver(ABC):
         (the contract's own wire)."""
         return self.client.complete(body, reading=self.reading, **options)
 
+    def find_version_route(self) -> int:
+        """Where the engine's answers say the policy version only on a route of its own that a
+        client made without the preflight does not know of (vLLM's generate route), find it once,
+        so that completions go there; the requests it took (at most one one-token request). Here:
+        none, the answers on the default route say the version where the engine says it at all."""
+        return 0
+
     def post_inference(self, content: bytes, *, chat: bool = False) -> httpx.Response:
         """Raw bytes to the OpenAI completions endpoint (malformed requests on purpose)."""
         return self.client.post_inference(content, chat=chat)

@@ -73,6 +73,10 @@ class Listed:
         s.headers[REPLICA_HEADER] = engine
         return s
 
+    def version_probe(self, body: dict[str, Any]) -> Stream:
+        """`body` completed by the first engine, on its own routes."""
+        return self.complete_at(self.members[0], body)  # type: ignore[attr-defined]
+
     def engine_route(self, url: str, path: str) -> str | None:
         """An engine answers its own routes at its own URL."""
         return url + path if url in self.members else None

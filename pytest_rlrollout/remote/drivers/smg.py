@@ -27,7 +27,7 @@ import httpx
 from pytest_rlrollout.engines.smg import ENGINE, MEMBERS, ROUTED_WORKER, ROUTING_KEY
 from pytest_rlrollout.remote.discovery import PROBE_IDS, PROBE_TEXT, Answered, Discovery, get, mark, said
 from pytest_rlrollout.remote.drivers.base import Driver, Status, registered
-from pytest_rlrollout.remote.drivers.vllm import VLLMDriver, openai_body
+from pytest_rlrollout.remote.drivers.vllm import GENERATE, VLLMDriver, generate_body, openai_body
 from pytest_rlrollout.remote.openai_wire import bound, token_prompt
 from pytest_rlrollout.remote.options import CompletionOptions, LoadOptions
 from pytest_rlrollout.remote.sse import SSEDecoder, event_data
@@ -231,17 +231,31 @@ class GatewayDriver(FannedOut, VLLMDriver):
         engine's proxy route: the engine's own answer, its replica named. The proxy answers once
         the engine has: a stream comes back whole (its chunks seen then), so the tests whose
         streams must cross a swap prompt in text (`prompts_in_ids`)."""
-        url = self._routed(headers.get(ROUTING_KEY))
-        route = self.engine_route(url or "", "/v1/completions")
+        return self._proxied(self._routed(headers.get(ROUTING_KEY)), body, headers, on_chunk, on_status)
+
+    def _proxied(
+        self,
+        url: str | None,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[int], None] | None = None,
+    ) -> Stream:
+        """`body` completed by the engine at `url` through its proxy route: its generate route
+        where the engines say versions only there (`find_version_route` found it), else its
+        OpenAI completions."""
+        path = GENERATE if self.generate else "/v1/completions"
+        route = self.engine_route(url or "", path)
         if route is None:
             return Stream(0, {}, body=f"no engine listed at {url} (GET {WORKERS})", reading=self.reading)
         sent, _, salt = bound(body, headers)
         if salt is not None:
             sent["cache_salt"] = salt
+        native = generate_body(sent) if self.generate else openai_body(sent)
         proxied = self.client.request(
             "POST",
             route,
-            json={"model": self.target.body_model, **openai_body(sent)},
+            json={"model": self.target.body_model, **native},
             headers=self.client.auth_headers(),
         )
         doc = as_object(json_object(proxied)) if proxied.status_code == 200 else {}
@@ -293,6 +307,11 @@ class GatewayDriver(FannedOut, VLLMDriver):
                 return served
             self._route_of[key] = served
         return self._route_of[key]
+
+    def version_probe(self, body: dict[str, Any]) -> Stream:
+        """`body` completed by the first engine the gateway lists, through its proxy route."""
+        first = next((str(w["url"]) for w in self._workers() if w.get("url")), None)
+        return self._proxied(first, body)
 
     def engine_kinds(self) -> list[str]:
         """Each engine's kind and version ("vllm 0.32.0"), as the gateway lists them."""

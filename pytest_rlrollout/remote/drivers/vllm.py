@@ -99,14 +99,31 @@ class VLLMDriver(Driver):
     def __init__(self, client: DeploymentClient, *, bucket: str | None = None):
         super().__init__(client)
         self.bucket = bucket  # where the server reads snapshots: <bucket>/<identity>
-        self.generate = False  # the generate route answers (found by `discover`, or `adopt`)
+        self.generate = False  # the generate route answers (found by `discover`, `adopt` or `find_version_route`)
+        self._generate_sought = False  # `find_version_route` asked once
 
     def adopt(self, found: Discovery) -> None:
         """Take what the controller's probes found (an xdist worker does not probe again)."""
-        self.generate = GENERATE in found.routes
+        self.generate, self._generate_sought = GENERATE in found.routes, True
 
     def _url(self, path: str) -> str:
         return self.target.base_url.rstrip("/") + path
+
+    def find_version_route(self) -> int:
+        """vLLM 0.32 says the policy version on its generate route only (`--enable-scale-out`):
+        one one-token request there, once, and token-id completions go there when it answers
+        with spans (what `discover` finds, for a client made without the preflight)."""
+        if self.generate or self._generate_sought:
+            return 0
+        self._generate_sought = True
+        self.generate = True  # the probe goes where a token-id completion then goes
+        probe = self.version_probe({"prompt": PROBE_IDS, "max_tokens": 1})
+        self.generate = probe.ok and bool(probe.spans)
+        return 1
+
+    def version_probe(self, body: dict[str, Any]) -> Stream:
+        """`body` completed on the generate route of the server (a fleet's: of one engine)."""
+        return self.complete_at(None, body)
 
     def _post(
         self,
@@ -147,7 +164,7 @@ class VLLMDriver(Driver):
         if self.generate and token_prompt(body.get("prompt")) and not chat:
             reading = STREAMED_ECHO if body.get("echo") and body.get("stream") else self.reading
             generate = (base or self.target.base_url).rstrip("/") + GENERATE
-            return self.client.complete(_generate_body(sent), url=generate, reading=reading, **options)
+            return self.client.complete(generate_body(sent), url=generate, reading=reading, **options)
         url = None if base is None else base.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
         return self.client.complete(
             openai_body(sent, chat=chat),
@@ -314,8 +331,8 @@ class VLLMDriver(Driver):
         for name in ("ledger", "hint", "lora", "raw_output", "perf_metrics"):
             mark(d, name, False, "no vLLM binding on this server")
         probe = {"prompt": PROBE_IDS, "max_tokens": 2, "stream": True, "logprobs": True}
-        generated = self.client.complete(_generate_body(probe), url=self._url(GENERATE), reading=self.reading)
-        self.generate = generated.ok and bool(generated.spans)
+        generated = self.client.complete(generate_body(probe), url=self._url(GENERATE), reading=self.reading)
+        self.generate, self._generate_sought = generated.ok and bool(generated.spans), True
         d.routes = [GENERATE] if self.generate else []
         routes = self.complete({"prompt": PROBE_TEXT, "max_tokens": 2, "stream": True})  # an OpenAI route's spans
         mark(
@@ -363,7 +380,7 @@ def openai_body(body: dict[str, Any], *, chat: bool = False) -> dict[str, Any]:
     return {**(body if chat else legacy_body(body)), "return_weight_versions": True}
 
 
-def _generate_body(body: dict[str, Any]) -> dict[str, Any]:
+def generate_body(body: dict[str, Any]) -> dict[str, Any]:
     """A contract completion body on vLLM's generate route: token ids in, the sampling fields in
     `sampling_params`, logprobs as a count (`logprobs: true` is the sampled token's alone),
     `echo` as prompt logprobs (not streamed); text pieces on the entries (`output_mode: text`) and the ids

@@ -178,6 +178,7 @@ SLOW = (
     "tests/suite/test_slow_swaps.py",
     "tests/suite/test_replay.py",
     "tests/runs/test_plan.py",
+    "tests/runs/test_diagnose_command.py",  # a diagnosis per fault, each a session against a reference deployment
     "tests/soak/test_soak_runs.py",
     "tests/soak/test_soak_signals.py",
     "tests/test_stopping.py",

@@ -1,5 +1,5 @@
 """The `rlrollout` command: validate, export, delta, apply, make-base, serve, numerics, plan,
-conformance, soak, cleanup, clauses, matrix.
+conformance, soak, diagnose, cleanup, clauses, matrix.
 
 One module a command (the snapshot tools share one), each holding its sub-parser's `register`
 and its `run`; this module assembles the parser and ends every run the same way: a usage error as
@@ -20,6 +20,7 @@ from pytest_rlrollout.cli import (
     clauses,
     cleanup,
     conformance,
+    diagnose,
     matrix,
     numerics,
     plan,
@@ -57,7 +58,19 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlrollout", description="RL-rollout hot-load deployment contract tools")
     sub = p.add_subparsers(dest="command", required=True)
     # in the order `rlrollout --help` lists them
-    for command in (validate, snapshot_tools, serve, numerics, plan, conformance, soak, cleanup, clauses, matrix):
+    for command in (
+        validate,
+        snapshot_tools,
+        serve,
+        numerics,
+        plan,
+        conformance,
+        soak,
+        diagnose,
+        cleanup,
+        clauses,
+        matrix,
+    ):
         command.register(sub)
     return p
 
@@ -102,6 +115,12 @@ def _main(argv: list[str], program: bool) -> int:
             return plan.run(plan.parse(argv[1:]))
         except UsageError as e:
             print(f"rlrollout plan: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if argv[:1] == ["diagnose"] and argv[1:2] not in (["-h"], ["--help"]):  # as plan: its options, the rest to pytest
+        try:
+            return diagnose.run(diagnose.parse(argv[1:]))
+        except UsageError as e:
+            print(f"rlrollout diagnose: error: {e}", file=sys.stderr)
             return EXIT_USAGE
     if argv[:1] == ["soak"]:  # its own options, then everything else to pytest, as above
         try:

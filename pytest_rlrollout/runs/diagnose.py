@@ -31,12 +31,13 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_rlrollout.numerics.tolerances import TOLERANCES, served_dtype
 from pytest_rlrollout.remote.fingerprint import (
     ECHO,
     ISOLATION,
@@ -121,6 +122,21 @@ def _number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def numerics_band(logprob_tolerance: float, declared: Mapping[str, Any] | None) -> float:
+    """The largest gap to the trainer's numbers that a replica serving its weights may show: the
+    run's logprob tolerance, or the tolerance of the precision `declared` (a checkpoint's
+    config.json: `torch_dtype`, or `dtype` as transformers 5 writes it) says, whichever is larger.
+
+    Why the declared precision counts even where the run says the deployment serves float32: a
+    deployment may compute in the precision its checkpoint declares (an engine loads a bf16
+    checkpoint in bf16 unless told otherwise), and the gap such a precision produces against a
+    float32 scorer is numerics, not weights. `declared`: the snapshot's config.json, or for the
+    trainer's numbers given as a file the deployment's base's when known; None: the run's
+    tolerance alone."""
+    dtype = served_dtype(declared)
+    return max(logprob_tolerance, TOLERANCES[dtype].logprob) if dtype is not None else logprob_tolerance
+
+
 @dataclass(frozen=True)
 class Finding:
     """One cause, measured: the gap it accounts for, against its threshold."""
@@ -131,6 +147,7 @@ class Finding:
     blamed: bool  # the cause crosses its threshold (never for numerics)
     detail: str
     figures: dict[str, float] = field(default_factory=dict)
+    replicas: tuple[str, ...] = ()  # the replicas it is blamed on (weights: each serving other weights)
 
     @property
     def measured(self) -> bool:
@@ -145,6 +162,7 @@ class Finding:
             "measured": self.measured,
             "detail": self.detail,
             "figures": {k: _json_float(v) for k, v in self.figures.items()},
+            "replicas": list(self.replicas),
         }
 
 
@@ -191,6 +209,7 @@ class Diagnosis:
                     "max_abs_dlogprob": _json_float(r.max_abs),
                     "mean_abs_dlogprob": _json_float(r.mean_abs),
                     "worst_token": r.worst_token,
+                    "blamed": r.replica in self.finding("weights").replicas,
                 }
                 for r in self.sync.replicas
             ],
@@ -228,7 +247,8 @@ class Diagnosis:
 class Diagnose:
     """The measurements, over a driver of the deployment. `paced` slows a deployment that decodes
     too fast for a load to overlap a request (the bundled reference deployment's pace); each
-    measurement says when it could not be made."""
+    measurement says when it could not be made. `salt` names the diagnosis's requests (their
+    session and isolation keys): a recorded diagnosis replays when it is the recording's."""
 
     driver: Driver
     expected: Expected
@@ -240,13 +260,17 @@ class Diagnose:
     paced: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
     timeout: float = 120.0
     tell: Callable[[str], None] = lambda _: None
-    _salt: str = field(default_factory=lambda: uuid.uuid4().hex[:12], repr=False)
+    salt: str = field(default_factory=lambda: uuid.uuid4().hex[:12], repr=False)
     _sent: int = field(default=0, repr=False)
 
     def run(self) -> Diagnosis:
         started = time.monotonic()
         sync = WeightSync(
-            self.driver, tolerance=self.numerics_band, replicas=self.replicas, sequence=self.expected.tokens
+            self.driver,
+            tolerance=self.numerics_band,
+            replicas=self.replicas,
+            sequence=self.expected.tokens,
+            _salt=self.salt,
         )
         self.tell("weights: the canary scored fresh on every replica")
         try:
@@ -301,6 +325,7 @@ class Diagnose:
             "; ".join(said)
             or f"{len(rows)} replica(s) agree within {self.self_tolerance:g} and with the trainer within the band",
             figures,
+            tuple(r.replica for r in blamed),
         )
         if in_sync:
             rest = max(r.max_abs for r in in_sync)
@@ -326,6 +351,7 @@ class Diagnose:
         tokens = list(self.expected.tokens)
         worst: tuple[float, str] = (0.0, "")
         figures: dict[str, float] = {}
+        crossed: list[str] = []
         for n, (replica, session) in enumerate(sessions.items()):
             try:
                 shared = self._continued(tokens, {SESSION: session})
@@ -336,6 +362,8 @@ class Diagnose:
             for name, read in (("cached by earlier traffic", shared), ("cached by this diagnosis", again)):
                 d, where = read.difference(fresh)
                 figures[f"{replica}: {name}"] = d
+                if d > self.self_tolerance and replica not in crossed:
+                    crossed.append(replica)
                 if d > worst[0] or not worst[1]:
                     worst = (d, f"{replica}, {name} ({read.cached} cached tokens reported): {where}")
         gap = worst[0]
@@ -346,6 +374,7 @@ class Diagnose:
             gap > self.self_tolerance,
             f"continuations through the shared cache against fresh; worst: {worst[1]}",
             figures,
+            tuple(crossed),
         )
 
     def batching(self, session: str) -> Finding:
@@ -390,7 +419,12 @@ class Diagnose:
         self._sent += self.load_streams
         if crowded is None:
             return Finding("batching", None, self.self_tolerance, False, f"beside the load: {failed}")
-        overlapped = sum(ended.get(i, math.inf) > answered for i in range(self.load_streams))
+        # whether each stream was still decoding when the answer came: decided on the live clock
+        # (a replay answers at once), recorded with a recording and replayed from it
+        overlapped = sum(
+            self.driver.client.decide(f"{self._key('overlap')}-{i}", ended.get(i, math.inf) > answered)
+            for i in range(self.load_streams)
+        )
         if overlapped == 0:
             return Finding(
                 "batching",
@@ -446,7 +480,7 @@ class Diagnose:
     # ------------------------------------------------------------------ requests
 
     def _key(self, name: str) -> str:
-        return f"rlrollout-diagnose-{self._salt}-{name}"
+        return f"rlrollout-diagnose-{self.salt}-{name}"
 
     def _echo(self, ids: list[int], headers: dict[str, str]) -> list[float]:
         s = self.driver.complete({"prompt": ids, **ECHO}, headers=headers)

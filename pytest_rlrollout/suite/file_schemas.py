@@ -1,5 +1,6 @@
-"""The JSON Schemas of the files the suite writes and reads back (`schemas/`): a recorded
-session's meta (`recorded-session`) and a live run's state records (`run-state`).
+"""The JSON Schemas of the files the suite and its commands write (`schemas/`): a recorded
+session's meta (`recorded-session`), a live run's state records (`run-state`), and a diagnosis
+(`diagnosis`: `rlrollout diagnose --json`, the report's diagnosis section).
 
 Each is loaded once, with the names of the package's registries filled in where a subschema
 says `x-names` (the schema keeps no second list of engines or capabilities). A document is
@@ -49,7 +50,12 @@ def _registry_names() -> dict[str, Callable[[], list[str]]]:
 
         return list(PROFILES)
 
-    return {"engines": engines, "capabilities": capabilities, "dtypes": dtypes, "profiles": profiles}
+    def causes() -> list[str]:
+        from pytest_rlrollout.runs.diagnose import CAUSES
+
+        return list(CAUSES)
+
+    return {"engines": engines, "capabilities": capabilities, "dtypes": dtypes, "profiles": profiles, "causes": causes}
 
 
 def _named(node: Any, names: dict[str, Callable[[], list[str]]]) -> Any:

@@ -18,6 +18,7 @@ from pytest_rlrollout.contract import catalogue
 from pytest_rlrollout.suite.evidence import evidence_of
 from pytest_rlrollout.suite.options import options
 from pytest_rlrollout.suite.outcomes import outcome_of
+from pytest_rlrollout.suite.report.diagnosis import DiagnosisSummary
 from pytest_rlrollout.suite.report.files import paths, write
 from pytest_rlrollout.suite.report.header import Provenance
 from pytest_rlrollout.suite.report.model import (
@@ -36,6 +37,9 @@ from pytest_rlrollout.suite.stash import DISCOVERED, WORKER_DISCOVERY
 from pytest_rlrollout.suite.swaps import served_by
 
 SOAK_PROPERTY = "rl_soak"  # a soak's summary (`SoakSummary` JSON), on the report of the test that carries it
+DIAGNOSIS_PROPERTY = (
+    "rl_diagnosis"  # a diagnosis (`Diagnosis.as_dict` JSON), on the report of `rlrollout diagnose`'s test
+)
 
 
 class Collector:
@@ -45,11 +49,14 @@ class Collector:
     def __init__(self) -> None:
         self.by_test: dict[str, tuple[list[str], TestResult]] = {}
         self.soak: SoakSummary | None = None
+        self.diagnosis: DiagnosisSummary | None = None
 
     def record(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == SOAK_PROPERTY:
                 self.soak = SoakSummary.from_json(json.loads(str(value)))
+            elif key == DIAGNOSIS_PROPERTY:
+                self.diagnosis = DiagnosisSummary.from_json(json.loads(str(value)))
         clauses = [str(v) for k, v in report.user_properties if k == "rl_clause"]
         if not clauses:
             return
@@ -93,9 +100,10 @@ class Reporting:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = options(self.config).report
-        if path and self.collector.by_test:
-            report = Report.judged(self.collector.clauses(), provenance(self.config), self._discovery())
-            write(path, replace(report, soak=self.collector.soak))
+        collected = self.collector
+        if path and (collected.by_test or collected.diagnosis is not None):
+            report = Report.judged(collected.clauses(), provenance(self.config), self._discovery())
+            write(path, replace(report, soak=collected.soak, diagnosis=collected.diagnosis))
 
     def _discovery(self) -> dict[str, Any] | None:
         """The engine and capabilities the run judged: found in this process, by a worker, or

@@ -1,5 +1,6 @@
-"""The report's files, written in one place: `PATH.json`, `PATH.md` and `PATH.html`, and the NUM
-and soak pictures beside them as PNG files (which the JSON and Markdown name and the HTML embeds)."""
+"""The report's files, written in one place: `PATH.json`, `PATH.md` and `PATH.html`, and the NUM,
+soak and diagnosis pictures beside them as PNG files (which the JSON and Markdown name and the HTML
+embeds)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from pytest_rlrollout.suite.report.html import html
 from pytest_rlrollout.suite.report.markdown import markdown
 from pytest_rlrollout.suite.report.model import PictureFile, Pictures, Report
-from pytest_rlrollout.suite.report.pictures import draw, draw_soak
+from pytest_rlrollout.suite.report.pictures import draw, draw_diagnosis, draw_soak
 
 SUFFIXES = (".json", ".md", ".html")
 
@@ -39,7 +40,7 @@ def write(path: str | Path, report: Report) -> tuple[Path, Path, Path]:
     out = paths(path)
     where, stem = out[0].parent, out[0].stem
     where.mkdir(parents=True, exist_ok=True)
-    prefixes = (f"{stem}.numerics-", f"{stem}.soak-")
+    prefixes = (f"{stem}.numerics-", f"{stem}.soak-", f"{stem}.diagnosis-")
     for stale in where.iterdir():
         if stale.name.startswith(prefixes) and stale.name.endswith(".png"):
             stale.unlink()
@@ -58,7 +59,14 @@ def write(path: str | Path, report: Report) -> tuple[Path, Path, Path]:
             (where / f"{stem}.soak-{name}.png").write_bytes(png)
         files = tuple(f"{stem}.soak-{name}.png" for name in soak_drawn)
         report = replace(report, soak=replace(report.soak, pictures=files, no_pictures=soak_why))
+    diagnosis_drawn: dict[str, bytes] = {}
+    if report.diagnosis is not None:
+        diagnosis_drawn, diagnosis_why = draw_diagnosis(report.diagnosis)
+        for name, png in diagnosis_drawn.items():
+            (where / f"{stem}.diagnosis-{name}.png").write_bytes(png)
+        files = tuple(f"{stem}.diagnosis-{name}.png" for name in diagnosis_drawn)
+        report = replace(report, diagnosis=replace(report.diagnosis, pictures=files, no_pictures=diagnosis_why))
     out[0].write_text(json_text(report))
     out[1].write_text(markdown(report))
-    out[2].write_text(html(report, drawn, soak_drawn))
+    out[2].write_text(html(report, drawn, soak_drawn, diagnosis_drawn))
     return out

@@ -1,6 +1,7 @@
 """The HTML report: one self-contained page that a person reads instead of the JSON, rendered
 from `templates/report.html.j2` with autoescaping (every text in it may come from the deployment
-under test). The NUM pictures are embedded as data: URIs, each under the clause it is about."""
+under test). The NUM pictures are embedded as data: URIs, each under the clause it is about; a
+soak's and a diagnosis's in their own sections."""
 
 from __future__ import annotations
 
@@ -12,8 +13,18 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pytest_rlrollout.contract import Outcome
 from pytest_rlrollout.numerics.pictures import TITLES
 from pytest_rlrollout.suite.report.model import Report
-from pytest_rlrollout.suite.report.pictures import SOAK_TITLES, Drawn, draw, draw_soak
+from pytest_rlrollout.suite.report.pictures import (
+    DIAGNOSIS_TITLES,
+    SOAK_TITLES,
+    Drawn,
+    draw,
+    draw_diagnosis,
+    draw_soak,
+)
 from pytest_rlrollout.suite.report.text import (
+    DIAGNOSIS_HEADS,
+    DIAGNOSIS_INTRO,
+    DIAGNOSIS_REPLICA_HEADS,
     FOLD,
     NUMERICS_INTRO,
     OUTCOMES,
@@ -21,6 +32,10 @@ from pytest_rlrollout.suite.report.text import (
     SOAK_REPLICA_HEADS,
     SOAK_SWAP_HEADS,
     UPLOAD_HEADS,
+    diagnosis_cells,
+    diagnosis_replica_cells,
+    diagnosis_thresholds,
+    diagnosis_verdict,
     measures_note,
     numerics_grid,
     one_line,
@@ -56,10 +71,15 @@ def _environment() -> Environment:
     return env
 
 
-def html(report: Report, drawn: Drawn | None = None, soak_drawn: dict[str, bytes] | None = None) -> str:
+def html(
+    report: Report,
+    drawn: Drawn | None = None,
+    soak_drawn: dict[str, bytes] | None = None,
+    diagnosis_drawn: dict[str, bytes] | None = None,
+) -> str:
     """The report as one HTML page that needs nothing but itself. `drawn` are the NUM tests'
-    pictures as `pictures.draw` draws them, `soak_drawn` the soak's as `draw_soak` does; None
-    draws them here."""
+    pictures as `pictures.draw` draws them, `soak_drawn` the soak's as `draw_soak` does,
+    `diagnosis_drawn` the diagnosis's as `draw_diagnosis` does; None draws them here."""
     why = report.pictures.no_pictures if report.pictures is not None else None
     if drawn is None:
         drawn, why = draw(report)
@@ -69,6 +89,14 @@ def html(report: Report, drawn: Drawn | None = None, soak_drawn: dict[str, bytes
     soak_pictures = [
         (f"soak: {SOAK_TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
         for name, png in (soak_drawn or {}).items()
+    ]
+    diagnosis = report.diagnosis
+    diagnosis_why = diagnosis.no_pictures if diagnosis is not None else None
+    if diagnosis_drawn is None and diagnosis is not None:
+        diagnosis_drawn, diagnosis_why = draw_diagnosis(diagnosis)
+    diagnosis_pictures = [
+        (f"diagnosis: {DIAGNOSIS_TITLES.get(name, name)}", "data:image/png;base64," + base64.b64encode(png).decode())
+        for name, png in (diagnosis_drawn or {}).items()
     ]
     numerics = report.numerics_tests()
     pictures: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -102,6 +130,16 @@ def html(report: Report, drawn: Drawn | None = None, soak_drawn: dict[str, bytes
         soak_replica_rows=[soak_replica_cells(r) for r in report.soak.replicas] if report.soak is not None else [],
         soak_pictures=soak_pictures,
         soak_no_pictures=soak_why,
+        diagnosis=diagnosis,
+        diagnosis_intro=DIAGNOSIS_INTRO,
+        diagnosis_thresholds=diagnosis_thresholds(diagnosis) if diagnosis is not None else "",
+        diagnosis_verdict=diagnosis_verdict(diagnosis) if diagnosis is not None else "",
+        diagnosis_heads=DIAGNOSIS_HEADS,
+        diagnosis_rows=[diagnosis_cells(f) for f in diagnosis.findings] if diagnosis is not None else [],
+        diagnosis_replica_heads=DIAGNOSIS_REPLICA_HEADS,
+        diagnosis_replica_rows=[diagnosis_replica_cells(r) for r in diagnosis.replicas] if diagnosis else [],
+        diagnosis_pictures=diagnosis_pictures,
+        diagnosis_no_pictures=diagnosis_why,
         upload_heads=UPLOAD_HEADS,
         fold=FOLD,
         quiet=QUIET,

@@ -1,6 +1,7 @@
 """The Markdown report: provenance, the roll-up, capabilities, one row per clause, the NUM figures
-and their pictures (files beside the report), a soak's figures and pictures, uploads, and every
-failure with its exchanges."""
+and their pictures (files beside the report), a soak's figures and pictures, a diagnosis and its
+picture, uploads, and every failure with its exchanges. A report of a diagnosis alone
+(`rlrollout diagnose`) shows no clauses."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from urllib.parse import quote
 
 from pytest_rlrollout.numerics.pictures import TITLES
 from pytest_rlrollout.suite.report.model import Report
-from pytest_rlrollout.suite.report.pictures import SOAK_TITLES
+from pytest_rlrollout.suite.report.pictures import DIAGNOSIS_TITLES, SOAK_TITLES
 from pytest_rlrollout.suite.report.text import (
+    DIAGNOSIS_HEADS,
+    DIAGNOSIS_INTRO,
+    DIAGNOSIS_REPLICA_HEADS,
     FOLD,
     NUMERICS_INTRO,
     OUTCOMES,
@@ -17,6 +21,10 @@ from pytest_rlrollout.suite.report.text import (
     SOAK_REPLICA_HEADS,
     SOAK_SWAP_HEADS,
     UPLOAD_HEADS,
+    diagnosis_cells,
+    diagnosis_replica_cells,
+    diagnosis_thresholds,
+    diagnosis_verdict,
     measures_note,
     numerics_grid,
     one_line,
@@ -33,7 +41,8 @@ def cell(text: str, limit: int = 240) -> str:
 
 
 def markdown(report: Report) -> str:
-    lines = ["# RL-rollout deployment conformance report", ""]
+    alone = report.diagnosis is not None and not report.clauses  # `rlrollout diagnose`: no clause judged
+    lines = [f"# RL-rollout deployment {'diagnosis' if alone else 'conformance report'}", ""]
     for name, value in report.provenance.items():
         if isinstance(value, str):
             lines.append(f"- **{name}**: {value}")
@@ -50,7 +59,12 @@ def markdown(report: Report) -> str:
     if report.engine is not None:
         lines.append(f"- **engine**: {report.engine.name} ({report.engine.decided})")
     lines += [f"- **contract**: {report.contract.document}, version {report.contract.version}"]
-    lines += _summary(report) + _capabilities(report) + _clauses(report) + _numerics(report) + _soak(report)
+    if not alone:
+        lines += _summary(report)
+    lines += _capabilities(report) + _diagnosis(report)
+    if not alone:
+        lines += _clauses(report)
+    lines += _numerics(report) + _soak(report)
     lines += _uploads(report) + _plan(report)
     lines += _failures(report)
     return "\n".join(lines) + "\n"
@@ -118,6 +132,27 @@ def _soak(report: Report) -> list[str]:
             lines.append(f"![soak: {SOAK_TITLES.get(name, name)}]({quote(file)})")
     if soak.no_pictures:
         lines += ["", f"No pictures: {soak.no_pictures}"]
+    return lines
+
+
+def _diagnosis(report: Report) -> list[str]:
+    d = report.diagnosis
+    if d is None:
+        return []
+    lines = ["", "## Diagnosis", "", DIAGNOSIS_INTRO, "", diagnosis_thresholds(d), "", f"**{diagnosis_verdict(d)}**"]
+    for heads, rows in (
+        (DIAGNOSIS_HEADS, map(diagnosis_cells, d.findings)),
+        (DIAGNOSIS_REPLICA_HEADS, map(diagnosis_replica_cells, d.replicas)),
+    ):
+        lines += ["", "| " + " | ".join(map(cell, heads)) + " |", "|---" * len(heads) + "|"]
+        lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    if d.pictures:
+        lines.append("")
+        for file in d.pictures:
+            name = file.rpartition(".diagnosis-")[2].removesuffix(".png")
+            lines.append(f"![diagnosis: {DIAGNOSIS_TITLES.get(name, name)}]({quote(file)})")
+    if d.no_pictures:
+        lines += ["", f"No pictures: {d.no_pictures}"]
     return lines
 
 

@@ -8,8 +8,8 @@ the `Report`. When several tests judge one clause, the most telling outcome wins
 `Report.to_json` is the JSON report's shape (other tools read `clauses[ID]["outcome"]` and each
 test's `reason`, `exchanges`, `observed`, `outcome`: those keys stay); `Report.from_json` reads it
 back into the same model, so a report on disk can be written again in any format. What the
-report says about its run is `report.header`, a soak's figures `report.soak`, and reading a
-field back `report.fields`. This module imports no writer and nothing of pytest.
+report says about its run is `report.header`, a soak's figures `report.soak`, a diagnosis
+`report.diagnosis`, and reading a field back `report.fields`. This module imports no writer and nothing of pytest.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from pytest_rlrollout.contract import Outcome, catalogue, roll_up
 from pytest_rlrollout.numerics.figures import Figures
+from pytest_rlrollout.suite.report.diagnosis import DiagnosisSummary
 from pytest_rlrollout.suite.report.fields import ReportError, Scalar, as_counts, as_object, as_outcome, as_strings
 from pytest_rlrollout.suite.report.header import CONTRACT_DOC, Capability, Contract, Engine, Provenance
 from pytest_rlrollout.suite.report.soak import SoakSummary
@@ -383,6 +384,7 @@ class Report:
     capabilities: list[Capability] = field(default_factory=list)
     pictures: Pictures | None = None
     soak: SoakSummary | None = None  # a soak's figures (`rlrollout soak`)
+    diagnosis: DiagnosisSummary | None = None  # where a logprob gap comes from (`rlrollout diagnose`)
 
     @classmethod
     def judged(
@@ -400,7 +402,8 @@ class Report:
 
     @property
     def title(self) -> str:
-        return f"RL-rollout conformance: {self.provenance.deployment}"
+        what = "diagnosis" if self.diagnosis is not None and not self.clauses else "conformance"
+        return f"RL-rollout {what}: {self.provenance.deployment}"
 
     def failures(self) -> list[tuple[ClauseResult, TestResult]]:
         """Every failed or broken test, with its clause."""
@@ -430,6 +433,8 @@ class Report:
             out["numerics"] = self.pictures.to_json()
         if self.soak is not None:
             out["soak"] = self.soak.to_json()
+        if self.diagnosis is not None:
+            out["diagnosis"] = self.diagnosis.to_json()
         return out
 
     @classmethod
@@ -449,6 +454,7 @@ class Report:
                 capabilities=[Capability.from_json(c) for c in doc.get("capabilities") or []],
                 pictures=Pictures.from_json(doc["numerics"]) if doc.get("numerics") is not None else None,
                 soak=SoakSummary.from_json(doc["soak"]) if doc.get("soak") is not None else None,
+                diagnosis=DiagnosisSummary.from_json(doc["diagnosis"]) if doc.get("diagnosis") is not None else None,
             )
         except KeyError as e:
             raise ReportError(f"report: no {e.args[0]!r}") from None

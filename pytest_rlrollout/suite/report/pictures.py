@@ -1,15 +1,18 @@
 """The pictures of a report: the NUM ones, each drawn for the clause it is about (NUM-LOGPROB-1
-gets the Δlogprob pictures, NUM-ROUTE-1 the routing one), and a soak's over time. Drawing is on
+gets the Δlogprob pictures, NUM-ROUTE-1 the routing one), a soak's over time, and a diagnosis's
+gaps against their thresholds. Drawing is on
 matplotlib (optional) through `numerics.pictures`; this picks what each clause shows and keeps a
 test whose figures do not draw from costing the others theirs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlrollout.numerics.figures import Figures
 from pytest_rlrollout.numerics.pictures import pictures, png_of, unavailable
+from pytest_rlrollout.suite.report.diagnosis import DiagnosisSummary
 from pytest_rlrollout.suite.report.model import Report
 from pytest_rlrollout.suite.report.soak import SoakSummary
 
@@ -106,3 +109,62 @@ def _stalls(ax: Axes, soak: SoakSummary) -> None:
         ax.plot(epochs, [getattr(s, attr) or 0.0 for s in soak.swaps], marker, color="C3", label=attr.replace("_", " "))
     ax.set(xlabel="swap", ylabel="seconds", title="swaps")
     ax.legend(fontsize="small")
+
+
+DIAGNOSIS_TITLES = {
+    "gaps": "each cause's largest |Δlogprob| against its threshold (black tick), then each replica's weights "
+    "against the trainer's numbers (red: blamed); log scale",
+}
+DIAGNOSIS_COLOURS = {"CAUSE": "#c62828", "within": "#2e7d32", "remainder": "#78909c", "not measured": "#b0bec5"}
+BELOW = 100  # a gap of 0 is drawn this many times below the smallest threshold or gap (a log axis has no 0)
+
+
+def draw_diagnosis(diagnosis: DiagnosisSummary) -> tuple[dict[str, bytes], str | None]:
+    """The diagnosis's picture (`DIAGNOSIS_TITLES`), or why there is none."""
+    why = unavailable()
+    if why is not None:
+        return {}, why
+    try:
+        return {"gaps": png_of(lambda ax: _gaps(ax, diagnosis))}, None
+    except (TypeError, ValueError, KeyError) as e:  # figures edited by hand cost their picture, not the report
+        return {}, f"the diagnosis's figures do not draw ({type(e).__name__}: {e})"
+
+
+def _gaps(ax: Axes, d: DiagnosisSummary) -> None:
+    """One row per cause, then one per replica under "weights": a bar from the axis's floor to the
+    gap, the threshold a black tick across it. A gap of 0 sits at the floor, an infinite one (the
+    greedy tokens parted, a NaN served) runs to the right edge, marked "inf"."""
+    rows = [(f.cause, f.gap, f.threshold, f.verdict) for f in d.findings]
+    rows += [
+        (f"weights: {r.replica}", r.max_abs, d.numerics_band, "CAUSE" if r.blamed else "within") for r in d.replicas
+    ]
+    finite = [x for _, g, t, _ in rows for x in (g, t) if x is not None and 0 < x < math.inf]
+    floor = min(finite, default=1e-3) / BELOW
+    ceiling = max(finite, default=1.0) * BELOW
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    def say(text: str, x: float, y: int, right: bool = False) -> None:
+        at = (-4 if right else 4, 0)
+        ax.annotate(text, (x, y), xytext=at, textcoords="offset points", ha="right" if right else "left", va="center")
+
+    for y, (_, gap, threshold, verdict) in enumerate(rows):
+        if gap is None:
+            say("not measured", floor, y)
+        elif gap == 0:
+            say("0", floor, y)
+        else:
+            end = ceiling if gap == math.inf or math.isnan(gap) else max(gap, floor)
+            ax.barh(y, end - floor, left=floor, height=0.6, color=DIAGNOSIS_COLOURS[verdict])
+            if end == ceiling:
+                say(str(gap), ceiling, y, right=True)
+        ax.plot([threshold, threshold], [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, ceiling)
+    ax.set_yticks(range(len(rows)), [name for name, _, _, _ in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="max |Δlogprob|", title="where the gap comes from")
+    shown = dict.fromkeys(v for _, g, _, v in rows if g)  # the verdicts a bar is drawn for, in order
+    handles = [Patch(color=DIAGNOSIS_COLOURS[v], label=v.lower()) for v in shown]
+    tick = Line2D([], [], color="black", label="threshold")
+    ax.legend(handles=[*handles, tick], fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))

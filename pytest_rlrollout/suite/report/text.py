@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 from pytest_rlrollout.contract import SEVERITY, Outcome
+from pytest_rlrollout.suite.report.diagnosis import CauseFinding, DiagnosisSummary, ReplicaWeights
 from pytest_rlrollout.suite.report.fields import Scalar
 from pytest_rlrollout.suite.report.model import NumericsTest, NumFigures, Upload
 from pytest_rlrollout.suite.report.soak import SoakReplica, SoakSwap
@@ -190,3 +191,40 @@ def soak_swap_cells(s: SoakSwap) -> tuple[str, ...]:
         ms(s.stall_max),
         "" if s.moved is None else number(s.moved),
     )
+
+
+DIAGNOSIS_INTRO = (
+    "Where the gap between the trainer's logprobs and the deployment's comes from, each cause measured on its "
+    "own with the others held still: the weights (every replica scores the canary fresh, uncached and alone), "
+    "the prompt cache (the canary continued through the shared cache against the same under an unused isolation "
+    "key), batching (alone against beside concurrent streams) and the decode path (logprobs reported while "
+    "decoding against the echo of the same tokens). What remains is the numerics of the served precision, "
+    "reported and never blamed. A replica serves other weights when its gap to the trainer is past the numerics "
+    "band, or when it stands apart from the replica closest to the trainer by more than the self tolerance."
+)
+DIAGNOSIS_HEADS = ("cause", "max |Δ|", "threshold", "verdict", "measured")
+DIAGNOSIS_REPLICA_HEADS = ("replica", "label", "max |Δ| to the trainer", "mean |Δ|", "at canary token", "verdict")
+
+
+def diagnosis_thresholds(d: DiagnosisSummary) -> str:
+    """The two thresholds and what each judges, in one sentence."""
+    return (
+        f"The deployment against itself (prompt cache, batching, decode path) within {number(d.self_tolerance)} "
+        f"(the run's fingerprint tolerance); the weights against the trainer's numbers ({d.source}, "
+        f"{d.tokens} tokens) within {number(d.numerics_band)} (the numerics of the precision served or declared). "
+        f"{d.requests} requests, {number(d.seconds, '.1f')} s."
+    )
+
+
+def diagnosis_cells(f: CauseFinding) -> tuple[str, ...]:
+    return (f.cause, "-" if f.gap is None else number(f.gap), number(f.threshold), f.verdict, f.detail)
+
+
+def diagnosis_replica_cells(r: ReplicaWeights) -> tuple[str, ...]:
+    verdict = "other weights" if r.blamed else "the trainer's weights"
+    return (r.replica, r.label or "", number(r.max_abs), number(r.mean_abs), str(r.worst_token), verdict)
+
+
+def diagnosis_verdict(d: DiagnosisSummary) -> str:
+    blamed = d.blamed
+    return f"The gap comes from: {', '.join(blamed)}." if blamed else "No cause past its threshold but numerics."

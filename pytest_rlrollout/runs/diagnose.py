@@ -270,7 +270,7 @@ class Diagnose:
             tolerance=self.numerics_band,
             replicas=self.replicas,
             sequence=self.expected.tokens,
-            _salt=self.salt,
+            salt=self.salt,
         )
         self.tell("weights: the canary scored fresh on every replica")
         try:
@@ -311,9 +311,9 @@ class Diagnose:
             label = f"labelled {r.label!r}" if r.label else "unlabelled"
             peers = [p.label for p in rows if p is not r and p not in blamed]
             same = " like the replicas in sync" if r.label is not None and r.label in peers else ""
+            peer = "" if r is best else f" and from {best.replica} by {apart[r.replica]:.3g}"
             said.append(
-                f"{r.replica} ({label}{same}) differs from the trainer by {r.max_abs:.3g} "
-                f"(token {r.worst_token}) and from {best.replica} by {apart[r.replica]:.3g}"
+                f"{r.replica} ({label}{same}) differs from the trainer by {r.max_abs:.3g} (token {r.worst_token}){peer}"
             )
         in_sync = [r for r in rows if r not in blamed]
         figures = {f"{r.replica}: max |Δ|": r.max_abs for r in rows}

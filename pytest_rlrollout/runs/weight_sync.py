@@ -183,11 +183,12 @@ class WeightSync:
     vocab: int | None = None  # the model's vocabulary size: canary ids stay below it
     tokens: int = CANARY_TOKENS
     sequence: Sequence[int] | None = None  # a canary of the trainer's own (default: the fixed one)
+    # names the check's session keys and isolation keys (unique per object; a recorded check replays with its own)
+    salt: str = field(default_factory=lambda: uuid.uuid4().hex[:12], repr=False)
     _sessions: dict[str, str] = field(default_factory=dict, repr=False)
     _named: bool = field(default=True, repr=False)  # the answers name the replica that served them
     _known: bool = field(default=True, repr=False)  # each session reaches a replica of its own
     _previous: tuple[float, ...] | None = field(default=None, repr=False)
-    _salt: str = field(default_factory=lambda: uuid.uuid4().hex[:12], repr=False)
     _calls: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
@@ -311,7 +312,7 @@ class WeightSync:
         listed = self.driver.replicas()
         count = self.replicas or max(1, len(listed))
         found, self._named, reached = sessions_by_replica(
-            self.driver, count, lambda n: f"rlrollout-sync-{self._salt}-{n}"
+            self.driver, count, lambda n: f"rlrollout-sync-{self.salt}-{n}"
         )
         if self._named and len(found) < count:
             raise WeightSyncError(
@@ -328,7 +329,7 @@ class WeightSync:
     def _score(self, replica: str, session: str, n: int) -> Stream:
         """The canary scored on `replica`, under an isolation key of its own."""
         ids = self.canary
-        headers = {SESSION: session, ISOLATION: f"rlrollout-sync-{self._salt}-{self._calls}-{n}"}
+        headers = {SESSION: session, ISOLATION: f"rlrollout-sync-{self.salt}-{self._calls}-{n}"}
         s = self.driver.complete({"prompt": ids, **ECHO}, headers=headers)
         if not s.ok:
             raise WeightSyncError(f"{replica}: the canary was answered HTTP {s.status}: {s.body[:200]}")

@@ -188,6 +188,44 @@ def test_numerics_compares_the_fresh_server_with_its_weights(vllm, fresh, tmp_pa
     assert doc["pictures"] and all((out / name).read_bytes().startswith(b"\x89PNG") for name in doc["pictures"])
 
 
+def diagnosed(vllm, tmp_path, capsys, name: str) -> tuple[int, dict, str]:
+    """`rlrollout diagnose` of the server against its start directory, through the vLLM driver as a
+    user runs it (`--rl-engine auto`, the served dtype said): exit code, JSON, what it printed."""
+    from pytest_rlrollout.cli import main
+
+    server, bucket, base = vllm
+    path = tmp_path / f"{name}.json"
+    code = main(
+        [
+            "diagnose",
+            f"--rl-base-url={server.url}",
+            f"--rl-model={server.model}",
+            f"--rl-api-key={server.key}",
+            "--rl-engine=auto",
+            f"--rl-bucket-url={bucket}",
+            "-o",
+            f"rl_served_dtype={DTYPE}",
+            "--snapshot",
+            str(base),
+            "--json",
+            str(path),
+        ]
+    )
+    printed, err = capsys.readouterr()
+    assert server.key not in printed + err
+    return code, json.loads(path.read_text()), printed + err
+
+
+def test_diagnose_finds_no_cause_on_the_fresh_server(vllm, fresh, tmp_path, capsys):
+    """`rlrollout diagnose` on the server as it started (its start-up load of the base): every
+    cause measured, none past its threshold: the weights it serves are the directory's."""
+    code, doc, said = diagnosed(vllm, tmp_path, capsys, "fresh")
+    findings = {f["cause"]: f for f in doc["findings"]}
+    assert code == 0 and doc["blamed"] == [], said
+    assert all(f["measured"] for f in findings.values()), said
+    assert findings["weights"]["gap"] < 1e-4, said
+
+
 @pytest.mark.usefixtures("fresh")  # scored before the suite reloads anything
 def test_the_suite_judges_vllm_twice_alike_and_restores_its_start(pytester, vllm):
     docs = [conformance(pytester, vllm, f"{run}.json", "-m", "not rl_breaks") for run in ("first", "second")]
@@ -229,6 +267,17 @@ def test_a_reload_of_the_start_directory_changes_the_numbers(vllm, fresh):
     reloaded = score(server, SCORED)
     assert max(abs(a - b) for a, b in zip(fresh, local, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(reloaded, fresh, strict=True)) > 0.05
+
+
+def test_diagnose_blames_the_weights_after_a_reload_of_the_start_directory(vllm, tmp_path, capsys):
+    """After `reload_weights` of the directory the server started from (the test above), `rlrollout
+    diagnose` against that directory names the weights as the cause (exit 1), and nothing else: the
+    gap is the reload's (the finding CTL-LABEL-1, NUM-LOGPROB-1 and FID-SAME-1 report), and the
+    label still says what the start said."""
+    code, doc, said = diagnosed(vllm, tmp_path, capsys, "reloaded")
+    assert code == 1 and doc["blamed"] == ["weights"], said
+    weights = next(f for f in doc["findings"] if f["cause"] == "weights")
+    assert weights["gap"] > 0.25, said  # past the band of bfloat16, the precision the base declares
 
 
 def test_rl_routes_answer_without_the_key(vllm):

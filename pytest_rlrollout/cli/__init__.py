@@ -103,6 +103,11 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         return EXIT_INTERRUPTED
 
 
+# commands that run a pytest session: their own options are theirs (`parse`), every other argument
+# goes to pytest untouched (argparse would claim -o, -q, ...)
+PYTEST_SESSIONS = {"plan": plan, "diagnose": diagnose}
+
+
 def _main(argv: list[str], program: bool) -> int:
     if argv[:1] == ["conformance"]:
         if argv[1:2] in (["-h"], ["--help"]):
@@ -110,17 +115,12 @@ def _main(argv: list[str], program: bool) -> int:
             return EXIT_OK
         # everything after the word goes to pytest untouched (argparse would claim -q, -n, ...)
         return conformance.run(argparse.Namespace(pytest_args=argv[1:]))
-    if argv[:1] == ["plan"] and argv[1:2] not in (["-h"], ["--help"]):  # as soak: its options, the rest to pytest
+    if argv[:1] and argv[0] in PYTEST_SESSIONS and argv[1:2] not in (["-h"], ["--help"]):
+        command = PYTEST_SESSIONS[argv[0]]
         try:
-            return plan.run(plan.parse(argv[1:]))
+            return command.run(command.parse(argv[1:]))
         except UsageError as e:
-            print(f"rlrollout plan: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    if argv[:1] == ["diagnose"] and argv[1:2] not in (["-h"], ["--help"]):  # as plan: its options, the rest to pytest
-        try:
-            return diagnose.run(diagnose.parse(argv[1:]))
-        except UsageError as e:
-            print(f"rlrollout diagnose: error: {e}", file=sys.stderr)
+            print(f"rlrollout {argv[0]}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
     if argv[:1] == ["soak"]:  # its own options, then everything else to pytest, as above
         try:

@@ -5,13 +5,17 @@ embeds)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
+from pytest_rlrollout.suite.report.diagnosis import DiagnosisSummary
 from pytest_rlrollout.suite.report.html import html
 from pytest_rlrollout.suite.report.markdown import markdown
 from pytest_rlrollout.suite.report.model import PictureFile, Pictures, Report
 from pytest_rlrollout.suite.report.pictures import draw, draw_diagnosis, draw_soak
+from pytest_rlrollout.suite.report.soak import SoakSummary
 
 SUFFIXES = (".json", ".md", ".html")
 
@@ -54,19 +58,28 @@ def write(path: str | Path, report: Report) -> tuple[Path, Path, Path]:
     report = replace(report, pictures=Pictures(tuple(listed), why) if tests else None)
     soak_drawn: dict[str, bytes] = {}
     if report.soak is not None:
-        soak_drawn, soak_why = draw_soak(report.soak)
-        for name, png in soak_drawn.items():
-            (where / f"{stem}.soak-{name}.png").write_bytes(png)
-        files = tuple(f"{stem}.soak-{name}.png" for name in soak_drawn)
-        report = replace(report, soak=replace(report.soak, pictures=files, no_pictures=soak_why))
+        soak_drawn, soak = _section_pictures(where, f"{stem}.soak-", report.soak, draw_soak)
+        report = replace(report, soak=soak)
     diagnosis_drawn: dict[str, bytes] = {}
     if report.diagnosis is not None:
-        diagnosis_drawn, diagnosis_why = draw_diagnosis(report.diagnosis)
-        for name, png in diagnosis_drawn.items():
-            (where / f"{stem}.diagnosis-{name}.png").write_bytes(png)
-        files = tuple(f"{stem}.diagnosis-{name}.png" for name in diagnosis_drawn)
-        report = replace(report, diagnosis=replace(report.diagnosis, pictures=files, no_pictures=diagnosis_why))
+        diagnosis_drawn, diagnosis = _section_pictures(where, f"{stem}.diagnosis-", report.diagnosis, draw_diagnosis)
+        report = replace(report, diagnosis=diagnosis)
     out[0].write_text(json_text(report))
     out[1].write_text(markdown(report))
     out[2].write_text(html(report, drawn, soak_drawn, diagnosis_drawn))
     return out
+
+
+S = TypeVar("S", SoakSummary, DiagnosisSummary)
+
+
+def _section_pictures(
+    where: Path, prefix: str, section: S, drawer: Callable[[S], tuple[dict[str, bytes], str | None]]
+) -> tuple[dict[str, bytes], S]:
+    """A report section's pictures (the soak's, the diagnosis's) drawn and written as
+    `<prefix><name>.png`; what was drawn, and the section naming its files (or why there are none)."""
+    drawn, why = drawer(section)
+    for name, png in drawn.items():
+        (where / f"{prefix}{name}.png").write_bytes(png)
+    files = tuple(f"{prefix}{name}.png" for name in drawn)
+    return drawn, replace(section, pictures=files, no_pictures=why)

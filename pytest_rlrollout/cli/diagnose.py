@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "differs, and what its label says), the prompt cache (the canary continued through the shared cache "
         "against the same under an unused isolation key), batching (alone against beside concurrent streams), the decode "
         "path (logprobs reported while decoding against the echo of the same tokens), and what remains (numerics "
-        "of the served precision, never blamed). It changes nothing on the deployment. The deployment options are "
+        "of the served precision, never blamed). It sends only completions (the canary's prefix stays in the shared prompt cache). The deployment options are "
         "`rlrollout conformance`'s (--rl-deployment, --rl-base-url, --rl-engine, --rl-fleet-urls, "
         "--rl-served-dtype, -o KEY=VALUE, ...; by default the bundled reference deployment); --rl-report=FILE.json "
         "writes the report with a diagnosis section and its picture. Exit 0: nothing past its threshold but "

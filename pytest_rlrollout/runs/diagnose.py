@@ -18,8 +18,9 @@ snapshot directory scored here), each cause is measured on its own, the others h
 Cache, batching and decode compare the deployment with itself, within the run's own tolerance
 (`self_tolerance`: the served dtype's fingerprint tolerance); the weights' gap to the trainer is
 judged against `numerics_band`, the largest gap the precision the snapshot declares produces
-against a float32 scorer (`numerics.tolerances`). Nothing on the deployment changes; every request
-is a completion. Costs (n replicas, k load streams): 1 + 3 scoring requests per replica, 2 + k
+against a float32 scorer (`numerics.tolerances`). Every request is a completion: no weights, label
+or setting change; the one trace left is the canary's prefix in each replica's shared prompt cache
+(the cache measurement reads it as a rollout does). Costs (n replicas, k load streams): 1 + 3 scoring requests per replica, 2 + k
 for batching, 2 for the decode path.
 """
 

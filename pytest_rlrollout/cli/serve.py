@@ -387,16 +387,23 @@ def _announcement(dep: Running, bucket: Path, options: dict[str, Any]) -> list[s
     ]
 
 
+TENSORS_PER_SECOND = 300  # the swap timeout's floor per tensor of the base (see _paced): 63 s for 18,867
+
+
 def _paced(dep: Running, engine: str) -> str:
     """The suite's waits for this deployment's pace: how long one swap takes (every replica loads
     at once, the last one `stagger` seconds per replica later, then pauses at the swap), for the
-    plan's estimate, and a swap timeout of three swaps, never under 10 s. On the vLLM and SGLang
-    dialects the timeout is the live profile's 900 s unless a swap outgrows it."""
+    plan's estimate, and a swap timeout of three swaps, never under 10 s, nor under a second per
+    `TENSORS_PER_SECOND` tensors of the base: a load reads and checks every tensor's header, and a
+    Qwen3-30B-A3B-shaped base (18,867 tensors) took over 10 s to swap on two busy cores. On the
+    vLLM and SGLang dialects the timeout is the live profile's 900 s unless a swap outgrows it."""
+    from pytest_rlrollout.snapshot.build import weight_map
     from pytest_rlrollout.suite.run_config import LIVE
 
     s = dep.settings
     swap = s.load_delay + s.stagger * (len(dep.deployment.replicas) - 1) + s.swap_delay
-    timeout = max(10, math.ceil(3 * swap))
+    tensors = len(weight_map(s.bucket / s.base_identity))
+    timeout = max(10, math.ceil(3 * swap), math.ceil(tensors / TENSORS_PER_SECOND))
     said = f" -o rl_swap_seconds={swap:g}"
     return said if spec(engine).self_hosted and timeout <= LIVE.swap else said + f" -o rl_swap_timeout={timeout}"
 

@@ -24,7 +24,11 @@ Every `fail` below is vLLM's behaviour, shown by a second observation outside th
   it does; `test_a_refused_reload_leaves_vllm_unable_to_serve` asks it once more afterwards), and
   its API server then exits. Each breaking variant is judged on a server that served when it
   began: after SNAP-SAFETENSORS-1 killed the long-lived server, SNAP-COVER-1 is inconclusive there
-  and is judged again on a fresh server of its own.
+  and is judged again on a second server.
+
+The second server is started fresh for the docs' training loop (docs/examples/training_loop.py),
+whose check needs the start-up load at its step 0 and sees the reload finding at step 1; the
+breaking test then uses it (one server start, about 77 s here, for both).
 """
 
 from __future__ import annotations
@@ -100,6 +104,18 @@ SOAK_VERDICTS = {
 def vllm(tmp_path_factory):
     """One server for the module, judged in file order: fresh first, broken last."""
     root = tmp_path_factory.mktemp("vllm")
+    bucket = root / "bucket"
+    base = tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
+    with vllm_server(base, root / "vllm.log") as server:
+        yield server, bucket, base
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory):
+    """A second server, fresh from the base, started when the training loop (below) first asks for
+    it: the loop's check needs a start-up load at its step 0; the breaking test after it needs a
+    server that serves when it begins (the long-lived one is dead by then). One start for both."""
+    root = tmp_path_factory.mktemp("vllm-second")
     bucket = root / "bucket"
     base = tiny_moe.make_base(bucket / tiny_moe.BASE_IDENTITY)
     with vllm_server(base, root / "vllm.log") as server:
@@ -333,10 +349,79 @@ def test_a_soak_with_pause_resume_swaps_reports_its_figures(pytester, vllm):
     assert {c: got[c] for c in SOAK_VERDICTS} == SOAK_VERDICTS, got
 
 
-def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm, tmp_path):
+# The docs' training loop (docs/examples/training_loop.py) on the second server: its own check
+# shows the reload finding (CTL-LABEL-1, NUM-LOGPROB-1, FID-SAME-1) as a weight gap at the first
+# reload. Measured here (2026-11-28): step 1 scores 0.732-0.734 from the trainer at canary token
+# 93 (mean 0.197), and reloading the start directory gives the same gap.
+LOOP = "vllm-loop"
+STEP_1 = f"{LOOP}-step-0001"
+GAP, WORST_TOKEN, MEAN_GAP = 0.734, 93, 0.197  # deterministic here: the same on every run
+
+
+@pytest.fixture(scope="module")
+def looped(second):
+    """The loop run against the second server, fresh, until its check stops it; the loop module,
+    the server, the bucket and what each step logged."""
+    from pytest_rlrollout import WeightSyncError
+    from tests.examples import Logged, training_loop
+
+    loop = training_loop()
+    server, bucket, _ = second
+    logged = Logged()
+    where = loop.Deployment(server.url, server.model, "vllm", server.key, bucket, dtype=DTYPE)
+    with pytest.raises(WeightSyncError) as stopped:
+        loop.main(where, 3, log=logged, run=LOOP)
+    return loop, server, bucket, logged, str(stopped.value)
+
+
+@pytest.mark.interop  # torch and transformers: the trainer's side
+def test_the_training_loop_shows_the_first_reload_as_a_weight_gap(looped):
+    """Step 0 (the server's start-up load) in sync to 1e-6; step 1, the first reload, out of sync
+    by 0.73 at canary token 93 (mean 0.20) under step 1's label, and not stale either: it serves
+    neither step's weights. The loop stops there."""
+    _, _, _, logged, stopped = looped
+    assert logged.steps == [0, 1]
+    start, reload = logged.results
+    assert start.ok and start.max_abs < 1e-4, start.lines()
+    [replica] = reload.replicas
+    assert not replica.in_sync and not replica.stale, reload.lines()
+    assert replica.label == STEP_1, replica  # vLLM says it serves step 1
+    assert replica.previous_max_abs > 0.5, replica  # nor is it step 0's weights
+    assert replica.worst_token == WORST_TOKEN and abs(replica.max_abs - GAP) < 0.02, replica
+    assert abs(replica.mean_abs - MEAN_GAP) < 0.02, replica
+    assert f"(label {STEP_1}): out of sync: max |Δlogprob| {GAP:.3g} at canary token {WORST_TOKEN}" in stopped
+    assert logged.figures[1]["weight_sync/replicas_out_of_sync"] == 1.0
+
+
+@pytest.mark.interop
+def test_the_loops_gap_is_the_reload_not_the_snapshot(looped):
+    """The second observation: reloading the directory the server started from (whose start-up
+    load scored within 1e-6 of the trainer at step 0) moves the same weights' numbers by more
+    than 0.05 (0.73 measured); and the numpy engine scores step 1's directory as the trainer did."""
+    from pytest_rlrollout import WeightSync
+    from pytest_rlrollout.numerics.scorer import NumpyScorer
+
+    loop, server, bucket, logged, _ = looped
+    base = bucket / tiny_moe.BASE_IDENTITY
+    trainer = loop.Trainer(base)  # step 0's weights again
+    with WeightSync.connect(server.url, server.model, engine="vllm", api_key=server.key, bucket=str(bucket)) as sync:
+        step0 = trainer.canary_logprobs(sync.canary)
+        loop.hot_load(sync, tiny_moe.BASE_IDENTITY, timeout=300, poll=0.5)
+        reloaded = sync.check(step0, label=tiny_moe.BASE_IDENTITY, step=0)
+        canary = sync.canary
+    assert max(abs(a - b) for a, b in zip(logged.results[0].replicas[0].served, step0, strict=True)) < 1e-4
+    assert not reloaded.ok and reloaded.max_abs > 0.05, reloaded.lines()
+    assert reloaded.replicas[0].label == tiny_moe.BASE_IDENTITY
+    trainer.step()  # step 1 again: the training is deterministic
+    numpy = NumpyScorer(bucket / STEP_1).score(canary).logprobs[1:]
+    assert max(abs(a - b) for a, b in zip(numpy, trainer.canary_logprobs(canary), strict=True)) < 1e-5
+
+
+def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm, second):
     """The breaking tests, last: the first refused reload kills the long-lived server (HL-POST-5
     and its SNAP clause fail), the next breaking test finds it not serving (inconclusive, not that
-    test's fail), and on a fresh server of its own that test's refused reload kills it as well."""
+    test's fail), and on the second server (serving, after the training loop) that test's refused
+    reload kills it as well."""
     # once the engine is dead its requests hang: each is given up after 10 s, not the live 600 s
     # (while the engine lives, a whole test of this run took 0.4 s, measured)
     got = verdicts(conformance(pytester, vllm, "breaks.json", "-m", "rl_breaks", "-o", "rl_exchange_timeout=10"))
@@ -345,20 +430,8 @@ def test_a_refused_reload_leaves_vllm_unable_to_serve(pytester, vllm, tmp_path):
     server, _, _ = vllm
     with pytest.raises(httpx.HTTPError):  # the second observation: the engine is gone (no answer in 10 s)
         score(server, list(range(10, 20)), timeout=10)
-    base = tiny_moe.make_base(tmp_path / "bucket" / tiny_moe.BASE_IDENTITY)
-    with vllm_server(base, tmp_path / "vllm.log") as fresh_server:
-        alone = verdicts(
-            conformance(
-                pytester,
-                (fresh_server, base.parent, base),
-                "alone.json",
-                "-m",
-                "rl_breaks",
-                "-k",
-                THEN_ALONE,
-                "-o",
-                "rl_exchange_timeout=10",
-            )
-        )
+    alone = verdicts(
+        conformance(pytester, second, "alone.json", "-m", "rl_breaks", "-k", THEN_ALONE, "-o", "rl_exchange_timeout=10")
+    )
     assert {c for c, o in alone.items() if o == "fail"} == {"HL-POST-5", THEN_ALONE}, alone
     assert {c for c, o in got.items() if o == "fail"} | {c for c, o in alone.items() if o == "fail"} == BREAKING_FAILS

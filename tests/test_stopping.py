@@ -275,6 +275,7 @@ class _Deployment:
         deployment = "accounts/rlrollout/deployments/reference"
         model = "accounts/rlrollout/models/tiny-qwen3-moe"
         load_delay, stagger, swap_delay = 0.03, 0.0, 1.0
+        bucket = Path("/nonexistent/rlrollout-bucket")  # no base there: nothing for a swap's timeout to count
 
     replicas = (None, None)
 

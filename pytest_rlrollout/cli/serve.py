@@ -402,7 +402,8 @@ def _paced(dep: Running, engine: str) -> str:
 
     s = dep.settings
     swap = s.load_delay + s.stagger * (len(dep.deployment.replicas) - 1) + s.swap_delay
-    tensors = len(weight_map(s.bucket / s.base_identity))
+    base = s.bucket / s.base_identity
+    tensors = len(weight_map(base)) if base.is_dir() else 0
     timeout = max(10, math.ceil(3 * swap), math.ceil(tensors / TENSORS_PER_SECOND))
     said = f" -o rl_swap_seconds={swap:g}"
     return said if spec(engine).self_hosted and timeout <= LIVE.swap else said + f" -o rl_swap_timeout={timeout}"

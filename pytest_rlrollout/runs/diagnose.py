@@ -157,18 +157,29 @@ class Finding:
     def as_dict(self) -> dict[str, Any]:
         return {
             "cause": self.cause,
-            "gap": _json_float(self.gap),
+            "gap": json_gap(self.gap),
             "threshold": self.threshold,
             "blamed": self.blamed,
             "measured": self.measured,
             "detail": self.detail,
-            "figures": {k: _json_float(v) for k, v in self.figures.items()},
+            "figures": {k: json_gap(v) for k, v in self.figures.items()},
             "replicas": list(self.replicas),
         }
 
 
-def _json_float(x: float | None) -> float | str | None:
-    return x if x is None or math.isfinite(x) else str(x)  # inf as "inf": JSON has no infinity
+def json_gap(x: float | None) -> float | str | None:
+    """A gap as JSON can hold it: infinity and NaN as words (JSON has neither)."""
+    return x if x is None or math.isfinite(x) else str(x)
+
+
+def verdict(cause: str, gap: float | None, blamed: bool) -> str:
+    """What a finding's row says: not measured, the numerics' remainder (never blamed), or
+    whether the cause crosses its threshold."""
+    if gap is None:
+        return "not measured"
+    if cause == "numerics":
+        return "remainder"  # what is left once every other cause is held still
+    return "CAUSE" if blamed else "within"
 
 
 @dataclass(frozen=True)
@@ -207,8 +218,8 @@ class Diagnosis:
                 {
                     "replica": r.replica,
                     "label": r.label,
-                    "max_abs_dlogprob": _json_float(r.max_abs),
-                    "mean_abs_dlogprob": _json_float(r.mean_abs),
+                    "max_abs_dlogprob": json_gap(r.max_abs),
+                    "mean_abs_dlogprob": json_gap(r.mean_abs),
                     "worst_token": r.worst_token,
                     "blamed": r.replica in self.finding("weights").replicas,
                 }
@@ -225,10 +236,7 @@ class Diagnosis:
         out = []
         for f in self.findings:
             gap = "-" if f.gap is None else f"{f.gap:.3g}"
-            verdict = "not measured" if not f.measured else "CAUSE" if f.blamed else "within"
-            if f.cause == "numerics" and f.measured:
-                verdict = "remainder"
-            out.append((f.cause, gap, f"{f.threshold:.3g}", verdict, f.detail))
+            out.append((f.cause, gap, f"{f.threshold:.3g}", verdict(f.cause, f.gap, f.blamed), f.detail))
         return out
 
     def lines(self) -> list[str]:

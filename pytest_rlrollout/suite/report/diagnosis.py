@@ -6,21 +6,16 @@ with the picture files named once the report is written.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_rlrollout.runs.diagnose import json_gap, verdict
 from pytest_rlrollout.suite.report.fields import ReportError, as_object, as_strings
 
 
 def gap_of(value: Any) -> float | None:
     """A gap as the JSON spells it (a number, "inf", "nan", or null: not measured)."""
     return None if value is None else float(value)
-
-
-def gap_json(value: float | None) -> float | str | None:
-    """A gap as JSON can hold it: infinity and NaN as words."""
-    return value if value is None or math.isfinite(value) else str(value)
 
 
 @dataclass(frozen=True)
@@ -37,21 +32,17 @@ class CauseFinding:
 
     @property
     def verdict(self) -> str:
-        if self.gap is None:
-            return "not measured"
-        if self.cause == "numerics":
-            return "remainder"  # what is left once every other cause is held still: never blamed
-        return "CAUSE" if self.blamed else "within"
+        return verdict(self.cause, self.gap, self.blamed)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "cause": self.cause,
-            "gap": gap_json(self.gap),
+            "gap": json_gap(self.gap),
             "threshold": self.threshold,
             "blamed": self.blamed,
             "measured": self.gap is not None,
             "detail": self.detail,
-            "figures": {k: gap_json(v) for k, v in self.figures},
+            "figures": {k: json_gap(v) for k, v in self.figures},
             "replicas": list(self.replicas),
         }
 
@@ -85,8 +76,8 @@ class ReplicaWeights:
         return {
             "replica": self.replica,
             "label": self.label,
-            "max_abs_dlogprob": gap_json(self.max_abs),
-            "mean_abs_dlogprob": gap_json(self.mean_abs),
+            "max_abs_dlogprob": json_gap(self.max_abs),
+            "mean_abs_dlogprob": json_gap(self.mean_abs),
             "worst_token": self.worst_token,
             "blamed": self.blamed,
         }

@@ -5,6 +5,7 @@ picture, uploads, and every failure with its exchanges. A report of a diagnosis 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import quote
 
 from pytest_rlrollout.numerics.pictures import TITLES
@@ -123,8 +124,7 @@ def _soak(report: Report) -> list[str]:
         (SOAK_SWAP_HEADS, map(soak_swap_cells, soak.swaps)),
     ):
         if cells := list(rows):
-            lines += ["", "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
-            lines += ["| " + " | ".join(map(cell, row)) + " |" for row in cells]
+            lines += _table(heads, cells)
     if soak.pictures:
         lines.append("")
         for file in soak.pictures:
@@ -133,6 +133,13 @@ def _soak(report: Report) -> list[str]:
     if soak.no_pictures:
         lines += ["", f"No pictures: {soak.no_pictures}"]
     return lines
+
+
+def _table(heads: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table after a blank line: its heads, then a line per row."""
+    return ["", "| " + " | ".join(map(cell, heads)) + " |", "|---" * len(heads) + "|"] + [
+        "| " + " | ".join(map(cell, row)) + " |" for row in rows
+    ]
 
 
 def _diagnosis(report: Report) -> list[str]:
@@ -144,8 +151,7 @@ def _diagnosis(report: Report) -> list[str]:
         (DIAGNOSIS_HEADS, map(diagnosis_cells, d.findings)),
         (DIAGNOSIS_REPLICA_HEADS, map(diagnosis_replica_cells, d.replicas)),
     ):
-        lines += ["", "| " + " | ".join(map(cell, heads)) + " |", "|---" * len(heads) + "|"]
-        lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+        lines += _table(heads, list(rows))
     if d.pictures:
         lines.append("")
         for file in d.pictures:
